@@ -1,0 +1,369 @@
+// Package config is gpu-injector's versioned configuration file: types,
+// defaults in one place, and validation that names every bad field.
+package config
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"sigs.k8s.io/yaml"
+
+	"github.com/gpu-injector/gpu-injector/layout"
+)
+
+const (
+	APIVersion = "config.gpu-injector.io/v1alpha1"
+	Kind       = "InjectorConfiguration"
+)
+
+// What to do with an LD_LIBRARY_PATH the container already sets.
+const (
+	// LDLibraryPathAppend keeps the user's folders first: their choice wins.
+	LDLibraryPathAppend = "Append"
+	// LDLibraryPathPrepend puts the driver first, ahead of stale copies in the image.
+	LDLibraryPathPrepend = "Prepend"
+	// LDLibraryPathOff never touches LD_LIBRARY_PATH.
+	LDLibraryPathOff = "Off"
+)
+
+// Which containers get the driver mounts.
+const (
+	ContainersGPU = "GPU"
+	ContainersAll = "All"
+)
+
+// How to choose among the layouts a pod may use.
+const (
+	// LayoutPolicyMostGPUs prefers the layout with the most allocatable GPUs,
+	// then the newest driver, then the smallest fingerprint.
+	LayoutPolicyMostGPUs = "MostGPUs"
+	// LayoutPolicyNewestDriver prefers the newest driver, then most GPUs.
+	LayoutPolicyNewestDriver = "NewestDriver"
+)
+
+// What to do when no layout fits a GPU pod.
+const (
+	NoLayoutDeny   = "Deny"
+	NoLayoutAllow  = "Allow"
+	NoLayoutStatic = "Static"
+)
+
+// What to do in a namespace whose Pod Security level forbids hostPath.
+const (
+	PodSecurityWarn = "Warn"
+	PodSecurityDeny = "Deny"
+)
+
+// Configuration is the file's schema.
+type Configuration struct {
+	APIVersion string `json:"apiVersion"`
+	Kind       string `json:"kind"`
+
+	Resources      Resources      `json:"resources"`
+	HostPaths      HostPaths      `json:"hostPaths"`
+	ContainerPaths ContainerPaths `json:"containerPaths"`
+	LDLibraryPath  string         `json:"ldLibraryPath"`
+	Containers     string         `json:"containers"`
+	LayoutPolicy   string         `json:"layoutPolicy"`
+	NoLayout       NoLayout       `json:"noLayout"`
+	StaticLayouts  []StaticLayout `json:"staticLayouts,omitempty"`
+	// ExcludedNamespaces are never mutated, whatever their labels say.
+	ExcludedNamespaces []string `json:"excludedNamespaces"`
+	PodSecurity        string   `json:"podSecurity"`
+}
+
+// Resources says which extended resources make a container a GPU container.
+type Resources struct {
+	// Names are resource names or path.Match patterns (nvidia.com/mig-*).
+	Names []string `json:"names"`
+	// Legacy names are rewritten to RenameTo in limits and requests.
+	Legacy   []string `json:"legacy"`
+	RenameTo string   `json:"renameTo"`
+}
+
+// HostPaths is the trust boundary for layouts published by nodes.
+type HostPaths struct {
+	Allowlist          []layout.AllowedPath `json:"allowlist"`
+	DriverFilePatterns []string             `json:"driverFilePatterns"`
+}
+
+// ContainerPaths are where the driver appears inside containers.
+type ContainerPaths struct {
+	LibraryDir string `json:"libraryDir"`
+	BinaryDir  string `json:"binaryDir"`
+}
+
+// NoLayout is the answer when no ready layout fits a GPU pod.
+type NoLayout struct {
+	Action string `json:"action"`
+	// StaticLayout names an entry of StaticLayouts, with Action Static.
+	StaticLayout string `json:"staticLayout,omitempty"`
+}
+
+// StaticLayout is a hand-written layout for clusters that run no probe.
+type StaticLayout struct {
+	Name string `json:"name"`
+	// NodeSelector is added to pods that get this layout, in place of the
+	// fingerprint selector of probed layouts.
+	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
+	layout.Plan  `json:",inline"`
+}
+
+// Default returns the configuration used when no file is given.
+func Default() *Configuration {
+	c := &Configuration{}
+	SetDefaults(c)
+	return c
+}
+
+// SetDefaults fills every unset field; it is the one place defaults live.
+func SetDefaults(c *Configuration) {
+	if c.APIVersion == "" {
+		c.APIVersion = APIVersion
+	}
+	if c.Kind == "" {
+		c.Kind = Kind
+	}
+	if c.Resources.Names == nil {
+		c.Resources.Names = []string{"nvidia.com/gpu", "alpha.kubernetes.io/nvidia-gpu"}
+	}
+	if c.Resources.Legacy == nil {
+		c.Resources.Legacy = []string{"alpha.kubernetes.io/nvidia-gpu"}
+	}
+	if c.Resources.RenameTo == "" {
+		c.Resources.RenameTo = "nvidia.com/gpu"
+	}
+	if c.HostPaths.Allowlist == nil {
+		c.HostPaths.Allowlist = DefaultAllowlist()
+	}
+	if c.HostPaths.DriverFilePatterns == nil {
+		c.HostPaths.DriverFilePatterns = DefaultDriverFilePatterns()
+	}
+	if c.ContainerPaths.LibraryDir == "" {
+		c.ContainerPaths.LibraryDir = "/usr/local/nvidia/lib64"
+	}
+	if c.ContainerPaths.BinaryDir == "" {
+		c.ContainerPaths.BinaryDir = "/usr/local/nvidia/bin"
+	}
+	if c.LDLibraryPath == "" {
+		c.LDLibraryPath = LDLibraryPathAppend
+	}
+	if c.Containers == "" {
+		c.Containers = ContainersGPU
+	}
+	if c.LayoutPolicy == "" {
+		c.LayoutPolicy = LayoutPolicyMostGPUs
+	}
+	if c.NoLayout.Action == "" {
+		c.NoLayout.Action = NoLayoutDeny
+	}
+	if c.ExcludedNamespaces == nil {
+		c.ExcludedNamespaces = []string{"kube-system", "kube-public", "kube-node-lease"}
+	}
+	if c.PodSecurity == "" {
+		c.PodSecurity = PodSecurityWarn
+	}
+	for i := range c.StaticLayouts {
+		if c.StaticLayouts[i].SchemaVersion == "" {
+			c.StaticLayouts[i].SchemaVersion = layout.SchemaVersion
+		}
+	}
+}
+
+// DefaultAllowlist covers the driver folders of the common distributions and
+// installers; shared system folders allow only driver files, one by one.
+func DefaultAllowlist() []layout.AllowedPath {
+	return []layout.AllowedPath{
+		{Path: "/usr/local/nvidia"},
+		{Path: "/usr/lib/nvidia"},
+		{Path: "/usr/lib/nvidia-*"},
+		{Path: "/usr/lib64/nvidia"},
+		{Path: "/home/kubernetes/bin/nvidia"},
+		{Path: "/opt/nvidia"},
+		{Path: "/run/nvidia/driver"},
+		{Path: "/usr/lib/x86_64-linux-gnu", FilesOnly: true},
+		{Path: "/usr/lib/aarch64-linux-gnu", FilesOnly: true},
+		{Path: "/usr/lib64", FilesOnly: true},
+		{Path: "/usr/lib", FilesOnly: true},
+		{Path: "/usr/bin", FilesOnly: true},
+	}
+}
+
+// DefaultDriverFilePatterns match the NVIDIA driver's compute and utility
+// libraries and binaries, and nothing of the system around them.
+func DefaultDriverFilePatterns() []string {
+	return []string{
+		"libcuda.so*", "libcudadebugger.so*", "libnvidia-*.so*", "libnvcuvid.so*",
+		"libnvoptix.so*", "nvidia-smi", "nvidia-debugdump", "nvidia-persistenced",
+		"nvidia-cuda-mps-control", "nvidia-cuda-mps-server",
+	}
+}
+
+// Rules returns the layout validation rules this configuration implies.
+func (c *Configuration) Rules() layout.Rules {
+	return layout.Rules{
+		HostPathAllowlist:  c.HostPaths.Allowlist,
+		DriverFilePatterns: c.HostPaths.DriverFilePatterns,
+		ContainerPathRoots: []string{c.ContainerPaths.LibraryDir, c.ContainerPaths.BinaryDir},
+	}
+}
+
+// Static returns the static layout of that name.
+func (c *Configuration) Static(name string) (*StaticLayout, bool) {
+	for i := range c.StaticLayouts {
+		if c.StaticLayouts[i].Name == name {
+			return &c.StaticLayouts[i], true
+		}
+	}
+	return nil, false
+}
+
+// Validate reports every bad field.
+func (c *Configuration) Validate() field.ErrorList {
+	var errs field.ErrorList
+	if c.APIVersion != APIVersion {
+		errs = append(errs, field.NotSupported(field.NewPath("apiVersion"), c.APIVersion, []string{APIVersion}))
+	}
+	if c.Kind != Kind {
+		errs = append(errs, field.NotSupported(field.NewPath("kind"), c.Kind, []string{Kind}))
+	}
+	rp := field.NewPath("resources")
+	if len(c.Resources.Names) == 0 {
+		errs = append(errs, field.Required(rp.Child("names"), "at least one GPU resource name"))
+	}
+	for i, n := range c.Resources.Names {
+		if _, err := path.Match(n, ""); err != nil || n == "" || !strings.Contains(n, "/") {
+			errs = append(errs, field.Invalid(rp.Child("names").Index(i), n, "must be a qualified extended resource name or path.Match pattern, like nvidia.com/gpu or nvidia.com/mig-*"))
+		}
+	}
+	for i, n := range c.Resources.Legacy {
+		if msgs := validation.IsQualifiedName(n); len(msgs) > 0 {
+			errs = append(errs, field.Invalid(rp.Child("legacy").Index(i), n, strings.Join(msgs, "; ")))
+		}
+	}
+	if msgs := validation.IsQualifiedName(c.Resources.RenameTo); len(msgs) > 0 {
+		errs = append(errs, field.Invalid(rp.Child("renameTo"), c.Resources.RenameTo, strings.Join(msgs, "; ")))
+	}
+	hp := field.NewPath("hostPaths")
+	if len(c.HostPaths.Allowlist) == 0 {
+		errs = append(errs, field.Required(hp.Child("allowlist"), "an empty allowlist would reject every layout"))
+	}
+	for i, a := range c.HostPaths.Allowlist {
+		ip := hp.Child("allowlist").Index(i).Child("path")
+		if !path.IsAbs(a.Path) || path.Clean(a.Path) != a.Path || a.Path == "/" {
+			errs = append(errs, field.Invalid(ip, a.Path, "must be an absolute, clean path other than /"))
+		} else if _, err := path.Match(a.Path, "/"); err != nil {
+			errs = append(errs, field.Invalid(ip, a.Path, fmt.Sprintf("bad pattern: %v", err)))
+		} else if isSensitive(a.Path) && !a.FilesOnly {
+			errs = append(errs, field.Forbidden(ip, "a system folder may only be allowed with filesOnly: true"))
+		}
+	}
+	for i, p := range c.HostPaths.DriverFilePatterns {
+		if _, err := path.Match(p, ""); err != nil || p == "" || strings.Contains(p, "/") {
+			errs = append(errs, field.Invalid(hp.Child("driverFilePatterns").Index(i), p, "must be a file name pattern without '/'"))
+		}
+	}
+	cp := field.NewPath("containerPaths")
+	for name, v := range map[string]string{"libraryDir": c.ContainerPaths.LibraryDir, "binaryDir": c.ContainerPaths.BinaryDir} {
+		if !path.IsAbs(v) || path.Clean(v) != v || v == "/" || strings.Contains(v, ":") {
+			errs = append(errs, field.Invalid(cp.Child(name), v, "must be an absolute, clean path other than / without ':'"))
+		}
+	}
+	errs = append(errs, oneOf(field.NewPath("ldLibraryPath"), c.LDLibraryPath, LDLibraryPathAppend, LDLibraryPathPrepend, LDLibraryPathOff)...)
+	errs = append(errs, oneOf(field.NewPath("containers"), c.Containers, ContainersGPU, ContainersAll)...)
+	errs = append(errs, oneOf(field.NewPath("layoutPolicy"), c.LayoutPolicy, LayoutPolicyMostGPUs, LayoutPolicyNewestDriver)...)
+	errs = append(errs, oneOf(field.NewPath("podSecurity"), c.PodSecurity, PodSecurityWarn, PodSecurityDeny)...)
+	np := field.NewPath("noLayout")
+	errs = append(errs, oneOf(np.Child("action"), c.NoLayout.Action, NoLayoutDeny, NoLayoutAllow, NoLayoutStatic)...)
+	if c.NoLayout.Action == NoLayoutStatic {
+		if c.NoLayout.StaticLayout == "" {
+			errs = append(errs, field.Required(np.Child("staticLayout"), "the name of a staticLayouts entry, with action Static"))
+		} else if _, ok := c.Static(c.NoLayout.StaticLayout); !ok {
+			errs = append(errs, field.NotFound(np.Child("staticLayout"), c.NoLayout.StaticLayout))
+		}
+	} else if c.NoLayout.StaticLayout != "" {
+		errs = append(errs, field.Invalid(np.Child("staticLayout"), c.NoLayout.StaticLayout, "only used with action Static"))
+	}
+	names := map[string]bool{}
+	for i, s := range c.StaticLayouts {
+		sp := field.NewPath("staticLayouts").Index(i)
+		if msgs := validation.IsDNS1123Label(s.Name); len(msgs) > 0 {
+			errs = append(errs, field.Invalid(sp.Child("name"), s.Name, strings.Join(msgs, "; ")))
+		}
+		if names[s.Name] {
+			errs = append(errs, field.Duplicate(sp.Child("name"), s.Name))
+		}
+		names[s.Name] = true
+		for _, e := range s.Plan.Validate(c.Rules()) {
+			e.Field = sp.String() + strings.TrimPrefix(e.Field, "layout")
+			errs = append(errs, e)
+		}
+		for k, v := range s.NodeSelector {
+			if msgs := validation.IsQualifiedName(k); len(msgs) > 0 {
+				errs = append(errs, field.Invalid(sp.Child("nodeSelector").Key(k), k, strings.Join(msgs, "; ")))
+			}
+			if msgs := validation.IsValidLabelValue(v); len(msgs) > 0 {
+				errs = append(errs, field.Invalid(sp.Child("nodeSelector").Key(k), v, strings.Join(msgs, "; ")))
+			}
+		}
+	}
+	for i, ns := range c.ExcludedNamespaces {
+		if msgs := validation.IsDNS1123Label(ns); len(msgs) > 0 {
+			errs = append(errs, field.Invalid(field.NewPath("excludedNamespaces").Index(i), ns, strings.Join(msgs, "; ")))
+		}
+	}
+	return errs
+}
+
+// isSensitive is a folder whose whole mount would expose the host's system.
+func isSensitive(p string) bool {
+	switch p {
+	case "/etc", "/usr", "/usr/lib", "/usr/lib64", "/usr/bin", "/lib", "/lib64", "/bin", "/sbin",
+		"/usr/sbin", "/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/var", "/root",
+		"/home", "/proc", "/sys", "/dev", "/run", "/boot":
+		return true
+	}
+	return false
+}
+
+func oneOf(p *field.Path, v string, allowed ...string) field.ErrorList {
+	for _, a := range allowed {
+		if v == a {
+			return nil
+		}
+	}
+	return field.ErrorList{field.NotSupported(p, v, allowed)}
+}
+
+// Parse decodes, defaults and validates a configuration file; unknown fields
+// are errors so that a typo does not silently fall back to a default.
+func Parse(data []byte) (*Configuration, error) {
+	c := &Configuration{}
+	if len(bytes.TrimSpace(data)) > 0 {
+		if err := yaml.UnmarshalStrict(data, c); err != nil {
+			return nil, fmt.Errorf("failed to parse configuration: %w", err)
+		}
+	}
+	SetDefaults(c)
+	if errs := c.Validate(); len(errs) > 0 {
+		return nil, fmt.Errorf("invalid configuration: %w", errs.ToAggregate())
+	}
+	return c, nil
+}
+
+// Load reads a configuration file; an empty path gives the defaults.
+func Load(file string) (*Configuration, error) {
+	if file == "" {
+		return Default(), nil
+	}
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("failed to read configuration %q: %w", file, err)
+	}
+	return Parse(data)
+}

@@ -1,0 +1,297 @@
+// Package layout is the contract between the node probe, which publishes where a
+// node's NVIDIA driver lives, and the webhook, which injects it into pods. It is
+// the only code the two share; docs/layout-contract.md is its reference page.
+package layout
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"path"
+	"sort"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/util/validation/field"
+)
+
+// Prefix is the prefix of every label and annotation this project owns.
+const Prefix = "gpu-injector.io/"
+
+// Keys published on Nodes by the probe.
+const (
+	// AnnotationLayout holds the Plan, JSON-encoded.
+	AnnotationLayout = Prefix + "layout"
+	// LabelFingerprint is Plan.Fingerprint(); the webhook pins pods to it.
+	LabelFingerprint = Prefix + "layout-fingerprint"
+	// LabelState is StateReady or StateError.
+	LabelState = Prefix + "state"
+	// AnnotationStateReason says why LabelState is StateError.
+	AnnotationStateReason = Prefix + "state-reason"
+
+	LabelDriverVersion     = Prefix + "driver-version"
+	LabelCUDADriverVersion = Prefix + "cuda-driver-version"
+	LabelGPUProduct        = Prefix + "gpu-product"
+	LabelGPUCount          = Prefix + "gpu-count"
+	LabelGPUMemoryMiB      = Prefix + "gpu-memory-mib"
+	LabelComputeCapability = Prefix + "compute-capability"
+	LabelMIGEnabled        = Prefix + "mig-enabled"
+)
+
+// Keys users and the webhook put on Namespaces and Pods.
+const (
+	// LabelInject on a Namespace opts it in with the value InjectEnabled.
+	LabelInject   = Prefix + "inject"
+	InjectEnabled = "enabled"
+	// AnnotationInject on a Pod with the value "false" opts the pod out.
+	AnnotationInject = Prefix + "inject"
+	// AnnotationInjected marks a pod the webhook changed; its value is an
+	// Injected record, so a reinvocation can tell its own work apart.
+	AnnotationInjected = Prefix + "injected"
+)
+
+// Node states.
+const (
+	StateReady = "ready"
+	StateError = "error"
+)
+
+// SchemaVersion is the only Plan schema this code reads and writes.
+const SchemaVersion = "v1"
+
+// MaxAnnotationBytes bounds what Decode accepts; a real plan is ~2 KiB and
+// Kubernetes caps all annotations of an object at 256 KiB together.
+const MaxAnnotationBytes = 64 << 10
+
+// MountKind says whether a host path is a folder or a single file, and maps
+// onto the hostPath volume type, so the kubelet refuses a path that changed kind.
+type MountKind string
+
+const (
+	KindDirectory MountKind = "Directory"
+	KindFile      MountKind = "File"
+)
+
+// Mount is one read-only hostPath to bind into GPU containers.
+type Mount struct {
+	HostPath      string    `json:"hostPath"`
+	ContainerPath string    `json:"containerPath"`
+	Kind          MountKind `json:"kind"`
+}
+
+// Plan is everything a node publishes about its driver layout.
+type Plan struct {
+	SchemaVersion     string  `json:"schemaVersion"`
+	DriverVersion     string  `json:"driverVersion"`
+	CUDADriverVersion string  `json:"cudaDriverVersion,omitempty"`
+	Mounts            []Mount `json:"mounts"`
+	// LibraryPaths are container folders to add to LD_LIBRARY_PATH, in order.
+	LibraryPaths []string `json:"libraryPaths"`
+}
+
+// Normalize sorts mounts by container path so that two probes that found the
+// same files in a different order publish the same bytes and fingerprint.
+func (p *Plan) Normalize() {
+	sort.SliceStable(p.Mounts, func(i, j int) bool {
+		if p.Mounts[i].ContainerPath != p.Mounts[j].ContainerPath {
+			return p.Mounts[i].ContainerPath < p.Mounts[j].ContainerPath
+		}
+		return p.Mounts[i].HostPath < p.Mounts[j].HostPath
+	})
+}
+
+// Encode returns the annotation value of a plan, normalized.
+func Encode(p Plan) (string, error) {
+	p.Mounts = append([]Mount(nil), p.Mounts...)
+	p.Normalize()
+	b, err := json.Marshal(p)
+	if err != nil {
+		return "", fmt.Errorf("failed to encode layout: %w", err)
+	}
+	return string(b), nil
+}
+
+// Decode parses an annotation value strictly: unknown fields, trailing data,
+// oversize input and a foreign schema version are errors, because the value
+// comes from a node agent and the webhook is the trust boundary.
+func Decode(s string) (Plan, error) {
+	var p Plan
+	if len(s) > MaxAnnotationBytes {
+		return p, fmt.Errorf("failed to decode layout: %d bytes exceeds the limit of %d", len(s), MaxAnnotationBytes)
+	}
+	dec := json.NewDecoder(strings.NewReader(s))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&p); err != nil {
+		return Plan{}, fmt.Errorf("failed to decode layout: %w", err)
+	}
+	if dec.More() {
+		return Plan{}, fmt.Errorf("failed to decode layout: trailing data after the JSON object")
+	}
+	if p.SchemaVersion != SchemaVersion {
+		return Plan{}, fmt.Errorf("failed to decode layout: unsupported schemaVersion %q, want %q", p.SchemaVersion, SchemaVersion)
+	}
+	return p, nil
+}
+
+// Fingerprint is a short hash of the normalized plan, valid as a label value.
+// Equal plans have equal fingerprints on every node; any change of driver
+// version or of a path gives a new one.
+func (p Plan) Fingerprint() string {
+	s, err := Encode(p)
+	if err != nil {
+		// Encode fails only on values json cannot represent; Plan has none.
+		panic(err)
+	}
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:10])
+}
+
+// AllowedPath is one entry of the host path allowlist.
+type AllowedPath struct {
+	// Path is an absolute, clean path; its last element may be a path.Match
+	// pattern such as /usr/lib/nvidia-*.
+	Path string `json:"path"`
+	// FilesOnly allows only File mounts directly inside Path whose name matches
+	// one of the driver file patterns: for shared system folders such as
+	// /usr/lib/x86_64-linux-gnu, which must never be mounted whole.
+	FilesOnly bool `json:"filesOnly,omitempty"`
+}
+
+// Rules are what Validate checks a plan against.
+type Rules struct {
+	HostPathAllowlist []AllowedPath
+	// DriverFilePatterns are path.Match patterns of file names allowed in a
+	// FilesOnly folder.
+	DriverFilePatterns []string
+	// ContainerPathRoots are the only container folders mounts may target.
+	ContainerPathRoots []string
+}
+
+// MaxMounts bounds a plan; a real driver needs about 40 loose files at most.
+const MaxMounts = 128
+
+// Validate reports every rule a plan breaks, each naming its field.
+func (p Plan) Validate(r Rules) field.ErrorList {
+	var errs field.ErrorList
+	root := field.NewPath("layout")
+	if p.SchemaVersion != SchemaVersion {
+		errs = append(errs, field.NotSupported(root.Child("schemaVersion"), p.SchemaVersion, []string{SchemaVersion}))
+	}
+	if p.DriverVersion == "" {
+		errs = append(errs, field.Required(root.Child("driverVersion"), "the driver version the files belong to"))
+	}
+	if len(p.Mounts) == 0 {
+		errs = append(errs, field.Required(root.Child("mounts"), "at least one mount"))
+	}
+	if len(p.Mounts) > MaxMounts {
+		errs = append(errs, field.TooMany(root.Child("mounts"), len(p.Mounts), MaxMounts))
+	}
+	seen := make(map[string]bool, len(p.Mounts))
+	for i, m := range p.Mounts {
+		fp := root.Child("mounts").Index(i)
+		if m.Kind != KindDirectory && m.Kind != KindFile {
+			errs = append(errs, field.NotSupported(fp.Child("kind"), string(m.Kind), []string{string(KindDirectory), string(KindFile)}))
+		}
+		if err := checkAbsClean(m.HostPath); err != "" {
+			errs = append(errs, field.Invalid(fp.Child("hostPath"), m.HostPath, err))
+		} else if !hostPathAllowed(m.HostPath, m.Kind, r) {
+			errs = append(errs, field.Forbidden(fp.Child("hostPath"), fmt.Sprintf("%q is not under the host path allowlist", m.HostPath)))
+		}
+		if err := checkAbsClean(m.ContainerPath); err != "" {
+			errs = append(errs, field.Invalid(fp.Child("containerPath"), m.ContainerPath, err))
+		} else if !underAny(m.ContainerPath, r.ContainerPathRoots, m.Kind == KindDirectory) {
+			errs = append(errs, field.Forbidden(fp.Child("containerPath"), fmt.Sprintf("%q is not under the container mount points %v", m.ContainerPath, r.ContainerPathRoots)))
+		}
+		if seen[m.ContainerPath] {
+			errs = append(errs, field.Duplicate(fp.Child("containerPath"), m.ContainerPath))
+		}
+		seen[m.ContainerPath] = true
+	}
+	for i, lp := range p.LibraryPaths {
+		fp := root.Child("libraryPaths").Index(i)
+		if err := checkAbsClean(lp); err != "" {
+			errs = append(errs, field.Invalid(fp, lp, err))
+		} else if strings.ContainsAny(lp, ":") {
+			errs = append(errs, field.Invalid(fp, lp, "must not contain ':'"))
+		} else if !underAny(lp, r.ContainerPathRoots, true) {
+			errs = append(errs, field.Forbidden(fp, fmt.Sprintf("%q is not under the container mount points %v", lp, r.ContainerPathRoots)))
+		}
+	}
+	return errs
+}
+
+func checkAbsClean(p string) string {
+	switch {
+	case p == "":
+		return "must not be empty"
+	case !path.IsAbs(p):
+		return "must be an absolute path"
+	case strings.ContainsAny(p, "\x00\n"):
+		return "must not contain NUL or newline"
+	case path.Clean(p) != p:
+		return "must be a clean path (no '..', '.', '//' or trailing '/')"
+	case p == "/":
+		return "must not be the root folder"
+	}
+	return ""
+}
+
+// underAny reports whether p is one of roots or below one; the root itself
+// counts only when allowSelf is set.
+func underAny(p string, roots []string, allowSelf bool) bool {
+	for _, r := range roots {
+		if p == r && allowSelf {
+			return true
+		}
+		if strings.HasPrefix(p, r+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+func hostPathAllowed(p string, kind MountKind, r Rules) bool {
+	for _, a := range r.HostPathAllowlist {
+		if a.FilesOnly {
+			if kind != KindFile {
+				continue
+			}
+			dir, name := path.Split(p)
+			if ok, _ := path.Match(a.Path, path.Clean(dir)); !ok {
+				continue
+			}
+			for _, pat := range r.DriverFilePatterns {
+				if ok, _ := path.Match(pat, name); ok {
+					return true
+				}
+			}
+			continue
+		}
+		// p or one of its ancestors must match the entry.
+		for q := p; q != "/"; q = path.Dir(q) {
+			if ok, _ := path.Match(a.Path, q); ok {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// Injected is the value of AnnotationInjected on a mutated pod.
+type Injected struct {
+	Fingerprint   string   `json:"fingerprint,omitempty"`
+	StaticLayout  string   `json:"staticLayout,omitempty"`
+	DriverVersion string   `json:"driverVersion"`
+	Containers    []string `json:"containers"`
+	Volumes       []string `json:"volumes"`
+}
+
+// String encodes the record compactly and deterministically.
+func (i Injected) String() string {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(i)
+	return strings.TrimSpace(b.String())
+}
