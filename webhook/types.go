@@ -1,0 +1,75 @@
+// Package webhook is gpu-injector's admission webhook: the pure mutation that
+// injects a node's driver layout into GPU pods (shared with the offline
+// `gpu-injector mutate`), the Node index it chooses layouts from, and the
+// controller-runtime server around them.
+package webhook
+
+import (
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/gpu-injector/gpu-injector/layout"
+)
+
+// NodeInfo is what the mutation needs of a Node: the cache keeps only this.
+type NodeInfo struct {
+	Name   string
+	Labels map[string]string
+	Taints []corev1.Taint
+	// AllocatableGPUs sums the node's allocatable GPU resources.
+	AllocatableGPUs int64
+}
+
+// Layout is one candidate driver layout and the ready nodes that publish it.
+type Layout struct {
+	// Fingerprint is the plan's fingerprint; empty for a static layout.
+	Fingerprint string
+	Plan        layout.Plan
+	// Static names the configuration's static layout this came from.
+	Static string
+	// NodeSelector is injected with a static layout instead of the fingerprint.
+	NodeSelector map[string]string
+	// AllocatableGPUs sums the nodes' allocatable GPUs.
+	AllocatableGPUs int64
+	Nodes           []*NodeInfo
+}
+
+// Decision is what the mutation did with a pod.
+type Decision string
+
+const (
+	// DecisionInjected: the pod was changed (driver injected and/or legacy
+	// resource renamed).
+	DecisionInjected Decision = "Injected"
+	// DecisionSkipped: the pod was left unchanged; Reason says why.
+	DecisionSkipped Decision = "Skipped"
+	// DecisionDenied: the pod must be rejected; Reason is the user's message.
+	DecisionDenied Decision = "Denied"
+)
+
+// Skip reasons, also the values of the skipped-by-reason metric label.
+const (
+	ReasonNoGPU             = "no-gpu"
+	ReasonOptOut            = "opt-out"
+	ReasonExcludedNamespace = "excluded-namespace"
+	ReasonAlreadyInjected   = "already-injected"
+	ReasonNoLayout          = "no-layout"
+)
+
+// Input is everything the mutation decides from.
+type Input struct {
+	Pod *corev1.Pod
+	// NamespaceLabels of the pod's namespace; nil when unknown (offline).
+	NamespaceLabels map[string]string
+	// Layouts are the ready probed layouts; the mutation adds static ones.
+	Layouts []*Layout
+}
+
+// Result is the mutation's answer; Input.Pod is changed in place.
+type Result struct {
+	Decision Decision
+	// Reason is a skip reason constant, or the denial message.
+	Reason   string
+	Warnings []string
+	// Layout is the layout injected, if any.
+	Layout *Layout
+}
