@@ -1,0 +1,541 @@
+package webhook
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"path"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
+	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
+	"k8s.io/klog/v2"
+
+	"github.com/gpu-injector/gpu-injector/config"
+	"github.com/gpu-injector/gpu-injector/layout"
+)
+
+const (
+	envLDLibraryPath = "LD_LIBRARY_PATH"
+	volumePrefix     = "gpu-injector-"
+	warnPrefix       = "gpu-injector: "
+
+	labelPodSecurityEnforce = "pod-security.kubernetes.io/enforce"
+)
+
+// Mutate injects a driver layout into in.Pod, in place, and says what it did.
+// It is pure (no API calls, no logging) so that the webhook and the offline
+// `gpu-injector mutate` give the same answer, and so that running it on its
+// own output changes nothing.
+func Mutate(in Input, cfg *config.Configuration) Result {
+	pod := in.Pod
+	var res Result
+	warn := func(format string, args ...any) {
+		res.Warnings = append(res.Warnings, warnPrefix+fmt.Sprintf(format, args...))
+	}
+
+	if slices.Contains(cfg.ExcludedNamespaces, pod.Namespace) {
+		return Result{Decision: DecisionSkipped, Reason: ReasonExcludedNamespace}
+	}
+	if v, ok := pod.Annotations[layout.AnnotationInject]; ok && strings.EqualFold(v, "false") {
+		return Result{Decision: DecisionSkipped, Reason: ReasonOptOut}
+	}
+
+	m := matcher{cfg: cfg}
+	changed := m.fixResources(pod, warn)
+
+	targets := m.targetContainers(pod)
+	if len(targets) == 0 {
+		res.Decision, res.Reason = DecisionSkipped, ReasonNoGPU
+		if changed {
+			res.Decision = DecisionInjected
+		}
+		return res
+	}
+
+	if level := in.NamespaceLabels[labelPodSecurityEnforce]; level == "baseline" || level == "restricted" {
+		msg := fmt.Sprintf("namespace %q enforces Pod Security level %q, which forbids the hostPath volumes that carry the NVIDIA driver", pod.Namespace, level)
+		if cfg.PodSecurity == config.PodSecurityDeny {
+			return Result{Decision: DecisionDenied, Reason: warnPrefix + msg + "; label the namespace pod-security.kubernetes.io/enforce=privileged or opt the pod out with annotation " + layout.AnnotationInject + `: "false"`, Warnings: res.Warnings}
+		}
+		warn("%s: the API server will reject this pod", msg)
+	}
+
+	prev := previousInjection(pod)
+	chosen, whyNot := chooseLayout(pod, in.Layouts, cfg, prev)
+	if chosen == nil && prev != nil {
+		// Injected before, but that layout is gone: leave our earlier work alone
+		// rather than stack a second layout on top of it.
+		res.Decision, res.Reason = DecisionSkipped, ReasonAlreadyInjected
+		if changed {
+			res.Decision = DecisionInjected
+		}
+		return res
+	}
+	if chosen == nil {
+		switch cfg.NoLayout.Action {
+		case config.NoLayoutStatic:
+			s, _ := cfg.Static(cfg.NoLayout.StaticLayout)
+			chosen = &Layout{Static: s.Name, Plan: s.Plan, NodeSelector: s.NodeSelector}
+			warn("no ready GPU node layout fits this pod (%s); using static layout %q from the configuration", whyNot, s.Name)
+		case config.NoLayoutAllow:
+			warn("no ready GPU node layout fits this pod (%s); admitted without the NVIDIA driver", whyNot)
+			res.Decision, res.Reason = DecisionSkipped, ReasonNoLayout
+			if changed {
+				res.Decision = DecisionInjected
+			}
+			return res
+		default:
+			return Result{
+				Decision: DecisionDenied,
+				Reason:   warnPrefix + "no ready GPU node layout fits this pod: " + whyNot + `; check the pod's nodeName, nodeSelector, node affinity and tolerations, or opt the pod out with annotation ` + layout.AnnotationInject + `: "false"`,
+				Warnings: res.Warnings,
+			}
+		}
+	}
+
+	if m.inject(pod, targets, chosen, warn) {
+		changed = true
+	}
+	if changed {
+		res.Decision = DecisionInjected
+	} else {
+		res.Decision, res.Reason = DecisionSkipped, ReasonAlreadyInjected
+	}
+	res.Layout = chosen
+	return res
+}
+
+type matcher struct {
+	cfg *config.Configuration
+}
+
+// isGPU reports whether a resource name is a configured GPU resource.
+func (m matcher) isGPU(name corev1.ResourceName) bool {
+	for _, pat := range m.cfg.Resources.Names {
+		if string(name) == pat {
+			return true
+		}
+		if strings.ContainsAny(pat, "*?[") {
+			if ok, _ := path.Match(pat, string(name)); ok {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func (m matcher) wantsGPU(c *corev1.Container) bool {
+	for _, rl := range []corev1.ResourceList{c.Resources.Limits, c.Resources.Requests} {
+		for name, q := range rl {
+			if m.isGPU(name) && !q.IsZero() {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// allContainers lists init containers first, as the kubelet runs them.
+func allContainers(pod *corev1.Pod) []*corev1.Container {
+	out := make([]*corev1.Container, 0, len(pod.Spec.InitContainers)+len(pod.Spec.Containers))
+	for i := range pod.Spec.InitContainers {
+		out = append(out, &pod.Spec.InitContainers[i])
+	}
+	for i := range pod.Spec.Containers {
+		out = append(out, &pod.Spec.Containers[i])
+	}
+	return out
+}
+
+// fixResources renames legacy GPU resources and copies request-only GPU
+// resources to limits, which the API server would otherwise reject.
+func (m matcher) fixResources(pod *corev1.Pod, warn func(string, ...any)) bool {
+	changed := false
+	to := corev1.ResourceName(m.cfg.Resources.RenameTo)
+	for _, c := range allContainers(pod) {
+		for _, legacy := range m.cfg.Resources.Legacy {
+			from := corev1.ResourceName(legacy)
+			renamed := false
+			for _, rl := range []corev1.ResourceList{c.Resources.Limits, c.Resources.Requests} {
+				q, ok := rl[from]
+				if !ok {
+					continue
+				}
+				delete(rl, from)
+				if have, ok := rl[to]; ok && have.Cmp(q) != 0 {
+					warn("container %q sets both %s=%s and %s=%s; kept %s=%s", c.Name, from, q.String(), to, have.String(), to, have.String())
+				} else {
+					rl[to] = q
+				}
+				renamed, changed = true, true
+			}
+			if renamed {
+				warn("container %q: resource %s renamed to %s (no node offers the legacy name, so the pod would stay Pending forever)", c.Name, from, to)
+			}
+		}
+		for name, q := range c.Resources.Requests {
+			if !m.isGPU(name) {
+				continue
+			}
+			if _, ok := c.Resources.Limits[name]; ok {
+				continue
+			}
+			if c.Resources.Limits == nil {
+				c.Resources.Limits = corev1.ResourceList{}
+			}
+			c.Resources.Limits[name] = q.DeepCopy()
+			changed = true
+			warn("container %q requests %s=%s without a limit; copied it to limits (GPUs cannot be overcommitted, so the API server requires a limit)", c.Name, name, q.String())
+		}
+	}
+	return changed
+}
+
+func (m matcher) targetContainers(pod *corev1.Pod) []*corev1.Container {
+	var gpu []*corev1.Container
+	for _, c := range allContainers(pod) {
+		if m.wantsGPU(c) {
+			gpu = append(gpu, c)
+		}
+	}
+	if len(gpu) == 0 || m.cfg.Containers != config.ContainersAll {
+		return gpu
+	}
+	return allContainers(pod)
+}
+
+func previousInjection(pod *corev1.Pod) *layout.Injected {
+	v, ok := pod.Annotations[layout.AnnotationInjected]
+	if !ok {
+		return nil
+	}
+	var inj layout.Injected
+	if err := json.Unmarshal([]byte(v), &inj); err != nil {
+		// A marker we cannot read is still our marker: do not inject twice.
+		return &inj
+	}
+	return &inj
+}
+
+// chooseLayout returns the layout for the pod, or nil and why none fits.
+//
+// Policy MostGPUs: among layouts with at least one ready node the pod may land
+// on (nodeName, nodeSelector, required node affinity, NoSchedule/NoExecute
+// taints), the one with the most allocatable GPUs in total, then the newest
+// driver, then the smallest fingerprint so that replicas agree. NewestDriver
+// swaps the first two keys. A pod injected before keeps its layout.
+func chooseLayout(pod *corev1.Pod, layouts []*Layout, cfg *config.Configuration, prev *layout.Injected) (*Layout, string) {
+	if prev != nil && prev.StaticLayout != "" {
+		if s, ok := cfg.Static(prev.StaticLayout); ok {
+			return &Layout{Static: s.Name, Plan: s.Plan, NodeSelector: s.NodeSelector}, ""
+		}
+		return nil, "static layout " + prev.StaticLayout + " is gone"
+	}
+	if len(layouts) == 0 {
+		return nil, "no GPU node publishes a ready layout"
+	}
+	order := make([]*Layout, len(layouts))
+	copy(order, layouts)
+	sort.SliceStable(order, func(i, j int) bool { return better(order[i], order[j], cfg.LayoutPolicy) })
+
+	affinity := nodeaffinity.GetRequiredNodeAffinity(pod)
+	var reasons []string
+	for _, l := range order {
+		if prev != nil && l.Fingerprint != prev.Fingerprint {
+			continue
+		}
+		why := ""
+		for _, n := range l.Nodes {
+			if why = nodeMismatch(pod, affinity, n); why == "" {
+				return l, ""
+			}
+		}
+		if why == "" {
+			why = "no ready nodes"
+		}
+		if len(reasons) < 5 {
+			reasons = append(reasons, fmt.Sprintf("layout %s (driver %s, %d nodes): %s", l.Fingerprint, l.Plan.DriverVersion, len(l.Nodes), why))
+		}
+	}
+	if prev != nil {
+		return nil, ""
+	}
+	if len(order) > len(reasons) {
+		reasons = append(reasons, fmt.Sprintf("and %d more layouts", len(order)-len(reasons)))
+	}
+	return nil, strings.Join(reasons, "; ")
+}
+
+// nodeMismatch says why the pod cannot land on the node, or "" if it can.
+// The last node's reason stands for the layout in a denial message.
+func nodeMismatch(pod *corev1.Pod, affinity nodeaffinity.RequiredNodeAffinity, n *NodeInfo) string {
+	if pod.Spec.NodeName != "" && pod.Spec.NodeName != n.Name {
+		return fmt.Sprintf("pod is bound to node %q", pod.Spec.NodeName)
+	}
+	node := corev1.Node{}
+	node.Name, node.Labels = n.Name, n.Labels
+	if ok, _ := affinity.Match(&node); !ok {
+		return "no node matches the pod's nodeSelector or required node affinity"
+	}
+	for i := range n.Taints {
+		t := &n.Taints[i]
+		if t.Effect != corev1.TaintEffectNoSchedule && t.Effect != corev1.TaintEffectNoExecute {
+			continue
+		}
+		if !corev1helpers.TolerationsTolerateTaint(klog.Background(), pod.Spec.Tolerations, t, false) {
+			return fmt.Sprintf("nodes have taint %s the pod does not tolerate", t.ToString())
+		}
+	}
+	return ""
+}
+
+func better(a, b *Layout, policy string) bool {
+	dv := compareVersions(a.Plan.DriverVersion, b.Plan.DriverVersion)
+	if policy == config.LayoutPolicyNewestDriver && dv != 0 {
+		return dv > 0
+	}
+	if a.AllocatableGPUs != b.AllocatableGPUs {
+		return a.AllocatableGPUs > b.AllocatableGPUs
+	}
+	if dv != 0 {
+		return dv > 0
+	}
+	return a.Fingerprint < b.Fingerprint
+}
+
+// compareVersions compares dotted driver versions numerically (535.104.05 <
+// 580.159.04), falling back to text for parts that are not numbers.
+func compareVersions(a, b string) int {
+	as, bs := strings.Split(a, "."), strings.Split(b, ".")
+	for i := 0; i < len(as) || i < len(bs); i++ {
+		var x, y string
+		if i < len(as) {
+			x = as[i]
+		}
+		if i < len(bs) {
+			y = bs[i]
+		}
+		xi, errx := strconv.Atoi(x)
+		yi, erry := strconv.Atoi(y)
+		switch {
+		case errx == nil && erry == nil && xi != yi:
+			if xi < yi {
+				return -1
+			}
+			return 1
+		case (errx != nil || erry != nil) && x != y:
+			return strings.Compare(x, y)
+		}
+	}
+	return 0
+}
+
+// volumeName is stable for a mount, so a second run finds its own volumes.
+func volumeName(mt layout.Mount) string {
+	sum := sha256.Sum256([]byte(mt.HostPath + "\x00" + mt.ContainerPath))
+	return volumePrefix + hex.EncodeToString(sum[:5])
+}
+
+func (m matcher) inject(pod *corev1.Pod, targets []*corev1.Container, l *Layout, warn func(string, ...any)) bool {
+	changed := false
+	volumes := make(map[string]int, len(pod.Spec.Volumes))
+	for i, v := range pod.Spec.Volumes {
+		volumes[v.Name] = i
+	}
+	ours := make([]corev1.Volume, 0, len(l.Plan.Mounts))
+	names := make([]string, 0, len(l.Plan.Mounts))
+	for _, mt := range l.Plan.Mounts {
+		want := hostPathVolume(mt)
+		name := volumeName(mt)
+		// A user volume may hold our name by chance: find a free one.
+		for k := 2; ; k++ {
+			i, taken := volumes[name]
+			if !taken || apiequalHostPath(pod.Spec.Volumes[i], want) {
+				break
+			}
+			name = fmt.Sprintf("%s%s-%d", volumePrefix, strings.TrimPrefix(volumeName(mt), volumePrefix), k)
+		}
+		want.Name = name
+		ours = append(ours, want)
+		names = append(names, name)
+	}
+
+	used := make(map[string]bool, len(ours))
+	var containerNames []string
+	for _, c := range targets {
+		containerNames = append(containerNames, c.Name)
+		for i, mt := range l.Plan.Mounts {
+			name := ours[i].Name
+			if hasMount(c, name, mt.ContainerPath) {
+				used[name] = true
+				continue
+			}
+			if other := shadowingMount(c, mt.ContainerPath, names); other != nil {
+				if other.MountPath == mt.ContainerPath {
+					warn("container %q already mounts %s (volume %q); left as is, not mounted twice", c.Name, other.MountPath, other.Name)
+				} else {
+					warn("container %q already mounts %s (volume %q); %s not mounted inside it", c.Name, other.MountPath, other.Name, mt.ContainerPath)
+				}
+				continue
+			}
+			c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: name, MountPath: mt.ContainerPath, ReadOnly: true})
+			used[name] = true
+			changed = true
+		}
+		if m.mergeLDLibraryPath(c, l.Plan.LibraryPaths, warn) {
+			changed = true
+		}
+	}
+
+	var injected []string
+	for _, v := range ours {
+		if !used[v.Name] {
+			continue
+		}
+		injected = append(injected, v.Name)
+		if _, ok := volumes[v.Name]; ok {
+			continue
+		}
+		pod.Spec.Volumes = append(pod.Spec.Volumes, v)
+		volumes[v.Name] = len(pod.Spec.Volumes) - 1
+		changed = true
+	}
+
+	selector := l.NodeSelector
+	if l.Static == "" {
+		selector = map[string]string{layout.LabelFingerprint: l.Fingerprint}
+	}
+	for _, k := range sortedKeys(selector) {
+		v := selector[k]
+		if have, ok := pod.Spec.NodeSelector[k]; ok {
+			if have != v {
+				warn("pod's nodeSelector %s=%s conflicts with the layout's %s=%s; kept the pod's", k, have, k, v)
+			}
+			continue
+		}
+		if pod.Spec.NodeSelector == nil {
+			pod.Spec.NodeSelector = map[string]string{}
+		}
+		pod.Spec.NodeSelector[k] = v
+		changed = true
+	}
+
+	marker := layout.Injected{
+		Fingerprint:   l.Fingerprint,
+		StaticLayout:  l.Static,
+		DriverVersion: l.Plan.DriverVersion,
+		Containers:    containerNames,
+		Volumes:       injected,
+	}.String()
+	if pod.Annotations[layout.AnnotationInjected] != marker {
+		if pod.Annotations == nil {
+			pod.Annotations = map[string]string{}
+		}
+		pod.Annotations[layout.AnnotationInjected] = marker
+		changed = true
+	}
+	return changed
+}
+
+func hostPathVolume(mt layout.Mount) corev1.Volume {
+	t := corev1.HostPathDirectory
+	if mt.Kind == layout.KindFile {
+		t = corev1.HostPathFile
+	}
+	return corev1.Volume{VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: mt.HostPath, Type: &t}}}
+}
+
+func apiequalHostPath(have, want corev1.Volume) bool {
+	h, w := have.HostPath, want.HostPath
+	return h != nil && h.Path == w.Path && h.Type != nil && *h.Type == *w.Type
+}
+
+func hasMount(c *corev1.Container, volume, mountPath string) bool {
+	for _, vm := range c.VolumeMounts {
+		if vm.Name == volume && vm.MountPath == mountPath {
+			return true
+		}
+	}
+	return false
+}
+
+// shadowingMount finds a mount of the user's at p or at a folder above it,
+// which our mount would either duplicate or be hidden by.
+func shadowingMount(c *corev1.Container, p string, ours []string) *corev1.VolumeMount {
+	for i := range c.VolumeMounts {
+		vm := &c.VolumeMounts[i]
+		if slices.Contains(ours, vm.Name) {
+			continue
+		}
+		mp := path.Clean(vm.MountPath)
+		if mp == p || strings.HasPrefix(p, mp+"/") {
+			return vm
+		}
+	}
+	return nil
+}
+
+// mergeLDLibraryPath adds the layout's library folders to the container's
+// LD_LIBRARY_PATH without dropping what the spec already sets.
+func (m matcher) mergeLDLibraryPath(c *corev1.Container, libs []string, warn func(string, ...any)) bool {
+	if m.cfg.LDLibraryPath == config.LDLibraryPathOff || len(libs) == 0 {
+		return false
+	}
+	idx := -1
+	for i, e := range c.Env {
+		if e.Name == envLDLibraryPath {
+			idx = i
+		}
+	}
+	if idx < 0 {
+		c.Env = append(c.Env, corev1.EnvVar{Name: envLDLibraryPath, Value: strings.Join(libs, ":")})
+		return true
+	}
+	e := &c.Env[idx]
+	if e.ValueFrom != nil {
+		warn("container %q takes %s from a reference; left as is, add %s to it yourself", c.Name, envLDLibraryPath, strings.Join(libs, ":"))
+		return false
+	}
+	have := strings.Split(e.Value, ":")
+	var missing []string
+	for _, l := range libs {
+		if !slices.Contains(have, l) {
+			missing = append(missing, l)
+		}
+	}
+	if len(missing) == 0 {
+		return false
+	}
+	old := e.Value
+	switch {
+	case old == "":
+		e.Value = strings.Join(missing, ":")
+	case m.cfg.LDLibraryPath == config.LDLibraryPathPrepend:
+		e.Value = strings.Join(missing, ":") + ":" + old
+	default:
+		e.Value = old + ":" + strings.Join(missing, ":")
+	}
+	warn("container %q: %s %q merged with the driver's folders: %q", c.Name, envLDLibraryPath, old, e.Value)
+	return true
+}
+
+func sortedKeys(m map[string]string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// IsGPUResource reports whether name is one of the configured GPU resource
+// names or patterns; the Node index uses it to sum allocatable GPUs.
+func IsGPUResource(cfg *config.Configuration, name corev1.ResourceName) bool {
+	return matcher{cfg: cfg}.isGPU(name)
+}
