@@ -1,0 +1,149 @@
+{{/*
+Names. fullname is capped at 52 characters so that "<fullname>-webhook-tls" and the
+other derived names stay within the 63-character limit of label values and DNS labels.
+*/}}
+{{- define "gpu-injector.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "gpu-injector.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 52 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 52 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 52 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "gpu-injector.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "gpu-injector.labels" -}}
+helm.sh/chart: {{ include "gpu-injector.chart" . }}
+app.kubernetes.io/name: {{ include "gpu-injector.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: gpu-injector
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* Selector labels never change after install: a Deployment's selector is immutable. */}}
+{{- define "gpu-injector.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "gpu-injector.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "gpu-injector.webhook.name" -}}
+{{- printf "%s-webhook" (include "gpu-injector.fullname" .) }}
+{{- end }}
+
+{{- define "gpu-injector.nodeprobe.name" -}}
+{{- printf "%s-nodeprobe" (include "gpu-injector.fullname" .) }}
+{{- end }}
+
+{{- define "gpu-injector.webhook.labels" -}}
+{{ include "gpu-injector.labels" . }}
+app.kubernetes.io/component: webhook
+{{- end }}
+
+{{- define "gpu-injector.webhook.selectorLabels" -}}
+{{ include "gpu-injector.selectorLabels" . }}
+app.kubernetes.io/component: webhook
+{{- end }}
+
+{{- define "gpu-injector.nodeprobe.labels" -}}
+{{ include "gpu-injector.labels" . }}
+app.kubernetes.io/component: nodeprobe
+{{- end }}
+
+{{- define "gpu-injector.nodeprobe.selectorLabels" -}}
+{{ include "gpu-injector.selectorLabels" . }}
+app.kubernetes.io/component: nodeprobe
+{{- end }}
+
+{{- define "gpu-injector.webhook.serviceAccountName" -}}
+{{- default (include "gpu-injector.webhook.name" .) .Values.webhook.serviceAccount.name }}
+{{- end }}
+
+{{- define "gpu-injector.nodeprobe.serviceAccountName" -}}
+{{- default (include "gpu-injector.nodeprobe.name" .) .Values.nodeprobe.serviceAccount.name }}
+{{- end }}
+
+{{- define "gpu-injector.webhook.serviceName" -}}
+{{- include "gpu-injector.webhook.name" . }}
+{{- end }}
+
+{{- define "gpu-injector.certSecretName" -}}
+{{- printf "%s-webhook-tls" (include "gpu-injector.fullname" .) }}
+{{- end }}
+
+{{- define "gpu-injector.configMapName" -}}
+{{- printf "%s-config" (include "gpu-injector.fullname" .) }}
+{{- end }}
+
+{{- define "gpu-injector.image" -}}
+{{- $tag := default .Chart.AppVersion .Values.image.tag }}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository $tag }}
+{{- end }}
+{{- end }}
+
+{{/* self: the binary mints and rotates its own serving certificate; external: cert-manager does. */}}
+{{- define "gpu-injector.certMode" -}}
+{{- if .Values.certManager.enabled }}external{{ else }}self{{ end }}
+{{- end }}
+
+{{/*
+The configuration file, rendered from .Values.config with the fixed apiVersion and kind.
+Both the ConfigMap and the checksum annotation of the pods use this one definition, so a
+change of any config value rolls the pods.
+*/}}
+{{- define "gpu-injector.configYAML" -}}
+{{- $c := deepCopy .Values.config }}
+{{- $_ := set $c "apiVersion" "config.gpu-injector.io/v1alpha1" }}
+{{- $_ := set $c "kind" "InjectorConfiguration" }}
+{{- toYaml $c }}
+{{- end }}
+
+{{/*
+Namespaces the API server never sends to the webhook: the release namespace (the
+webhook must never depend on itself), kube-system, and the configured exclusions, which
+the webhook also enforces itself.
+*/}}
+{{- define "gpu-injector.excludedNamespaces" -}}
+{{- $ns := list .Release.Namespace "kube-system" }}
+{{- range .Values.config.excludedNamespaces }}
+{{- $ns = append $ns . }}
+{{- end }}
+{{- toJson (uniq $ns) }}
+{{- end }}
+
+{{/*
+CEL: does resource name variable r match one of config.resources.names? A name without
+a path.Match meta character is compared exactly; a pattern matches by the literal prefix
+before its first meta character (nvidia.com/mig-* -> startsWith("nvidia.com/mig-")).
+The prefix test may send a few more pods than the pattern would match, never fewer: the
+webhook applies the exact pattern itself.
+*/}}
+{{- define "gpu-injector.celResourceMatch" -}}
+{{- $terms := list }}
+{{- range .Values.config.resources.names }}
+{{- $prefix := regexReplaceAll "[*?\\[\\\\].*$" . "" }}
+{{- if eq $prefix . }}
+{{- $terms = append $terms (printf "r == %s" (toJson .)) }}
+{{- else }}
+{{- $terms = append $terms (printf "r.startsWith(%s)" (toJson $prefix)) }}
+{{- end }}
+{{- end }}
+{{- join " || " $terms }}
+{{- end }}
