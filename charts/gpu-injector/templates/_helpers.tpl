@@ -140,9 +140,9 @@ webhook applies the exact pattern itself.
 {{- range .Values.config.resources.names }}
 {{- $prefix := regexReplaceAll "[*?\\[\\\\].*$" . "" }}
 {{- if eq $prefix . }}
-{{- $terms = append $terms (printf "r == %s" (toJson .)) }}
+{{- $terms = append $terms (printf "r == %s" (squote .)) }}
 {{- else }}
-{{- $terms = append $terms (printf "r.startsWith(%s)" (toJson $prefix)) }}
+{{- $terms = append $terms (printf "r.startsWith(%s)" (squote $prefix)) }}
 {{- end }}
 {{- end }}
 {{- join " || " $terms }}

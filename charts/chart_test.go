@@ -1,0 +1,929 @@
+// Package charts_test renders the gpu-injector chart with the real helm binary and
+// checks what it would install: security properties of every workload, the webhook
+// configuration, RBAC scope, and that the rendered config file is one the binary accepts.
+package charts_test
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/kubernetes/scheme"
+
+	"github.com/gpu-injector/gpu-injector/config"
+)
+
+const (
+	chartDir    = "gpu-injector"
+	releaseName = "gpu-injector"
+	namespace   = "gpu-injector"
+	fullname    = "gpu-injector"
+	probeSA     = "gpu-injector-nodeprobe"
+	webhookSA   = "gpu-injector-webhook"
+	certSecret  = "gpu-injector-webhook-tls"
+	webhookSvc  = "gpu-injector-webhook"
+
+	vapAPI = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"
+)
+
+// helmBinary finds helm where the repository's tool cache puts it; a missing helm is
+// a failure, not a skip, so that a green run always means the chart was rendered.
+func helmBinary(t *testing.T) string {
+	t.Helper()
+	if h := os.Getenv("HELM"); h != "" {
+		return h
+	}
+	cache := os.Getenv("GPU_INJECTOR_CACHE")
+	if cache == "" {
+		root, err := filepath.Abs("..")
+		if err != nil {
+			t.Fatalf("failed to find the repository root: %v", err)
+		}
+		cache = filepath.Join(root, "bin")
+	}
+	h := filepath.Join(cache, "helm-v3.16.3", "helm")
+	if _, err := os.Stat(h); err != nil {
+		t.Fatalf("helm not found at %s (%v): run hack/tools.sh helm, or set HELM", h, err)
+	}
+	return h
+}
+
+type renderOpts struct {
+	kubeVersion string
+	apiVersions []string
+	set         []string
+}
+
+// rendered is the chart's output, one object per document.
+type rendered struct {
+	objects []*unstructured.Unstructured
+}
+
+func helmTemplate(t *testing.T, o renderOpts) ([]byte, error) {
+	t.Helper()
+	args := []string{"template", releaseName, chartDir, "--namespace", namespace, "--kube-version", o.kubeVersion}
+	for _, a := range o.apiVersions {
+		args = append(args, "--api-versions", a)
+	}
+	for _, s := range o.set {
+		args = append(args, "--set", s)
+	}
+	cmd := exec.Command(helmBinary(t), args...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("failed to run helm %s: %w: %s", strings.Join(args, " "), err, stderr.String())
+	}
+	return out, nil
+}
+
+func render(t *testing.T, o renderOpts) rendered {
+	t.Helper()
+	out, err := helmTemplate(t, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r rendered
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(out), 4096)
+	for {
+		var obj map[string]any
+		if err := dec.Decode(&obj); err != nil {
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			t.Fatalf("failed to parse helm output: %v\n%s", err, out)
+		}
+		if len(obj) == 0 {
+			continue
+		}
+		r.objects = append(r.objects, &unstructured.Unstructured{Object: obj})
+	}
+	if len(r.objects) == 0 {
+		t.Fatalf("helm rendered no objects")
+	}
+	return r
+}
+
+func (r rendered) all(kind string) []*unstructured.Unstructured {
+	var out []*unstructured.Unstructured
+	for _, o := range r.objects {
+		if o.GetKind() == kind {
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
+func (r rendered) get(kind, name string) *unstructured.Unstructured {
+	for _, o := range r.all(kind) {
+		if o.GetName() == name {
+			return o
+		}
+	}
+	return nil
+}
+
+// typed converts into the API type, refusing unknown fields: a misspelt field in a
+// template would otherwise be dropped silently by the API server.
+func typed[T any](t *testing.T, u *unstructured.Unstructured) *T {
+	t.Helper()
+	if u == nil {
+		t.Fatalf("object not rendered")
+	}
+	out := new(T)
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructuredWithValidation(u.Object, out, true); err != nil {
+		t.Fatalf("%s %s does not convert to its API type: %v", u.GetKind(), u.GetName(), err)
+	}
+	return out
+}
+
+func mustGet[T any](t *testing.T, r rendered, kind, name string) *T {
+	t.Helper()
+	u := r.get(kind, name)
+	if u == nil {
+		t.Fatalf("%s %s not rendered; have %v", kind, name, r.names())
+	}
+	return typed[T](t, u)
+}
+
+func (r rendered) names() []string {
+	var out []string
+	for _, o := range r.objects {
+		out = append(out, o.GetKind()+"/"+o.GetName())
+	}
+	return out
+}
+
+func (r rendered) podSpecs(t *testing.T) map[string]corev1.PodTemplateSpec {
+	t.Helper()
+	specs := map[string]corev1.PodTemplateSpec{}
+	for _, u := range r.all("Deployment") {
+		specs["Deployment/"+u.GetName()] = typed[appsv1.Deployment](t, u).Spec.Template
+	}
+	for _, u := range r.all("DaemonSet") {
+		specs["DaemonSet/"+u.GetName()] = typed[appsv1.DaemonSet](t, u).Spec.Template
+	}
+	return specs
+}
+
+func container(t *testing.T, spec corev1.PodTemplateSpec, name string) corev1.Container {
+	t.Helper()
+	for _, c := range spec.Spec.Containers {
+		if c.Name == name {
+			return c
+		}
+	}
+	t.Fatalf("container %s not found", name)
+	return corev1.Container{}
+}
+
+func mutatingWebhook(t *testing.T, r rendered) admissionregistrationv1.MutatingWebhook {
+	t.Helper()
+	mwc := mustGet[admissionregistrationv1.MutatingWebhookConfiguration](t, r, "MutatingWebhookConfiguration", fullname)
+	if len(mwc.Webhooks) != 1 {
+		t.Fatalf("want 1 webhook, got %d", len(mwc.Webhooks))
+	}
+	return mwc.Webhooks[0]
+}
+
+var (
+	kube136 = renderOpts{kubeVersion: "1.36.3", apiVersions: []string{vapAPI}}
+	kube129 = renderOpts{kubeVersion: "1.29.0"}
+)
+
+func with(o renderOpts, set ...string) renderOpts {
+	o.set = append(slices.Clone(o.set), set...)
+	return o
+}
+
+// checkKnownTypes converts every object of a Kubernetes kind into its API type.
+func checkKnownTypes(t *testing.T, r rendered) {
+	t.Helper()
+	for _, u := range r.objects {
+		gvk := schema.FromAPIVersionAndKind(u.GetAPIVersion(), u.GetKind())
+		if gvk.Group == "cert-manager.io" {
+			continue
+		}
+		obj, err := scheme.Scheme.New(gvk)
+		if err != nil {
+			t.Errorf("%s %s: unknown kind %v: %v", u.GetKind(), u.GetName(), gvk, err)
+			continue
+		}
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructuredWithValidation(u.Object, obj, true); err != nil {
+			t.Errorf("%s %s does not convert to its API type: %v", u.GetKind(), u.GetName(), err)
+		}
+		labels := u.GetLabels()
+		for _, k := range []string{"app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/version", "app.kubernetes.io/managed-by", "helm.sh/chart"} {
+			if labels[k] == "" {
+				t.Errorf("%s %s lacks label %s", u.GetKind(), u.GetName(), k)
+			}
+		}
+		if ns := u.GetNamespace(); ns != "" && ns != namespace {
+			t.Errorf("%s %s is in namespace %q, want the release namespace", u.GetKind(), u.GetName(), ns)
+		}
+	}
+}
+
+// checkPodSecurity holds for every workload the chart renders, whatever the values.
+func checkPodSecurity(t *testing.T, r rendered, privilegedProbe bool) {
+	t.Helper()
+	for name, spec := range r.podSpecs(t) {
+		ps := spec.Spec
+		if ps.HostNetwork || ps.HostPID || ps.HostIPC {
+			t.Errorf("%s uses a host namespace", name)
+		}
+		hostPaths := map[string]bool{}
+		for _, v := range ps.Volumes {
+			if v.HostPath != nil {
+				hostPaths[v.Name] = true
+			}
+		}
+		for _, c := range append(slices.Clone(ps.InitContainers), ps.Containers...) {
+			where := name + " container " + c.Name
+			sc := c.SecurityContext
+			if sc == nil {
+				t.Errorf("%s has no securityContext", where)
+				continue
+			}
+			if sc.Capabilities == nil || !slices.Contains(sc.Capabilities.Drop, "ALL") {
+				t.Errorf("%s does not drop ALL capabilities", where)
+			}
+			if sc.Capabilities != nil && len(sc.Capabilities.Add) > 0 {
+				t.Errorf("%s adds capabilities %v", where, sc.Capabilities.Add)
+			}
+			if sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
+				t.Errorf("%s has a writable root filesystem", where)
+			}
+			nonRoot := (sc.RunAsNonRoot != nil && *sc.RunAsNonRoot) ||
+				(sc.RunAsNonRoot == nil && ps.SecurityContext != nil && ps.SecurityContext.RunAsNonRoot != nil && *ps.SecurityContext.RunAsNonRoot)
+			if !nonRoot {
+				t.Errorf("%s may run as root", where)
+			}
+			if sc.SeccompProfile == nil || sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+				t.Errorf("%s has no RuntimeDefault seccomp profile", where)
+			}
+			privileged := sc.Privileged != nil && *sc.Privileged
+			wantPrivileged := privilegedProbe && strings.HasPrefix(name, "DaemonSet/")
+			if privileged != wantPrivileged {
+				t.Errorf("%s privileged=%v, want %v", where, privileged, wantPrivileged)
+			}
+			if !privileged && (sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation) {
+				t.Errorf("%s allows privilege escalation", where)
+			}
+			for _, m := range c.VolumeMounts {
+				if !hostPaths[m.Name] {
+					continue
+				}
+				if !m.ReadOnly {
+					t.Errorf("%s mounts hostPath volume %s writable", where, m.Name)
+				}
+				if m.MountPropagation != nil && *m.MountPropagation == corev1.MountPropagationBidirectional {
+					t.Errorf("%s mounts hostPath volume %s with Bidirectional propagation", where, m.Name)
+				}
+			}
+		}
+	}
+}
+
+func TestRender(t *testing.T) {
+	tests := map[string]struct {
+		opts            renderOpts
+		privilegedProbe bool
+		check           func(t *testing.T, r rendered)
+	}{
+		"defaults on 1.36": {
+			opts: kube136,
+			check: func(t *testing.T, r rendered) {
+				wh := mutatingWebhook(t, r)
+				if len(wh.MatchConditions) != 2 {
+					t.Errorf("want 2 matchConditions on 1.36, got %d", len(wh.MatchConditions))
+				}
+				if wh.ClientConfig.Service == nil || wh.ClientConfig.Service.Name != webhookSvc ||
+					wh.ClientConfig.Service.Namespace != namespace || ptrValue(wh.ClientConfig.Service.Path) != "/mutate-v1-pod" ||
+					ptrValue(wh.ClientConfig.Service.Port) != 443 {
+					t.Errorf("clientConfig.service = %+v", wh.ClientConfig.Service)
+				}
+				if wh.ClientConfig.URL != nil || len(wh.ClientConfig.CABundle) != 0 {
+					t.Errorf("clientConfig has url %v or a caBundle in service mode", wh.ClientConfig.URL)
+				}
+				if r.get("ValidatingAdmissionPolicy", probeSA) == nil || r.get("ValidatingAdmissionPolicyBinding", probeSA) == nil {
+					t.Errorf("ValidatingAdmissionPolicy and its binding not rendered on 1.36; have %v", r.names())
+				}
+				binding := mustGet[admissionregistrationv1.ValidatingAdmissionPolicyBinding](t, r, "ValidatingAdmissionPolicyBinding", probeSA)
+				if binding.Spec.PolicyName != probeSA || !reflect.DeepEqual(binding.Spec.ValidationActions, []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny}) {
+					t.Errorf("binding spec = %+v", binding.Spec)
+				}
+				vap := mustGet[admissionregistrationv1.ValidatingAdmissionPolicy](t, r, "ValidatingAdmissionPolicy", probeSA)
+				wantUser := "request.userInfo.username == 'system:serviceaccount:" + namespace + ":" + probeSA + "'"
+				if len(vap.Spec.MatchConditions) != 1 || vap.Spec.MatchConditions[0].Expression != wantUser {
+					t.Errorf("policy matchConditions = %+v, want %s", vap.Spec.MatchConditions, wantUser)
+				}
+				if r.get("Secret", certSecret) == nil {
+					t.Errorf("certificate Secret not rendered in self cert mode")
+				}
+				sec := mustGet[corev1.Secret](t, r, "Secret", certSecret)
+				if len(sec.Data) != 0 || len(sec.StringData) != 0 {
+					t.Errorf("certificate Secret carries data %v; an upgrade would overwrite the rotated certificate", sec.Data)
+				}
+				pdb := r.get("PodDisruptionBudget", webhookSA)
+				if pdb == nil {
+					t.Errorf("no PodDisruptionBudget with 2 replicas")
+				}
+				dep := mustGet[appsv1.Deployment](t, r, "Deployment", webhookSA)
+				if ptrValue(dep.Spec.Replicas) != 2 {
+					t.Errorf("replicas = %d, want 2", ptrValue(dep.Spec.Replicas))
+				}
+				tsc := dep.Spec.Template.Spec.TopologySpreadConstraints
+				if len(tsc) != 1 || tsc[0].TopologyKey != "kubernetes.io/hostname" || tsc[0].WhenUnsatisfiable != corev1.ScheduleAnyway ||
+					tsc[0].LabelSelector == nil || tsc[0].LabelSelector.MatchLabels["app.kubernetes.io/component"] != "webhook" {
+					t.Errorf("topologySpreadConstraints = %+v", tsc)
+				}
+				if !reflect.DeepEqual(dep.Spec.Selector.MatchLabels, tsc[0].LabelSelector.MatchLabels) {
+					t.Errorf("spread selector %v differs from the Deployment's %v", tsc[0].LabelSelector.MatchLabels, dep.Spec.Selector.MatchLabels)
+				}
+				c := container(t, dep.Spec.Template, "webhook")
+				wantArgs := []string{
+					"webhook",
+					"--config=/etc/gpu-injector/config.yaml",
+					"--port=9443",
+					"--cert-dir=/certs",
+					"--cert-mode=self",
+					"--cert-secret-name=" + certSecret,
+					"--service-name=" + webhookSvc,
+					"--webhook-configuration-name=" + fullname,
+					"--metrics-bind-address=:8080",
+					"--health-probe-bind-address=:8081",
+				}
+				if !reflect.DeepEqual(c.Args, wantArgs) {
+					t.Errorf("webhook args:\n got %q\nwant %q", c.Args, wantArgs)
+				}
+				if len(c.Env) != 1 || c.Env[0].Name != "POD_NAMESPACE" || c.Env[0].ValueFrom == nil ||
+					c.Env[0].ValueFrom.FieldRef == nil || c.Env[0].ValueFrom.FieldRef.FieldPath != "metadata.namespace" {
+					t.Errorf("webhook env = %+v", c.Env)
+				}
+				checkProbe(t, "readiness", c.ReadinessProbe, "/readyz", "health", c)
+				checkProbe(t, "liveness", c.LivenessProbe, "/healthz", "health", c)
+				if p := findPort(c, "health"); p != 8081 {
+					t.Errorf("health port = %d, want 8081", p)
+				}
+				if p := findPort(c, "webhook"); p != 9443 {
+					t.Errorf("webhook port = %d, want 9443", p)
+				}
+				if c.Resources.Requests.Cpu().IsZero() || c.Resources.Requests.Memory().IsZero() || c.Resources.Limits.Memory().IsZero() {
+					t.Errorf("webhook resources incomplete: %+v", c.Resources)
+				}
+				sc := dep.Spec.Template.Spec.SecurityContext
+				if sc == nil || ptrValue(sc.RunAsUser) != 65532 || ptrValue(c.SecurityContext.RunAsUser) != 65532 {
+					t.Errorf("webhook does not run as 65532: pod %+v", sc)
+				}
+				checkVolume(t, dep.Spec.Template, c, "certs", "/certs", func(v corev1.Volume) bool {
+					return v.Secret != nil && v.Secret.SecretName == certSecret
+				})
+				svc := mustGet[corev1.Service](t, r, "Service", webhookSvc)
+				if len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Port != 443 || svc.Spec.Ports[0].TargetPort.String() != "webhook" {
+					t.Errorf("service ports = %+v", svc.Spec.Ports)
+				}
+				if !reflect.DeepEqual(svc.Spec.Selector, dep.Spec.Selector.MatchLabels) {
+					t.Errorf("service selector %v does not select the webhook pods %v", svc.Spec.Selector, dep.Spec.Selector.MatchLabels)
+				}
+				checkNodeprobe(t, r)
+				checkWebhookRBAC(t, r, true)
+				checkProbeRBAC(t, r)
+			},
+		},
+		"defaults on 1.29": {
+			opts: kube129,
+			check: func(t *testing.T, r rendered) {
+				wh := mutatingWebhook(t, r)
+				if len(wh.MatchConditions) != 0 {
+					t.Errorf("matchConditions rendered for 1.29: %+v", wh.MatchConditions)
+				}
+				if len(r.all("ValidatingAdmissionPolicy")) != 0 || len(r.all("ValidatingAdmissionPolicyBinding")) != 0 {
+					t.Errorf("ValidatingAdmissionPolicy rendered for 1.29")
+				}
+				checkNodeprobe(t, r)
+				checkWebhookRBAC(t, r, true)
+				checkProbeRBAC(t, r)
+			},
+		},
+		"1.36 with node restriction off": {
+			opts: with(kube136, "nodeprobe.nodeRestriction.enabled=false"),
+			check: func(t *testing.T, r rendered) {
+				if len(r.all("ValidatingAdmissionPolicy")) != 0 {
+					t.Errorf("ValidatingAdmissionPolicy rendered although disabled")
+				}
+			},
+		},
+		"cert-manager": {
+			opts: with(kube136, "certManager.enabled=true"),
+			check: func(t *testing.T, r rendered) {
+				if r.get("Secret", certSecret) != nil {
+					t.Errorf("chart renders the certificate Secret that cert-manager owns")
+				}
+				issuer := r.get("Issuer", fullname+"-selfsigned")
+				if issuer == nil {
+					t.Fatalf("no self-signed Issuer; have %v", r.names())
+				}
+				if _, ok, _ := unstructured.NestedMap(issuer.Object, "spec", "selfSigned"); !ok {
+					t.Errorf("Issuer is not selfSigned: %v", issuer.Object["spec"])
+				}
+				cert := r.get("Certificate", webhookSA)
+				if cert == nil {
+					t.Fatalf("no Certificate; have %v", r.names())
+				}
+				if s, _, _ := unstructured.NestedString(cert.Object, "spec", "secretName"); s != certSecret {
+					t.Errorf("Certificate writes Secret %q, want %q", s, certSecret)
+				}
+				dns, _, _ := unstructured.NestedStringSlice(cert.Object, "spec", "dnsNames")
+				if !slices.Contains(dns, webhookSvc+"."+namespace+".svc") {
+					t.Errorf("Certificate dnsNames %v lack the Service's name", dns)
+				}
+				if k, _, _ := unstructured.NestedString(cert.Object, "spec", "issuerRef", "name"); k != fullname+"-selfsigned" {
+					t.Errorf("Certificate issuer = %q", k)
+				}
+				mwc := mustGet[admissionregistrationv1.MutatingWebhookConfiguration](t, r, "MutatingWebhookConfiguration", fullname)
+				if got := mwc.Annotations["cert-manager.io/inject-ca-from"]; got != namespace+"/"+webhookSA {
+					t.Errorf("inject-ca-from = %q, want %s/%s", got, namespace, webhookSA)
+				}
+				dep := mustGet[appsv1.Deployment](t, r, "Deployment", webhookSA)
+				if c := container(t, dep.Spec.Template, "webhook"); !slices.Contains(c.Args, "--cert-mode=external") {
+					t.Errorf("webhook args %q lack --cert-mode=external", c.Args)
+				}
+				checkWebhookRBAC(t, r, false)
+			},
+		},
+		"cert-manager with a cluster issuer": {
+			opts: with(kube136, "certManager.enabled=true", "certManager.issuerRef.name=corp-ca", "certManager.issuerRef.kind=ClusterIssuer"),
+			check: func(t *testing.T, r rendered) {
+				if len(r.all("Issuer")) != 0 {
+					t.Errorf("Issuer rendered although issuerRef is set")
+				}
+				cert := r.get("Certificate", webhookSA)
+				if cert == nil {
+					t.Fatalf("no Certificate")
+				}
+				ref, _, _ := unstructured.NestedStringMap(cert.Object, "spec", "issuerRef")
+				if ref["name"] != "corp-ca" || ref["kind"] != "ClusterIssuer" || ref["group"] != "cert-manager.io" {
+					t.Errorf("issuerRef = %v", ref)
+				}
+			},
+		},
+		"out-of-cluster webhook url": {
+			opts: with(kube136, "webhook.url=https://127.0.0.1:9443/", "webhook.caBundle=Zm9vYmFy", "webhook.enabled=false"),
+			check: func(t *testing.T, r rendered) {
+				wh := mutatingWebhook(t, r)
+				if ptrValue(wh.ClientConfig.URL) != "https://127.0.0.1:9443/mutate-v1-pod" || wh.ClientConfig.Service != nil {
+					t.Errorf("clientConfig = url %q service %+v", ptrValue(wh.ClientConfig.URL), wh.ClientConfig.Service)
+				}
+				if string(wh.ClientConfig.CABundle) != "foobar" {
+					t.Errorf("caBundle = %q, want foobar", wh.ClientConfig.CABundle)
+				}
+				for _, kind := range []string{"Deployment", "Service", "PodDisruptionBudget"} {
+					if len(r.all(kind)) != 0 {
+						t.Errorf("%s rendered with webhook.enabled=false", kind)
+					}
+				}
+				// The out-of-cluster process still uses the chart's identity and Secret.
+				if r.get("ServiceAccount", webhookSA) == nil || r.get("Secret", certSecret) == nil {
+					t.Errorf("webhook ServiceAccount or certificate Secret missing; have %v", r.names())
+				}
+				checkWebhookRBAC(t, r, true)
+			},
+		},
+		"privileged probe fallback": {
+			opts:            with(kube136, "nodeprobe.privileged=true"),
+			privilegedProbe: true,
+		},
+		"probe with the nvidia runtime class": {
+			opts: with(kube136, "nodeprobe.runtimeClassName=nvidia"),
+			check: func(t *testing.T, r rendered) {
+				ds := mustGet[appsv1.DaemonSet](t, r, "DaemonSet", probeSA)
+				if ptrValue(ds.Spec.Template.Spec.RuntimeClassName) != "nvidia" {
+					t.Errorf("runtimeClassName = %q", ptrValue(ds.Spec.Template.Spec.RuntimeClassName))
+				}
+			},
+		},
+		"probe disabled": {
+			opts: with(kube136, "nodeprobe.enabled=false"),
+			check: func(t *testing.T, r rendered) {
+				for _, kind := range []string{"DaemonSet", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} {
+					if len(r.all(kind)) != 0 {
+						t.Errorf("%s rendered with nodeprobe.enabled=false", kind)
+					}
+				}
+				if r.get("ServiceAccount", probeSA) != nil || r.get("ClusterRole", probeSA) != nil {
+					t.Errorf("probe identity rendered with nodeprobe.enabled=false")
+				}
+			},
+		},
+		"one replica has no disruption budget": {
+			opts: with(kube136, "webhook.replicas=1"),
+			check: func(t *testing.T, r rendered) {
+				if len(r.all("PodDisruptionBudget")) != 0 {
+					t.Errorf("PodDisruptionBudget with minAvailable 1 and one replica would block every drain")
+				}
+			},
+		},
+		"failure policy Ignore": {
+			opts: with(kube136, "webhook.failurePolicy=Ignore"),
+			check: func(t *testing.T, r rendered) {
+				if wh := mutatingWebhook(t, r); ptrValue(wh.FailurePolicy) != admissionregistrationv1.Ignore {
+					t.Errorf("failurePolicy = %v, want Ignore", ptrValue(wh.FailurePolicy))
+				}
+			},
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			r := render(t, tc.opts)
+			checkKnownTypes(t, r)
+			checkPodSecurity(t, r, tc.privilegedProbe)
+			checkWebhookConfiguration(t, r)
+			checkConfigMap(t, r)
+			if tc.check != nil {
+				tc.check(t, r)
+			}
+		})
+	}
+}
+
+// checkWebhookConfiguration holds for every rendering.
+func checkWebhookConfiguration(t *testing.T, r rendered) {
+	t.Helper()
+	wh := mutatingWebhook(t, r)
+	if wh.Name != "pods.gpu-injector.io" {
+		t.Errorf("webhook name = %q", wh.Name)
+	}
+	if ptrValue(wh.SideEffects) != admissionregistrationv1.SideEffectClassNone {
+		t.Errorf("sideEffects = %v, want None", ptrValue(wh.SideEffects))
+	}
+	if ptrValue(wh.ReinvocationPolicy) != admissionregistrationv1.IfNeededReinvocationPolicy {
+		t.Errorf("reinvocationPolicy = %v, want IfNeeded", ptrValue(wh.ReinvocationPolicy))
+	}
+	if ptrValue(wh.TimeoutSeconds) != 5 {
+		t.Errorf("timeoutSeconds = %d, want 5", ptrValue(wh.TimeoutSeconds))
+	}
+	if !reflect.DeepEqual(wh.AdmissionReviewVersions, []string{"v1"}) {
+		t.Errorf("admissionReviewVersions = %v", wh.AdmissionReviewVersions)
+	}
+	wantRules := []admissionregistrationv1.RuleWithOperations{{
+		Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
+		Rule: admissionregistrationv1.Rule{
+			APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods"},
+			Scope: new(admissionregistrationv1.NamespacedScope),
+		},
+	}}
+	if !reflect.DeepEqual(wh.Rules, wantRules) {
+		t.Errorf("rules = %+v, want CREATE pods only", wh.Rules)
+	}
+	ns := wh.NamespaceSelector
+	if ns == nil || ns.MatchLabels["gpu-injector.io/inject"] != "enabled" {
+		t.Fatalf("namespaceSelector %+v does not require gpu-injector.io/inject=enabled", ns)
+	}
+	var excluded []string
+	for _, e := range ns.MatchExpressions {
+		if e.Key == "kubernetes.io/metadata.name" && e.Operator == "NotIn" {
+			excluded = e.Values
+		}
+	}
+	for _, want := range []string{namespace, "kube-system", "kube-public", "kube-node-lease"} {
+		if !slices.Contains(excluded, want) {
+			t.Errorf("namespaceSelector does not exclude %s: %v", want, excluded)
+		}
+	}
+}
+
+// checkConfigMap proves the rendered file is one the binary accepts.
+func checkConfigMap(t *testing.T, r rendered) *config.Configuration {
+	t.Helper()
+	cm := mustGet[corev1.ConfigMap](t, r, "ConfigMap", fullname+"-config")
+	data, ok := cm.Data["config.yaml"]
+	if !ok {
+		t.Fatalf("ConfigMap has no config.yaml: %v", cm.Data)
+	}
+	c, err := config.Parse([]byte(data))
+	if err != nil {
+		t.Fatalf("the chart's config.yaml is refused by the binary: %v\n%s", err, data)
+	}
+	for name, spec := range r.podSpecs(t) {
+		found := false
+		for _, v := range spec.Spec.Volumes {
+			if v.ConfigMap != nil && v.ConfigMap.Name == cm.Name {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("%s does not mount the config ConfigMap", name)
+		}
+	}
+	return c
+}
+
+func checkNodeprobe(t *testing.T, r rendered) {
+	t.Helper()
+	ds := mustGet[appsv1.DaemonSet](t, r, "DaemonSet", probeSA)
+	spec := ds.Spec.Template.Spec
+	if spec.ServiceAccountName != probeSA {
+		t.Errorf("probe runs as %q", spec.ServiceAccountName)
+	}
+	if spec.NodeSelector["nvidia.com/gpu.present"] != "true" {
+		t.Errorf("probe nodeSelector = %v", spec.NodeSelector)
+	}
+	tolerated := false
+	for _, tol := range spec.Tolerations {
+		if tol.Key == "nvidia.com/gpu" && tol.Effect == corev1.TaintEffectNoSchedule && tol.Operator == corev1.TolerationOpExists {
+			tolerated = true
+		}
+	}
+	if !tolerated {
+		t.Errorf("probe does not tolerate the nvidia.com/gpu taint: %+v", spec.Tolerations)
+	}
+	if spec.RuntimeClassName != nil {
+		t.Errorf("runtimeClassName %q set by default", *spec.RuntimeClassName)
+	}
+	c := container(t, ds.Spec.Template, "nodeprobe")
+	wantArgs := []string{
+		"nodeprobe",
+		"--host-root=/host",
+		"--config=/etc/gpu-injector/config.yaml",
+		"--interval=5m",
+		"--health-probe-bind-address=:8082",
+		"--metrics-bind-address=:8083",
+	}
+	if !reflect.DeepEqual(c.Args, wantArgs) {
+		t.Errorf("probe args:\n got %q\nwant %q", c.Args, wantArgs)
+	}
+	env := map[string]corev1.EnvVar{}
+	for _, e := range c.Env {
+		env[e.Name] = e
+	}
+	if e := env["NODE_NAME"]; e.ValueFrom == nil || e.ValueFrom.FieldRef == nil || e.ValueFrom.FieldRef.FieldPath != "spec.nodeName" {
+		t.Errorf("NODE_NAME = %+v", e)
+	}
+	if env["NVIDIA_VISIBLE_DEVICES"].Value != "all" || env["NVIDIA_DRIVER_CAPABILITIES"].Value != "utility" {
+		t.Errorf("NVIDIA runtime env = %+v", c.Env)
+	}
+	checkProbe(t, "readiness", c.ReadinessProbe, "/readyz", "health", c)
+	if p := findPort(c, "health"); p != 8082 {
+		t.Errorf("probe health port = %d, want 8082", p)
+	}
+	checkVolume(t, ds.Spec.Template, c, "host-root", "/host", func(v corev1.Volume) bool {
+		return v.HostPath != nil && v.HostPath.Path == "/"
+	})
+	for _, m := range c.VolumeMounts {
+		if m.Name == "host-root" && (m.MountPropagation == nil || *m.MountPropagation != corev1.MountPropagationHostToContainer) {
+			t.Errorf("host root propagation = %v, want HostToContainer", m.MountPropagation)
+		}
+	}
+}
+
+// checkWebhookRBAC: nodes and namespaces read-only, and in self cert mode only the
+// one Secret and the one webhook configuration writable.
+func checkWebhookRBAC(t *testing.T, r rendered, selfCerts bool) {
+	t.Helper()
+	cr := mustGet[rbacv1.ClusterRole](t, r, "ClusterRole", webhookSA)
+	crb := mustGet[rbacv1.ClusterRoleBinding](t, r, "ClusterRoleBinding", webhookSA)
+	if crb.RoleRef.Name != cr.Name || len(crb.Subjects) != 1 || crb.Subjects[0].Name != webhookSA || crb.Subjects[0].Namespace != namespace {
+		t.Errorf("ClusterRoleBinding = %+v", crb)
+	}
+	want := []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"list", "watch"}},
+		{APIGroups: []string{""}, Resources: []string{"namespaces"}, Verbs: []string{"get", "list", "watch"}},
+	}
+	if selfCerts {
+		want = append(want,
+			rbacv1.PolicyRule{APIGroups: []string{"admissionregistration.k8s.io"}, Resources: []string{"mutatingwebhookconfigurations"}, ResourceNames: []string{fullname}, Verbs: []string{"get", "update"}},
+			rbacv1.PolicyRule{APIGroups: []string{"admissionregistration.k8s.io"}, Resources: []string{"mutatingwebhookconfigurations"}, Verbs: []string{"list", "watch"}},
+		)
+	}
+	if !reflect.DeepEqual(cr.Rules, want) {
+		t.Errorf("webhook ClusterRole rules:\n got %+v\nwant %+v", cr.Rules, want)
+	}
+	role := r.get("Role", webhookSA)
+	if !selfCerts {
+		if role != nil {
+			t.Errorf("Secret Role rendered although cert-manager writes the Secret")
+		}
+		return
+	}
+	rl := mustGet[rbacv1.Role](t, r, "Role", webhookSA)
+	wantRole := []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"secrets"}, ResourceNames: []string{certSecret}, Verbs: []string{"get", "update"}},
+		{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"list", "watch"}},
+	}
+	if !reflect.DeepEqual(rl.Rules, wantRole) || rl.Namespace != namespace {
+		t.Errorf("webhook Role in %q:\n got %+v\nwant %+v", rl.Namespace, rl.Rules, wantRole)
+	}
+	rb := mustGet[rbacv1.RoleBinding](t, r, "RoleBinding", webhookSA)
+	if rb.RoleRef.Kind != "Role" || rb.RoleRef.Name != rl.Name || rb.Subjects[0].Name != webhookSA {
+		t.Errorf("RoleBinding = %+v", rb)
+	}
+}
+
+func checkProbeRBAC(t *testing.T, r rendered) {
+	t.Helper()
+	cr := mustGet[rbacv1.ClusterRole](t, r, "ClusterRole", probeSA)
+	want := []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "patch"}}}
+	if !reflect.DeepEqual(cr.Rules, want) {
+		t.Errorf("probe ClusterRole rules = %+v, want only nodes get/patch", cr.Rules)
+	}
+	crb := mustGet[rbacv1.ClusterRoleBinding](t, r, "ClusterRoleBinding", probeSA)
+	if crb.RoleRef.Name != probeSA || len(crb.Subjects) != 1 || crb.Subjects[0].Name != probeSA {
+		t.Errorf("probe ClusterRoleBinding = %+v", crb)
+	}
+	// No other role of the chart may reach the probe's identity.
+	for _, kind := range []string{"ClusterRoleBinding", "RoleBinding"} {
+		for _, u := range r.all(kind) {
+			b := typed[rbacv1.ClusterRoleBinding](t, u)
+			for _, s := range b.Subjects {
+				if s.Name == probeSA && b.Name != probeSA {
+					t.Errorf("%s %s also grants the probe rights", kind, b.Name)
+				}
+			}
+		}
+	}
+}
+
+func checkProbe(t *testing.T, what string, p *corev1.Probe, path, port string, c corev1.Container) {
+	t.Helper()
+	if p == nil || p.HTTPGet == nil || p.HTTPGet.Path != path || p.HTTPGet.Port.String() != port {
+		t.Errorf("%s %s probe = %+v, want GET %s on port %s", c.Name, what, p, path, port)
+	}
+}
+
+func checkVolume(t *testing.T, spec corev1.PodTemplateSpec, c corev1.Container, name, mountPath string, ok func(corev1.Volume) bool) {
+	t.Helper()
+	found := false
+	for _, v := range spec.Spec.Volumes {
+		if v.Name == name {
+			found = ok(v)
+		}
+	}
+	if !found {
+		t.Errorf("volume %s missing or of the wrong source", name)
+	}
+	for _, m := range c.VolumeMounts {
+		if m.Name == name {
+			if m.MountPath != mountPath || !m.ReadOnly {
+				t.Errorf("mount %s = %+v, want read-only at %s", name, m, mountPath)
+			}
+			return
+		}
+	}
+	t.Errorf("container %s does not mount %s", c.Name, name)
+}
+
+func findPort(c corev1.Container, name string) int32 {
+	for _, p := range c.Ports {
+		if p.Name == name {
+			return p.ContainerPort
+		}
+	}
+	return 0
+}
+
+func ptrValue[T any](p *T) T {
+	if p == nil {
+		var zero T
+		return zero
+	}
+	return *p
+}
+
+// TestConfigDefaults: values.yaml writes out the binary's defaults, so what a reader
+// sees there is what runs.
+func TestConfigDefaults(t *testing.T) {
+	c := checkConfigMap(t, render(t, kube136))
+	// Semantic: an empty list in values.yaml equals the binary's nil default.
+	if want := config.Default(); !apiequality.Semantic.DeepEqual(c, want) {
+		t.Errorf("values.yaml config differs from config.Default():\n got %+v\nwant %+v", c, want)
+	}
+}
+
+// TestConfigValues: config values reach the file, and the file still parses.
+func TestConfigValues(t *testing.T) {
+	tests := map[string]struct {
+		set   []string
+		check func(t *testing.T, c *config.Configuration)
+	}{
+		"layout policy": {
+			set:   []string{"config.layoutPolicy=NewestDriver"},
+			check: func(t *testing.T, c *config.Configuration) { eq(t, c.LayoutPolicy, config.LayoutPolicyNewestDriver) },
+		},
+		"mig resources": {
+			set: []string{"config.resources.names={nvidia.com/gpu,nvidia.com/mig-*}"},
+			check: func(t *testing.T, c *config.Configuration) {
+				if !reflect.DeepEqual(c.Resources.Names, []string{"nvidia.com/gpu", "nvidia.com/mig-*"}) {
+					t.Errorf("names = %v", c.Resources.Names)
+				}
+			},
+		},
+		"no layout allows": {
+			set:   []string{"config.noLayout.action=Allow", "config.ldLibraryPath=Prepend", "config.containers=All", "config.podSecurity=Deny"},
+			check: func(t *testing.T, c *config.Configuration) { eq(t, c.NoLayout.Action, config.NoLayoutAllow) },
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			tc.check(t, checkConfigMap(t, render(t, with(kube136, tc.set...))))
+		})
+	}
+}
+
+func eq[T comparable](t *testing.T, got, want T) {
+	t.Helper()
+	if got != want {
+		t.Errorf("got %v, want %v", got, want)
+	}
+}
+
+func checksums(t *testing.T, r rendered) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	for name, spec := range r.podSpecs(t) {
+		sum := spec.Annotations["checksum/config"]
+		if len(sum) != 64 {
+			t.Errorf("%s has no sha256 checksum/config annotation: %q", name, sum)
+		}
+		out[name] = sum
+	}
+	return out
+}
+
+// TestConfigChecksum: a config change rolls both workloads; anything else does not.
+func TestConfigChecksum(t *testing.T) {
+	base := checksums(t, render(t, kube136))
+	if len(base) != 2 {
+		t.Fatalf("want checksums on the Deployment and the DaemonSet, got %v", base)
+	}
+	tests := map[string]struct {
+		set     []string
+		changed bool
+	}{
+		"same values":              {changed: false},
+		"replicas are not config":  {set: []string{"webhook.replicas=3"}, changed: false},
+		"image is not config":      {set: []string{"image.tag=v9"}, changed: false},
+		"layout policy":            {set: []string{"config.layoutPolicy=NewestDriver"}, changed: true},
+		"an allowlist entry":       {set: []string{"config.hostPaths.allowlist[0].path=/opt/driver"}, changed: true},
+		"excluded namespaces":      {set: []string{"config.excludedNamespaces={kube-system,batch}"}, changed: true},
+		"container library folder": {set: []string{"config.containerPaths.libraryDir=/usr/lib/nvidia-host"}, changed: true},
+		"probe interval is a flag": {set: []string{"nodeprobe.interval=1m"}, changed: false},
+		"no-layout action":         {set: []string{"config.noLayout.action=Allow"}, changed: true},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			got := checksums(t, render(t, with(kube136, tc.set...)))
+			for wl, sum := range base {
+				if (got[wl] != sum) != tc.changed {
+					t.Errorf("%s checksum changed=%v, want %v", wl, got[wl] != sum, tc.changed)
+				}
+			}
+		})
+	}
+}
+
+// TestSchemaRejects: values.schema.json stops bad values before anything renders.
+func TestSchemaRejects(t *testing.T) {
+	tests := map[string]string{
+		"failure policy":     "webhook.failurePolicy=Maybe",
+		"timeout too long":   "webhook.timeoutSeconds=31",
+		"plain http url":     "webhook.url=http://127.0.0.1:9443",
+		"layout policy":      "config.layoutPolicy=Random",
+		"no-layout action":   "config.noLayout.action=Panic",
+		"ld library path":    "config.ldLibraryPath=Replace",
+		"misspelt key":       "webhook.replica=3",
+		"misspelt config":    "config.layoutPolicies=MostGPUs",
+		"pull policy":        "image.pullPolicy=Sometimes",
+		"issuer kind":        "certManager.issuerRef.kind=Vault",
+		"relative allowlist": "config.hostPaths.allowlist[0].path=usr/lib",
+	}
+	for name, set := range tests {
+		t.Run(name, func(t *testing.T) {
+			out, err := helmTemplate(t, with(kube136, set))
+			if err == nil {
+				t.Fatalf("helm accepted --set %s:\n%.400s", set, out)
+			}
+			if !strings.Contains(err.Error(), "schema") {
+				t.Errorf("helm refused --set %s, but not by the schema: %v", set, err)
+			}
+		})
+	}
+}
