@@ -1,0 +1,63 @@
+package webhook
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+)
+
+// Reasons a published layout is ignored, the values of the rejected metric's label.
+const (
+	RejectDecode      = "decode"
+	RejectInvalid     = "invalid"
+	RejectFingerprint = "fingerprint"
+)
+
+// The domain metrics sit on controller-runtime's registry so that one scrape
+// of the metrics endpoint shows them next to controller_runtime_webhook_*.
+var (
+	podsInjected = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "gpu_injector_pods_injected_total",
+		Help: "GPU pods the webhook changed.",
+	})
+	podsSkipped = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "gpu_injector_pods_skipped_total",
+		Help: "Pods admitted unchanged, by reason.",
+	}, []string{"reason"})
+	podsDenied = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "gpu_injector_pods_denied_total",
+		Help: "GPU pods denied because no driver layout fits them or their namespace forbids hostPath.",
+	})
+	layoutsRejected = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "gpu_injector_layouts_rejected_total",
+		Help: "Node layout annotations ignored, by reason (decode, invalid, fingerprint); counted once per change of a node's layout.",
+	}, []string{"reason"})
+	layoutsKnown = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "gpu_injector_layouts",
+		Help: "Distinct driver layouts published by ready, schedulable nodes.",
+	})
+	layoutNodes = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "gpu_injector_layout_nodes",
+		Help: "Ready, schedulable nodes publishing each layout, by fingerprint.",
+	}, []string{"fingerprint"})
+	buildInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "gpu_injector_build_info",
+		Help: "Always 1; the label says which build runs.",
+	}, []string{"version"})
+)
+
+func init() {
+	metrics.Registry.MustRegister(podsInjected, podsSkipped, podsDenied, layoutsRejected, layoutsKnown, layoutNodes, buildInfo)
+	// Pre-create the label values so dashboards see zeros, not gaps.
+	for _, r := range []string{RejectDecode, RejectInvalid, RejectFingerprint} {
+		layoutsRejected.WithLabelValues(r)
+	}
+	for _, r := range []string{ReasonNoGPU, ReasonOptOut, ReasonExcludedNamespace, ReasonAlreadyInjected, ReasonNoLayout} {
+		podsSkipped.WithLabelValues(r)
+	}
+}
+
+// SetBuildInfo publishes the running version.
+func SetBuildInfo(version string) {
+	buildInfo.Reset()
+	buildInfo.WithLabelValues(version).Set(1)
+}
