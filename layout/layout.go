@@ -284,7 +284,7 @@ type Injected struct {
 	StaticLayout  string   `json:"staticLayout,omitempty"`
 	DriverVersion string   `json:"driverVersion"`
 	Containers    []string `json:"containers"`
-	Volumes       []string `json:"volumes"`
+	Volumes       []string `json:"volumes,omitempty"`
 }
 
 // String encodes the record compactly and deterministically.
