@@ -1,0 +1,175 @@
+package nodeprobe
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+)
+
+// NVML is the part of go-nvml the probe calls. Both nvml.Interface and
+// go-nvml's mock.Interface satisfy it. Each method maps to one C symbol; the
+// list is in docs/nodeprobe.md and must stay small, because stand-in
+// libraries for simulated nodes implement exactly that list.
+type NVML interface {
+	Init() nvml.Return
+	Shutdown() nvml.Return
+	SystemGetDriverVersion() (string, nvml.Return)
+	SystemGetCudaDriverVersion() (int, nvml.Return)
+	DeviceGetCount() (int, nvml.Return)
+	DeviceGetHandleByIndex(int) (nvml.Device, nvml.Return)
+}
+
+// NVMLState names the outcome of reading NVML.
+type NVMLState string
+
+const (
+	NVMLOK NVMLState = "OK"
+	// NVMLLibraryNotFound: no libnvidia-ml.so.1 on the host, or it would not load.
+	NVMLLibraryNotFound NVMLState = "LibraryNotFound"
+	// NVMLDriverNotLoaded: the library is there but the kernel module is not.
+	NVMLDriverNotLoaded NVMLState = "DriverNotLoaded"
+	// NVMLVersionMismatch: the library and the loaded kernel module differ,
+	// typically after a driver upgrade without a reboot.
+	NVMLVersionMismatch NVMLState = "DriverLibraryVersionMismatch"
+	// NVMLNoPermission: the process may not open the GPU device nodes.
+	NVMLNoPermission NVMLState = "NoPermission"
+	// NVMLNoDevices: NVML works and sees no GPU.
+	NVMLNoDevices NVMLState = "NoDevices"
+	// NVMLError is any other NVML failure.
+	NVMLError NVMLState = "Error"
+)
+
+// GPU is what the probe reads of one device.
+type GPU struct {
+	Product           string `json:"product"`
+	MemoryMiB         uint64 `json:"memoryMiB"`
+	ComputeCapability string `json:"computeCapability"`
+	MIGEnabled        bool   `json:"migEnabled"`
+}
+
+// NVMLFacts is what NVML reports about the node.
+type NVMLFacts struct {
+	DriverVersion     string `json:"driverVersion"`
+	CUDADriverVersion string `json:"cudaDriverVersion,omitempty"`
+	GPUs              []GPU  `json:"gpus"`
+}
+
+// NVMLResult is the outcome of ReadNVML: State is NVMLOK with Facts, or a
+// named failure with Message.
+type NVMLResult struct {
+	State   NVMLState  `json:"state"`
+	Message string     `json:"message,omitempty"`
+	Facts   *NVMLFacts `json:"facts,omitempty"`
+}
+
+// returnName names an NVML return code without calling into the library:
+// go-nvml's Return.Error calls nvmlErrorString once a library is loaded,
+// which would add a symbol that stand-in libraries must then provide.
+func returnName(r nvml.Return) string {
+	switch r {
+	case nvml.SUCCESS:
+		return "SUCCESS"
+	case nvml.ERROR_UNINITIALIZED:
+		return "ERROR_UNINITIALIZED"
+	case nvml.ERROR_INVALID_ARGUMENT:
+		return "ERROR_INVALID_ARGUMENT"
+	case nvml.ERROR_NOT_SUPPORTED:
+		return "ERROR_NOT_SUPPORTED"
+	case nvml.ERROR_NO_PERMISSION:
+		return "ERROR_NO_PERMISSION"
+	case nvml.ERROR_NOT_FOUND:
+		return "ERROR_NOT_FOUND"
+	case nvml.ERROR_DRIVER_NOT_LOADED:
+		return "ERROR_DRIVER_NOT_LOADED"
+	case nvml.ERROR_LIBRARY_NOT_FOUND:
+		return "ERROR_LIBRARY_NOT_FOUND"
+	case nvml.ERROR_FUNCTION_NOT_FOUND:
+		return "ERROR_FUNCTION_NOT_FOUND"
+	case nvml.ERROR_GPU_IS_LOST:
+		return "ERROR_GPU_IS_LOST"
+	case nvml.ERROR_LIB_RM_VERSION_MISMATCH:
+		return "ERROR_LIB_RM_VERSION_MISMATCH"
+	case nvml.ERROR_INSUFFICIENT_SIZE:
+		return "ERROR_INSUFFICIENT_SIZE"
+	case nvml.ERROR_UNKNOWN:
+		return "ERROR_UNKNOWN"
+	}
+	return fmt.Sprintf("NVML error %d", int32(r))
+}
+
+// ReadNVML initializes NVML, reads the driver and device facts, and shuts it
+// down again. Failures become named states; it never panics on a bad library.
+func ReadNVML(lib NVML) NVMLResult {
+	if ret := lib.Init(); ret != nvml.SUCCESS {
+		state := NVMLError
+		switch ret {
+		case nvml.ERROR_LIBRARY_NOT_FOUND:
+			state = NVMLLibraryNotFound
+		case nvml.ERROR_DRIVER_NOT_LOADED:
+			state = NVMLDriverNotLoaded
+		case nvml.ERROR_LIB_RM_VERSION_MISMATCH:
+			state = NVMLVersionMismatch
+		case nvml.ERROR_NO_PERMISSION:
+			state = NVMLNoPermission
+		}
+		return NVMLResult{State: state, Message: "nvmlInit failed: " + returnName(ret)}
+	}
+	defer lib.Shutdown()
+	failed := func(call string, ret nvml.Return) NVMLResult {
+		return NVMLResult{State: NVMLError, Message: call + " failed: " + returnName(ret)}
+	}
+	facts := &NVMLFacts{}
+	v, ret := lib.SystemGetDriverVersion()
+	if ret != nvml.SUCCESS {
+		return failed("nvmlSystemGetDriverVersion", ret)
+	}
+	facts.DriverVersion = strings.TrimSpace(v)
+	if cuda, ret := lib.SystemGetCudaDriverVersion(); ret == nvml.SUCCESS && cuda > 0 {
+		// NVML encodes 12.4 as 12040.
+		facts.CUDADriverVersion = fmt.Sprintf("%d.%d", cuda/1000, (cuda%1000)/10)
+	}
+	n, ret := lib.DeviceGetCount()
+	if ret != nvml.SUCCESS {
+		return failed("nvmlDeviceGetCount", ret)
+	}
+	if n == 0 {
+		return NVMLResult{State: NVMLNoDevices, Message: "NVML sees no GPU", Facts: facts}
+	}
+	for i := range n {
+		dev, ret := lib.DeviceGetHandleByIndex(i)
+		if ret != nvml.SUCCESS {
+			return failed(fmt.Sprintf("nvmlDeviceGetHandleByIndex(%d)", i), ret)
+		}
+		var g GPU
+		if g.Product, ret = dev.GetName(); ret != nvml.SUCCESS {
+			return failed(fmt.Sprintf("nvmlDeviceGetName(%d)", i), ret)
+		}
+		mem, ret := dev.GetMemoryInfo()
+		if ret != nvml.SUCCESS {
+			return failed(fmt.Sprintf("nvmlDeviceGetMemoryInfo(%d)", i), ret)
+		}
+		g.MemoryMiB = mem.Total >> 20
+		major, minor, ret := dev.GetCudaComputeCapability()
+		if ret != nvml.SUCCESS {
+			return failed(fmt.Sprintf("nvmlDeviceGetCudaComputeCapability(%d)", i), ret)
+		}
+		g.ComputeCapability = fmt.Sprintf("%d.%d", major, minor)
+		// GPUs without MIG answer NOT_SUPPORTED: that is "disabled", not an error.
+		current, _, ret := dev.GetMigMode()
+		switch ret {
+		case nvml.SUCCESS:
+			g.MIGEnabled = current == nvml.DEVICE_MIG_ENABLE
+		case nvml.ERROR_NOT_SUPPORTED:
+		default:
+			return failed(fmt.Sprintf("nvmlDeviceGetMigMode(%d)", i), ret)
+		}
+		facts.GPUs = append(facts.GPUs, g)
+	}
+	return NVMLResult{State: NVMLOK, Facts: facts}
+}
+
+// OpenNVML returns go-nvml bound to one library file.
+func OpenNVML(libraryPath string) NVML {
+	return nvml.New(nvml.WithLibraryPath(libraryPath))
+}

@@ -1,0 +1,108 @@
+package nodeprobe
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+)
+
+// maxSymlinks matches Linux's limit on links followed in one lookup.
+const maxSymlinks = 40
+
+var errTooManyLinks = errors.New("too many levels of symbolic links")
+
+// hostFS reads a host's files through a folder where the host's / is mounted.
+// Every path it takes and returns is a host path (as the host sees it); links
+// resolve as they would on the host, so an absolute link target or a '..'
+// never leaves the root.
+type hostFS struct {
+	root string
+}
+
+// osPath is where a host path is on this machine.
+func (h hostFS) osPath(p string) string {
+	return filepath.Join(h.root, filepath.FromSlash(p))
+}
+
+// resolve returns the host path of what p names after following every link,
+// like realpath(3) run on the host. The last element must exist.
+func (h hostFS) resolve(p string) (string, error) {
+	if !path.IsAbs(p) {
+		return "", fmt.Errorf("failed to resolve %q: not an absolute path", p)
+	}
+	current := "/"
+	todo := strings.Split(p, "/")
+	links := 0
+	for len(todo) > 0 {
+		elem := todo[0]
+		todo = todo[1:]
+		switch elem {
+		case "", ".":
+			continue
+		case "..":
+			current = path.Dir(current)
+			continue
+		}
+		next := path.Join(current, elem)
+		fi, err := os.Lstat(h.osPath(next))
+		if err != nil {
+			return "", fmt.Errorf("failed to resolve %q: %w", p, err)
+		}
+		if fi.Mode()&fs.ModeSymlink == 0 {
+			current = next
+			continue
+		}
+		links++
+		if links > maxSymlinks {
+			return "", fmt.Errorf("failed to resolve %q: %w", p, errTooManyLinks)
+		}
+		target, err := os.Readlink(h.osPath(next))
+		if err != nil {
+			return "", fmt.Errorf("failed to resolve %q: %w", p, err)
+		}
+		if path.IsAbs(target) {
+			current = "/"
+		}
+		todo = append(strings.Split(target, "/"), todo...)
+	}
+	return current, nil
+}
+
+// stat follows links inside the root.
+func (h hostFS) stat(p string) (string, fs.FileInfo, error) {
+	real, err := h.resolve(p)
+	if err != nil {
+		return "", nil, err
+	}
+	fi, err := os.Lstat(h.osPath(real))
+	if err != nil {
+		return "", nil, fmt.Errorf("failed to stat %q: %w", real, err)
+	}
+	return real, fi, nil
+}
+
+// readDir lists a host folder without following the links it holds.
+func (h hostFS) readDir(p string) ([]fs.DirEntry, error) {
+	des, err := os.ReadDir(h.osPath(p))
+	if err != nil {
+		return nil, fmt.Errorf("failed to list %q: %w", p, err)
+	}
+	return des, nil
+}
+
+// readFile reads a host file after resolving it inside the root.
+func (h hostFS) readFile(p string) ([]byte, error) {
+	real, err := h.resolve(p)
+	if err != nil {
+		return nil, err
+	}
+	data, err := os.ReadFile(h.osPath(real))
+	if err != nil {
+		return nil, fmt.Errorf("failed to read %q: %w", p, err)
+	}
+	return data, nil
+}
