@@ -1,0 +1,236 @@
+package webhook
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"sync"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	toolscache "k8s.io/client-go/tools/cache"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/gpu-injector/gpu-injector/config"
+)
+
+// Path is where the API server sends Pod admission reviews.
+const Path = "/mutate-v1-pod"
+
+// LayoutSource gives the current candidate layouts; *Index is one.
+type LayoutSource interface {
+	Layouts() []*Layout
+}
+
+// NamespaceLabeler gives a namespace's labels for the Pod Security check.
+type NamespaceLabeler interface {
+	NamespaceLabels(ctx context.Context, name string) (map[string]string, error)
+}
+
+// Handler admits Pod CREATE requests through the pure Mutate.
+type Handler struct {
+	cfg        *config.Configuration
+	layouts    LayoutSource
+	namespaces NamespaceLabeler
+	decoder    admission.Decoder
+}
+
+var _ admission.Handler = &Handler{}
+
+// NewHandler returns a handler; namespaces may be nil, then Pod Security
+// levels are not checked.
+func NewHandler(cfg *config.Configuration, layouts LayoutSource, namespaces NamespaceLabeler) *Handler {
+	return &Handler{cfg: cfg, layouts: layouts, namespaces: namespaces, decoder: admission.NewDecoder(clientgoscheme.Scheme)}
+}
+
+var podKind = metav1.GroupVersionKind{Group: "", Version: "v1", Kind: "Pod"}
+
+// Handle implements admission.Handler. A typed CustomDefaulter would hide the
+// decision: it can neither deny with our message nor attach warnings to an
+// unchanged pod, so the handler calls Mutate itself.
+func (h *Handler) Handle(ctx context.Context, req admission.Request) admission.Response {
+	// Only creation gets the driver: an UPDATE cannot add volumes to a running
+	// pod, and a subresource (binding, eviction, status) is never ours to block.
+	if req.Operation != admissionv1.Create || req.SubResource != "" {
+		return admission.Allowed("")
+	}
+	if req.Kind.Group != podKind.Group || req.Kind.Kind != podKind.Kind {
+		return admission.Errored(http.StatusBadRequest, fmt.Errorf("expected a Pod, got kind %q in group %q: the webhook configuration must select only pods", req.Kind.Kind, req.Kind.Group))
+	}
+	pod := &corev1.Pod{}
+	if err := h.decoder.DecodeRaw(req.Object, pod); err != nil {
+		return admission.Errored(http.StatusBadRequest, fmt.Errorf("failed to decode the pod: %w", err))
+	}
+	// At CREATE the pod's namespace may be unset; the request's is the truth.
+	pod.Namespace = req.Namespace
+	log := logf.FromContext(ctx).WithValues("pod", podName(pod), "namespace", pod.Namespace)
+
+	var nsLabels map[string]string
+	if h.namespaces != nil {
+		var err error
+		if nsLabels, err = h.namespaces.NamespaceLabels(ctx, req.Namespace); err != nil {
+			// The API server's own Pod Security admission still enforces the
+			// level; only our early warning is lost.
+			log.Error(err, "failed to get the namespace's labels; the Pod Security check is skipped")
+		}
+	}
+
+	// Mutate never reads managedFields; put them back before marshalling, or
+	// the diff against the raw object would remove them.
+	managed := pod.ManagedFields
+	pod.ManagedFields = nil
+	res := Mutate(Input{Pod: pod, NamespaceLabels: nsLabels, Layouts: h.layouts.Layouts()}, h.cfg)
+	pod.ManagedFields = managed
+
+	log = log.WithValues("decision", res.Decision, "reason", res.Reason)
+	if res.Layout != nil {
+		log = log.WithValues("layout", layoutName(res.Layout))
+	}
+	switch res.Decision {
+	case DecisionDenied:
+		podsDenied.Inc()
+		log.Info("denied pod")
+		return admission.Denied(res.Reason).WithWarnings(res.Warnings...)
+	case DecisionInjected:
+		current, err := json.Marshal(pod)
+		if err != nil {
+			return admission.Errored(http.StatusInternalServerError, fmt.Errorf("failed to encode the mutated pod: %w", err))
+		}
+		resp := admission.PatchResponseFromRaw(req.Object.Raw, current)
+		if !resp.Allowed {
+			return resp
+		}
+		podsInjected.Inc()
+		log.Info("injected pod")
+		return resp.WithWarnings(res.Warnings...)
+	default:
+		podsSkipped.WithLabelValues(res.Reason).Inc()
+		log.V(1).Info("skipped pod")
+		return admission.Allowed("").WithWarnings(res.Warnings...)
+	}
+}
+
+func podName(p *corev1.Pod) string {
+	if p.Name == "" && p.GenerateName != "" {
+		return p.GenerateName + "*"
+	}
+	return p.Name
+}
+
+func layoutName(l *Layout) string {
+	if l.Static != "" {
+		return "static/" + l.Static
+	}
+	return l.Fingerprint
+}
+
+// NewWebhook wraps h in controller-runtime's admission webhook, which decodes
+// the AdmissionReview, recovers panics and fills in the response's UID.
+func NewWebhook(h admission.Handler) *admission.Webhook {
+	return &admission.Webhook{Handler: h, RecoverPanic: ptrTo(true)}
+}
+
+func ptrTo[T any](v T) *T { return &v }
+
+// HTTPStatus makes a response to an undecodable AdmissionReview carry its
+// error code as the HTTP status. controller-runtime answers such a body with
+// HTTP 200 and the code only inside the review, which hides a broken client
+// (or a probe) from HTTP tooling; the API server never sends such a body, and
+// every answer to a decodable review keeps HTTP 200, as the API server needs.
+func HTTPStatus(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		next.ServeHTTP(&statusWriter{ResponseWriter: w}, r)
+	})
+}
+
+// untypedReview starts the answers controller-runtime writes without the
+// review's apiVersion and kind: those to bodies it could not decode.
+var untypedReview = []byte(`{"response":`)
+
+type statusWriter struct {
+	http.ResponseWriter
+	wrote bool
+}
+
+func (s *statusWriter) WriteHeader(code int) {
+	s.wrote = true
+	s.ResponseWriter.WriteHeader(code)
+}
+
+func (s *statusWriter) Write(b []byte) (int, error) {
+	if !s.wrote {
+		s.wrote = true
+		if bytes.HasPrefix(b, untypedReview) {
+			var review admissionv1.AdmissionReview
+			if err := json.Unmarshal(b, &review); err == nil && review.Response != nil && review.Response.Result != nil &&
+				review.Response.Result.Code >= 400 && review.Response.Result.Code < 600 {
+				s.Header().Set("Content-Type", "application/json")
+				s.ResponseWriter.WriteHeader(int(review.Response.Result.Code))
+			}
+		}
+	}
+	return s.ResponseWriter.Write(b)
+}
+
+// NamespaceCache keeps the labels of every namespace from a metadata-only
+// informer, so a request reads them without a copy or an API call.
+type NamespaceCache struct {
+	labels sync.Map // name -> map[string]string
+	synced func() bool
+}
+
+// WatchNamespaces feeds a NamespaceCache from the cache's metadata informer.
+func WatchNamespaces(ctx context.Context, c cache.Cache) (*NamespaceCache, error) {
+	obj := &metav1.PartialObjectMetadata{}
+	obj.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Namespace"))
+	inf, err := c.GetInformer(ctx, obj)
+	if err != nil {
+		return nil, fmt.Errorf("failed to get the namespace informer: %w", err)
+	}
+	nc := &NamespaceCache{}
+	set := func(o any) {
+		if m, ok := o.(*metav1.PartialObjectMetadata); ok {
+			nc.labels.Store(m.Name, m.Labels)
+		}
+	}
+	reg, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    set,
+		UpdateFunc: func(_, o any) { set(o) },
+		DeleteFunc: func(o any) {
+			if t, ok := o.(toolscache.DeletedFinalStateUnknown); ok {
+				o = t.Obj
+			}
+			if m, ok := o.(*metav1.PartialObjectMetadata); ok {
+				nc.labels.Delete(m.Name)
+			}
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("failed to add the namespace event handler: %w", err)
+	}
+	nc.synced = reg.HasSynced
+	return nc, nil
+}
+
+// NamespaceLabels implements NamespaceLabeler.
+func (nc *NamespaceCache) NamespaceLabels(_ context.Context, name string) (map[string]string, error) {
+	v, ok := nc.labels.Load(name)
+	if !ok {
+		return nil, fmt.Errorf("namespace %q is not in the cache", name)
+	}
+	return v.(map[string]string), nil
+}
+
+// ReadyCheck is a healthz checker for /readyz.
+func (nc *NamespaceCache) ReadyCheck(_ *http.Request) error {
+	if nc.synced == nil || !nc.synced() {
+		return fmt.Errorf("namespace cache has not synced yet")
+	}
+	return nil
+}
