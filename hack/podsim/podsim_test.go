@@ -79,6 +79,8 @@ type fixture struct {
 	root   string
 	// driver is a fake host driver folder holding the stub libcuda.so.1.
 	driver string
+	// probe is the test program on the host.
+	probe string
 }
 
 var (
@@ -128,6 +130,7 @@ func buildFixture(dir string) (*fixture, error) {
 		}
 	}
 	probe := filepath.Join(src, "probe")
+	f.probe = probe
 	for _, args := range [][]string{
 		{"-O1", "-o", probe, filepath.Join(src, "probe.c")},
 		{"-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", filepath.Join(f.driver, "libcuda.so.1"), filepath.Join(src, "stub.c")},
@@ -596,4 +599,44 @@ func listTree(t *testing.T, root string) string {
 		t.Fatal(err)
 	}
 	return b.String()
+}
+
+// TestDriverlessRootScript builds the root with hack/gpu/make-driverless-root.sh,
+// as the GPU smoke test does, and runs the same pod with and without the driver.
+func TestDriverlessRootScript(t *testing.T) {
+	f := needFixture(t)
+	script, err := filepath.Abs("../gpu/make-driverless-root.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := filepath.Join(t.TempDir(), "root")
+	if out, err := exec.Command("bash", script, root, f.probe).CombinedOutput(); err != nil {
+		t.Fatalf("make-driverless-root.sh failed: %v: %s", err, out)
+	}
+	withRoot := *f
+	withRoot.root = root
+	r := withRoot.run(t, mutated(f, `["dlopen"]`), "--gpu-devices=false")
+	if r.code != 0 || !strings.Contains(r.stdout, "loaded stub-driver-580.159.04") {
+		t.Fatalf("mutated pod on the script's root: code %d stdout %q stderr %q", r.code, r.stdout, r.stderr)
+	}
+	r = withRoot.run(t, pod(`["dlopen"]`, "", "    []\n"), "--gpu-devices=false")
+	if r.code != 1 || !strings.Contains(r.stderr, "libcuda.so.1: cannot open shared object file") {
+		t.Fatalf("unmutated pod on the script's root: code %d stdout %q stderr %q", r.code, r.stdout, r.stderr)
+	}
+
+	// A program linked against the driver would smuggle it into the root.
+	linked := filepath.Join(t.TempDir(), "linked")
+	src := linked + ".c"
+	if err := os.WriteFile(src, []byte("const char *podsim_stub_driver(void);\nint main(void) { return podsim_stub_driver() == 0; }\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("gcc", "-o", linked, src, "-L"+f.driver, "-l:libcuda.so.1").CombinedOutput(); err != nil {
+		t.Fatalf("gcc failed: %v: %s", err, out)
+	}
+	cmd := exec.Command("bash", script, filepath.Join(t.TempDir(), "bad-root"), linked)
+	cmd.Env = append(os.Environ(), "LD_LIBRARY_PATH="+f.driver)
+	out, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "a file of the NVIDIA driver") {
+		t.Fatalf("make-driverless-root.sh accepted a program linked to libcuda: %v: %s", err, out)
+	}
 }
