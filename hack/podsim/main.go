@@ -74,6 +74,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	overlay := fl.Bool("overlay", true, "give the container a tmpfs writable layer over --root, so --root stays untouched; when false (or when overlayfs fails) mount points are created in --root itself")
 	gpuDevices := fl.Bool("gpu-devices", true, "bind the host's /dev/nvidia* nodes into /dev, as the NVIDIA device plugin does in a cluster")
 	hostDev := fl.String("host-dev", "/dev", "host folder to take the /dev/nvidia* nodes from")
+	hostRoot := fl.String("host-root", "/", "folder that stands for the node's /: hostPath volumes are taken under it (for a fake node built in a folder)")
 	nodeName := fl.String("node-name", "", "value of spec.nodeName for fieldRef env variables (default: this host's name)")
 	quiet := fl.Bool("q", false, "do not print the header of what is mounted")
 	fl.Usage = func() {
@@ -99,6 +100,9 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if err != nil {
 		return fail(err)
 	}
+	if *hostRoot, err = filepath.Abs(*hostRoot); err != nil {
+		return fail(fmt.Errorf("failed to resolve host root: %w", err))
+	}
 	in := stdin
 	if *file != "-" {
 		f, err := os.Open(*file)
@@ -123,7 +127,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if *nodeName == "" {
 		*nodeName, _ = os.Hostname()
 	}
-	plan, warnings, err := buildPlan(pod, c, options{Root: absRoot, Overlay: *overlay, GPUDevices: *gpuDevices, HostDev: *hostDev, NodeName: *nodeName})
+	plan, warnings, err := buildPlan(pod, c, options{Root: absRoot, Overlay: *overlay, GPUDevices: *gpuDevices, HostDev: *hostDev, NodeName: *nodeName, HostRoot: *hostRoot})
 	if err != nil {
 		return fail(err)
 	}

@@ -60,6 +60,9 @@ type options struct {
 	GPUDevices bool
 	HostDev    string
 	NodeName   string
+	// HostRoot is where the node's / is: hostPaths are taken under it, with
+	// the node's symlinks resolved inside it. Empty or "/" means this host.
+	HostRoot string
 }
 
 // buildPlan turns a pod and one of its containers into a runPlan, and returns
@@ -102,7 +105,7 @@ func buildPlan(pod podCandidate, c *corev1.Container, o options) (*runPlan, []st
 		if !ok {
 			return nil, nil, fmt.Errorf("container %q mounts volume %q that the pod does not define", c.Name, vm.Name)
 		}
-		m, err := mountOf(v, vm)
+		m, err := mountOf(v, vm, o.HostRoot)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -160,7 +163,7 @@ func injectedVolumes(pod podCandidate) map[string]bool {
 	return out
 }
 
-func mountOf(v *corev1.Volume, vm corev1.VolumeMount) (mountSpec, error) {
+func mountOf(v *corev1.Volume, vm corev1.VolumeMount, hostRoot string) (mountSpec, error) {
 	target := path.Clean("/" + vm.MountPath)
 	if vm.MountPath == "" || target == "/" {
 		return mountSpec{}, fmt.Errorf("volume mount %q: mountPath %q is not a mountable folder", vm.Name, vm.MountPath)
@@ -171,7 +174,7 @@ func mountOf(v *corev1.Volume, vm corev1.VolumeMount) (mountSpec, error) {
 	m := mountSpec{Volume: vm.Name, Target: target, ReadOnly: vm.ReadOnly}
 	switch {
 	case v.HostPath != nil:
-		src, dir, err := hostPathSource(v.Name, v.HostPath, vm.SubPath)
+		src, dir, err := hostPathSource(v.Name, v.HostPath, vm.SubPath, hostRoot)
 		if err != nil {
 			return mountSpec{}, err
 		}
@@ -189,11 +192,17 @@ func mountOf(v *corev1.Volume, vm corev1.VolumeMount) (mountSpec, error) {
 
 // hostPathSource checks a hostPath volume the way the kubelet does for its
 // type, creating the path for the *OrCreate types, and says whether it is a folder.
-func hostPathSource(name string, hp *corev1.HostPathVolumeSource, subPath string) (string, bool, error) {
+func hostPathSource(name string, hp *corev1.HostPathVolumeSource, subPath, hostRoot string) (string, bool, error) {
 	if !filepath.IsAbs(hp.Path) {
 		return "", false, fmt.Errorf("volume %q: hostPath %q is not absolute", name, hp.Path)
 	}
 	src := filepath.Clean(hp.Path)
+	if hostRoot != "" && hostRoot != "/" {
+		var err error
+		if src, err = resolveIn(hostRoot, src); err != nil {
+			return "", false, fmt.Errorf("volume %q: %w", name, err)
+		}
+	}
 	typ := corev1.HostPathUnset
 	if hp.Type != nil {
 		typ = *hp.Type

@@ -214,6 +214,33 @@ func TestBuildPlan(t *testing.T) {
 	}
 }
 
+func TestBuildPlanHostRoot(t *testing.T) {
+	node := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(node, "opt/driver-580"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(node, "usr/local/nvidia"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// An absolute link on the node means the node's /opt, not this host's.
+	if err := os.Symlink("/opt/driver-580", filepath.Join(node, "usr/local/nvidia/lib64")); err != nil {
+		t.Fatal(err)
+	}
+	c := corev1.Container{Name: "c", Command: []string{"x"}, VolumeMounts: []corev1.VolumeMount{{Name: "d", MountPath: "/usr/local/nvidia/lib64", ReadOnly: true}}}
+	dirType := corev1.HostPathDirectory
+	pod := podCandidate{Name: "p", Spec: corev1.PodSpec{
+		Volumes:    []corev1.Volume{{Name: "d", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/usr/local/nvidia/lib64", Type: &dirType}}}},
+		Containers: []corev1.Container{c},
+	}}
+	plan, _, err := buildPlan(pod, &pod.Spec.Containers[0], options{Root: "/r", HostRoot: node})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := filepath.Join(node, "opt/driver-580"); len(plan.Mounts) != 1 || plan.Mounts[0].Source != want {
+		t.Fatalf("got mounts %+v, want one from %q", plan.Mounts, want)
+	}
+}
+
 func TestResolveIn(t *testing.T) {
 	root := t.TempDir()
 	for p, target := range map[string]string{
