@@ -1,0 +1,466 @@
+package webhook
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	toolscache "k8s.io/client-go/tools/cache"
+
+	"github.com/gpu-injector/gpu-injector/config"
+	"github.com/gpu-injector/gpu-injector/layout"
+)
+
+// ixPlan is a valid driver-folder layout of the given driver version.
+func ixPlan(version string) layout.Plan {
+	return layout.Plan{
+		SchemaVersion: layout.SchemaVersion, DriverVersion: version, LibraryPaths: []string{"/usr/local/nvidia/lib64"},
+		Mounts: []layout.Mount{
+			{HostPath: "/usr/lib/nvidia-" + version, ContainerPath: "/usr/local/nvidia/lib64", Kind: layout.KindDirectory},
+			{HostPath: "/usr/lib/nvidia-" + version + "/bin", ContainerPath: "/usr/local/nvidia/bin", Kind: layout.KindDirectory},
+		},
+	}
+}
+
+// ixNode is a ready, schedulable GPU node publishing p, as the probe would.
+func ixNode(name string, p layout.Plan, gpus int64, mod func(*corev1.Node)) *corev1.Node {
+	enc, err := layout.Encode(p)
+	if err != nil {
+		panic(err)
+	}
+	n := &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:        name,
+			Labels:      map[string]string{"kubernetes.io/hostname": name, layout.LabelState: layout.StateReady, layout.LabelFingerprint: p.Fingerprint()},
+			Annotations: map[string]string{layout.AnnotationLayout: enc},
+		},
+		Status: corev1.NodeStatus{
+			Allocatable: corev1.ResourceList{"nvidia.com/gpu": *resource.NewQuantity(gpus, resource.DecimalSI), corev1.ResourceCPU: resource.MustParse("16")},
+			Conditions:  []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}},
+		},
+	}
+	if mod != nil {
+		mod(n)
+	}
+	return n
+}
+
+func metricValue(t testing.TB, c prometheus.Collector) float64 {
+	t.Helper()
+	ch := make(chan prometheus.Metric, 1)
+	c.Collect(ch)
+	close(ch)
+	m, ok := <-ch
+	if !ok {
+		return 0
+	}
+	var d dto.Metric
+	if err := m.Write(&d); err != nil {
+		t.Fatal(err)
+	}
+	switch {
+	case d.Counter != nil:
+		return d.Counter.GetValue()
+	case d.Gauge != nil:
+		return d.Gauge.GetValue()
+	}
+	t.Fatalf("metric %v is neither counter nor gauge", m.Desc())
+	return 0
+}
+
+func hasLabelValue(t testing.TB, c prometheus.Collector, value string) bool {
+	t.Helper()
+	ch := make(chan prometheus.Metric, 100)
+	go func() { c.Collect(ch); close(ch) }()
+	found := false
+	for m := range ch {
+		var d dto.Metric
+		if err := m.Write(&d); err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range d.Label {
+			if l.GetValue() == value {
+				found = true
+			}
+		}
+	}
+	return found
+}
+
+func layoutNodeNames(l *Layout) []string {
+	var names []string
+	for _, n := range l.Nodes {
+		names = append(names, n.Name)
+	}
+	return names
+}
+
+func TestIndexGroupsByFingerprint(t *testing.T) {
+	idx := NewIndex(config.Default(), logr.Discard())
+	a, b := ixPlan("535.104.05"), ixPlan("550.54.15")
+	idx.Add(ixNode("n3", a, 8, nil))
+	idx.Add(ixNode("n1", a, 4, nil))
+	idx.Add(ixNode("n2", b, 2, nil))
+
+	got := idx.Layouts()
+	if len(got) != 2 {
+		t.Fatalf("got %d layouts, want 2", len(got))
+	}
+	byFP := map[string]*Layout{}
+	for _, l := range got {
+		byFP[l.Fingerprint] = l
+	}
+	la, lb := byFP[a.Fingerprint()], byFP[b.Fingerprint()]
+	if la == nil || lb == nil {
+		t.Fatalf("layouts %v lack a fingerprint of %s, %s", got, a.Fingerprint(), b.Fingerprint())
+	}
+	if want := []string{"n1", "n3"}; !slices.Equal(layoutNodeNames(la), want) {
+		t.Errorf("layout a nodes = %v, want %v (sorted)", layoutNodeNames(la), want)
+	}
+	if la.AllocatableGPUs != 12 || lb.AllocatableGPUs != 2 {
+		t.Errorf("allocatable GPUs = %d, %d; want 12, 2", la.AllocatableGPUs, lb.AllocatableGPUs)
+	}
+	if la.Plan.DriverVersion != "535.104.05" || len(la.Plan.Mounts) != 2 {
+		t.Errorf("layout a plan = %+v", la.Plan)
+	}
+	if !slices.IsSortedFunc(got, func(x, y *Layout) int { return cmpString(x.Fingerprint, y.Fingerprint) }) {
+		t.Errorf("snapshot not sorted by fingerprint")
+	}
+	if v := metricValue(t, layoutsKnown); v != 2 {
+		t.Errorf("gpu_injector_layouts = %v, want 2", v)
+	}
+	if v := metricValue(t, layoutNodes.WithLabelValues(a.Fingerprint())); v != 2 {
+		t.Errorf("gpu_injector_layout_nodes{a} = %v, want 2", v)
+	}
+}
+
+func cmpString(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+func TestIndexUpdateAndDelete(t *testing.T) {
+	idx := NewIndex(config.Default(), logr.Discard())
+	a, b := ixPlan("535.104.05"), ixPlan("550.54.15")
+	idx.Add(ixNode("n1", a, 8, nil))
+	idx.Add(ixNode("n2", a, 8, nil))
+	before := idx.Layouts()
+
+	// More GPUs on n1: the layout's sum follows, the earlier snapshot does not.
+	idx.Update(ixNode("n1", a, 16, nil))
+	if got := idx.Layouts()[0].AllocatableGPUs; got != 24 {
+		t.Errorf("after update allocatable = %d, want 24", got)
+	}
+	if before[0].AllocatableGPUs != 16 || before[0].Nodes[0].AllocatableGPUs != 8 {
+		t.Errorf("published snapshot changed under a reader: %d GPUs, n1 %d", before[0].AllocatableGPUs, before[0].Nodes[0].AllocatableGPUs)
+	}
+
+	// A driver upgrade moves n1 to a new layout.
+	idx.Update(ixNode("n1", b, 16, nil))
+	got := idx.Layouts()
+	if len(got) != 2 {
+		t.Fatalf("after upgrade got %d layouts, want 2", len(got))
+	}
+	for _, l := range got {
+		want := map[string][]string{a.Fingerprint(): {"n2"}, b.Fingerprint(): {"n1"}}[l.Fingerprint]
+		if !slices.Equal(layoutNodeNames(l), want) {
+			t.Errorf("layout %s nodes = %v, want %v", l.Fingerprint, layoutNodeNames(l), want)
+		}
+	}
+
+	// The last node of a layout goes: the layout and its gauge go too.
+	idx.Delete("n2")
+	got = idx.Layouts()
+	if len(got) != 1 || got[0].Fingerprint != b.Fingerprint() {
+		t.Fatalf("after delete layouts = %v, want only %s", got, b.Fingerprint())
+	}
+	if hasLabelValue(t, layoutNodes, a.Fingerprint()) {
+		t.Errorf("gauge of the deleted layout %s is still exported", a.Fingerprint())
+	}
+	if !hasLabelValue(t, layoutNodes, b.Fingerprint()) {
+		t.Errorf("gauge of the live layout %s is missing", b.Fingerprint())
+	}
+
+	// Informer deletes may come as tombstones.
+	idx.onEvent(toolscache.DeletedFinalStateUnknown{Key: "n1", Obj: ixNode("n1", b, 16, nil)}, true)
+	if got := idx.Layouts(); len(got) != 0 {
+		t.Errorf("after tombstone delete layouts = %v, want none", got)
+	}
+	idx.Delete("never-seen")
+}
+
+func TestIndexNotCandidates(t *testing.T) {
+	p := ixPlan("535.104.05")
+	cases := map[string]func(*corev1.Node){
+		"not ready": func(n *corev1.Node) { n.Status.Conditions[0].Status = corev1.ConditionFalse },
+		"ready unknown": func(n *corev1.Node) {
+			n.Status.Conditions[0].Status = corev1.ConditionUnknown
+		},
+		"no ready condition": func(n *corev1.Node) { n.Status.Conditions = nil },
+		"unschedulable":      func(n *corev1.Node) { n.Spec.Unschedulable = true },
+		"probe error":        func(n *corev1.Node) { n.Labels[layout.LabelState] = layout.StateError },
+		"no probe":           func(n *corev1.Node) { delete(n.Labels, layout.LabelState) },
+	}
+	for name, mod := range cases {
+		t.Run(name, func(t *testing.T) {
+			idx := NewIndex(config.Default(), logr.Discard())
+			before := rejectedTotal(t)
+			idx.Add(ixNode("n1", p, 8, mod))
+			if got := idx.Layouts(); len(got) != 0 {
+				t.Errorf("layouts = %v, want none", got)
+			}
+			if d := rejectedTotal(t) - before; d != 0 {
+				t.Errorf("rejected counter moved by %v for a node that is merely not a candidate", d)
+			}
+			// Once it recovers, it is a candidate again.
+			idx.Update(ixNode("n1", p, 8, nil))
+			if got := idx.Layouts(); len(got) != 1 {
+				t.Errorf("after recovery layouts = %d, want 1", len(got))
+			}
+		})
+	}
+}
+
+func rejectedTotal(t *testing.T) float64 {
+	var sum float64
+	for _, r := range []string{RejectDecode, RejectInvalid, RejectFingerprint} {
+		sum += metricValue(t, layoutsRejected.WithLabelValues(r))
+	}
+	return sum
+}
+
+func TestIndexRejectsHostileLayouts(t *testing.T) {
+	good := ixPlan("535.104.05")
+	withMount := func(host, container string, kind layout.MountKind) func(*corev1.Node) {
+		return func(n *corev1.Node) {
+			p := ixPlan("535.104.05")
+			p.Mounts[0] = layout.Mount{HostPath: host, ContainerPath: container, Kind: kind}
+			enc, _ := layout.Encode(p)
+			n.Annotations[layout.AnnotationLayout] = enc
+			// A hostile node can compute the right fingerprint too.
+			n.Labels[layout.LabelFingerprint] = p.Fingerprint()
+		}
+	}
+	lib := "/usr/local/nvidia/lib64"
+	cases := map[string]struct {
+		mod    func(*corev1.Node)
+		reason string
+	}{
+		"host root":              {withMount("/", lib, layout.KindDirectory), RejectInvalid},
+		"host etc":               {withMount("/etc", lib, layout.KindDirectory), RejectInvalid},
+		"dot dot":                {withMount("/usr/lib/nvidia-535/../../../etc", lib, layout.KindDirectory), RejectInvalid},
+		"relative host path":     {withMount("usr/lib/nvidia-535", lib, layout.KindDirectory), RejectInvalid},
+		"shared folder whole":    {withMount("/usr/lib/x86_64-linux-gnu", lib, layout.KindDirectory), RejectInvalid},
+		"non-driver shared file": {withMount("/usr/lib/x86_64-linux-gnu/libc.so.6", lib+"/libc.so.6", layout.KindFile), RejectInvalid},
+		"container path outside": {withMount("/usr/lib/nvidia-535", "/bin", layout.KindDirectory), RejectInvalid},
+		"fingerprint mismatch": {func(n *corev1.Node) {
+			n.Labels[layout.LabelFingerprint] = "0000000000deadbeef00"
+		}, RejectFingerprint},
+		"undecodable json": {func(n *corev1.Node) {
+			n.Annotations[layout.AnnotationLayout] = `{"schemaVersion":"v1","mounts":[{"hostPath":"/"`
+		}, RejectDecode},
+		"unknown field": {func(n *corev1.Node) {
+			n.Annotations[layout.AnnotationLayout] = `{"schemaVersion":"v1","driverVersion":"1","mounts":[],"libraryPaths":[],"privileged":true}`
+		}, RejectDecode},
+		"foreign schema": {func(n *corev1.Node) {
+			n.Annotations[layout.AnnotationLayout] = `{"schemaVersion":"v2","driverVersion":"1","mounts":[],"libraryPaths":[]}`
+		}, RejectDecode},
+		"missing annotation": {func(n *corev1.Node) { delete(n.Annotations, layout.AnnotationLayout) }, RejectDecode},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			idx := NewIndex(config.Default(), logr.Discard())
+			idx.Add(ixNode("good", good, 8, nil))
+			counter := layoutsRejected.WithLabelValues(tc.reason)
+			before := metricValue(t, counter)
+			beforeAll := rejectedTotal(t)
+
+			idx.Add(ixNode("bad", good, 100, tc.mod))
+			got := idx.Layouts()
+			if len(got) != 1 || !slices.Equal(layoutNodeNames(got[0]), []string{"good"}) {
+				t.Fatalf("layouts = %v, want only the good node's", got)
+			}
+			if d := metricValue(t, counter) - before; d != 1 {
+				t.Errorf("rejected{reason=%s} moved by %v, want 1", tc.reason, d)
+			}
+			if d := rejectedTotal(t) - beforeAll; d != 1 {
+				t.Errorf("all rejected counters moved by %v, want 1", d)
+			}
+
+			// A status heartbeat with the same layout is not a new rejection.
+			idx.Update(ixNode("bad", good, 99, tc.mod))
+			if d := metricValue(t, counter) - before; d != 1 {
+				t.Errorf("after an unchanged update rejected moved by %v in total, want 1", d)
+			}
+
+			// The node fixes its layout: it becomes a candidate.
+			idx.Update(ixNode("bad", good, 100, nil))
+			if got := idx.Layouts(); len(got) != 1 || len(got[0].Nodes) != 2 {
+				t.Errorf("after the fix layouts = %v, want the good layout with both nodes", got)
+			}
+			// And breaks it again: a change, so counted again.
+			idx.Update(ixNode("bad", good, 100, tc.mod))
+			if d := metricValue(t, counter) - before; d != 2 {
+				t.Errorf("after breaking again rejected moved by %v in total, want 2", d)
+			}
+			if got := idx.Layouts(); len(got) != 1 || len(got[0].Nodes) != 1 {
+				t.Errorf("after breaking again layouts = %v, want the good node alone", got)
+			}
+		})
+	}
+}
+
+func TestIndexNodeInfo(t *testing.T) {
+	cfg := config.Default()
+	cfg.Resources.Names = append(cfg.Resources.Names, "nvidia.com/mig-*")
+	idx := NewIndex(cfg, logr.Discard())
+	idx.Add(ixNode("n1", ixPlan("535.104.05"), 2, func(n *corev1.Node) {
+		n.Spec.Taints = []corev1.Taint{
+			{Key: "gpu", Value: "true", Effect: corev1.TaintEffectNoSchedule},
+			{Key: "soft", Effect: corev1.TaintEffectPreferNoSchedule},
+			{Key: "evict", Effect: corev1.TaintEffectNoExecute},
+		}
+		n.Status.Allocatable["nvidia.com/mig-1g.10gb"] = resource.MustParse("7")
+		n.Status.Allocatable["example.com/fpga"] = resource.MustParse("5")
+	}))
+	got := idx.Layouts()
+	if len(got) != 1 {
+		t.Fatalf("got %d layouts", len(got))
+	}
+	info := got[0].Nodes[0]
+	if info.AllocatableGPUs != 9 {
+		t.Errorf("allocatable GPUs = %d, want 9 (2 full + 7 MIG, no FPGA or CPU)", info.AllocatableGPUs)
+	}
+	var effects []corev1.TaintEffect
+	for _, tt := range info.Taints {
+		effects = append(effects, tt.Effect)
+	}
+	if want := []corev1.TaintEffect{corev1.TaintEffectNoSchedule, corev1.TaintEffectNoExecute}; !slices.Equal(effects, want) {
+		t.Errorf("taints = %v, want %v", effects, want)
+	}
+	if info.Labels["kubernetes.io/hostname"] != "n1" {
+		t.Errorf("labels = %v", info.Labels)
+	}
+
+	// A taint change is a change: the published node follows.
+	idx.Update(ixNode("n1", ixPlan("535.104.05"), 2, nil))
+	if n := idx.Layouts()[0].Nodes[0]; len(n.Taints) != 0 {
+		t.Errorf("after removing taints node info keeps %v", n.Taints)
+	}
+}
+
+func TestIndexTransform(t *testing.T) {
+	idx := NewIndex(config.Default(), logr.Discard())
+	p := ixPlan("535.104.05")
+	n := ixNode("n1", p, 8, func(n *corev1.Node) {
+		n.Annotations["node.alpha.kubernetes.io/ttl"] = "0"
+		n.Annotations["volumes.kubernetes.io/controller-managed-attach-detach"] = "true"
+		n.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "kubelet"}}
+		n.Spec.PodCIDR, n.Spec.PodCIDRs, n.Spec.ProviderID = "10.0.0.0/24", []string{"10.0.0.0/24"}, "aws:///i-1"
+		n.Spec.Taints = []corev1.Taint{{Key: "gpu", Effect: corev1.TaintEffectNoSchedule}}
+		n.Status.Images = []corev1.ContainerImage{{Names: []string{"nvcr.io/nvidia/cuda:12.4"}, SizeBytes: 1 << 30}}
+		n.Status.Capacity = n.Status.Allocatable
+		n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "10.0.0.1"}}
+		n.Status.Conditions = append([]corev1.NodeCondition{{Type: corev1.NodeMemoryPressure, Status: corev1.ConditionFalse}}, n.Status.Conditions...)
+		n.Status.Conditions[1].Message = "kubelet is posting ready status"
+	})
+	out, err := idx.Transform(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := out.(*corev1.Node)
+	if s.ManagedFields != nil || s.Status.Images != nil || s.Status.Capacity != nil || s.Status.Addresses != nil {
+		t.Errorf("transform kept bulk: %+v", s)
+	}
+	if s.Spec.PodCIDR != "" || s.Spec.PodCIDRs != nil || s.Spec.ProviderID != "" {
+		t.Errorf("transform kept spec fields: %+v", s.Spec)
+	}
+	if len(s.Annotations) != 1 || s.Annotations[layout.AnnotationLayout] == "" {
+		t.Errorf("annotations = %v, want only ours", s.Annotations)
+	}
+	if len(s.Status.Conditions) != 1 || s.Status.Conditions[0].Type != corev1.NodeReady || s.Status.Conditions[0].Message != "" {
+		t.Errorf("conditions = %+v, want Ready alone, without message", s.Status.Conditions)
+	}
+	if len(s.Status.Allocatable) != 1 {
+		t.Errorf("allocatable = %v, want the GPU resource alone", s.Status.Allocatable)
+	}
+	if len(s.Spec.Taints) != 1 {
+		t.Errorf("taints = %v", s.Spec.Taints)
+	}
+	idx.Add(s)
+	if got := idx.Layouts(); len(got) != 1 || got[0].AllocatableGPUs != 8 {
+		t.Errorf("the stripped node is no longer a candidate: %v", got)
+	}
+	// Other objects pass through untouched.
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "x", ManagedFields: []metav1.ManagedFieldsEntry{{}}}}
+	if out, _ := idx.Transform(ns); out.(*corev1.Namespace).ManagedFields == nil {
+		t.Errorf("transform changed a Namespace")
+	}
+}
+
+func TestIndexReady(t *testing.T) {
+	idx := NewIndex(config.Default(), logr.Discard())
+	if idx.Ready() || idx.ReadyCheck(nil) == nil {
+		t.Fatal("a new index without an informer reports ready")
+	}
+	synced := false
+	f := func() bool { return synced }
+	idx.synced.Store(&f)
+	if idx.Ready() {
+		t.Fatal("ready before the informer synced")
+	}
+	synced = true
+	if !idx.Ready() || idx.ReadyCheck(nil) != nil {
+		t.Fatal("not ready after the informer synced")
+	}
+}
+
+// TestIndexManyNodes checks the incremental bookkeeping against a rebuild
+// from scratch after a random-looking sequence of events.
+func TestIndexManyNodes(t *testing.T) {
+	plans := []layout.Plan{ixPlan("470.256.02"), ixPlan("535.104.05"), ixPlan("550.54.15")}
+	idx := NewIndex(config.Default(), logr.Discard())
+	final := map[string]*corev1.Node{}
+	for step := 0; step < 3000; step++ {
+		name := fmt.Sprintf("n%03d", (step*7919)%211)
+		switch step % 5 {
+		case 4:
+			idx.Delete(name)
+			delete(final, name)
+		default:
+			n := ixNode(name, plans[(step/3)%3], int64(step%9), nil)
+			if step%11 == 0 {
+				n.Spec.Unschedulable = true
+			}
+			idx.Update(n)
+			final[name] = n
+		}
+	}
+	fresh := NewIndex(config.Default(), logr.Discard())
+	for _, n := range final {
+		fresh.Add(n)
+	}
+	got, want := idx.Layouts(), fresh.Layouts()
+	if len(got) != len(want) {
+		t.Fatalf("incremental has %d layouts, rebuild %d", len(got), len(want))
+	}
+	for i := range got {
+		if got[i].Fingerprint != want[i].Fingerprint || got[i].AllocatableGPUs != want[i].AllocatableGPUs ||
+			!slices.Equal(layoutNodeNames(got[i]), layoutNodeNames(want[i])) {
+			t.Errorf("layout %d: incremental %s/%d/%v, rebuild %s/%d/%v", i,
+				got[i].Fingerprint, got[i].AllocatableGPUs, layoutNodeNames(got[i]),
+				want[i].Fingerprint, want[i].AllocatableGPUs, layoutNodeNames(want[i]))
+		}
+	}
+}
