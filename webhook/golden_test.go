@@ -265,4 +265,3 @@ func lineDiff(want, got string) string {
 	}
 	return b.String()
 }
-

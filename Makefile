@@ -1,0 +1,52 @@
+# Each target is a thin call into hack/, whose scripts also run by hand.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+BIN      ?= bin
+VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS  := -X github.com/gpu-injector/gpu-injector/version.Version=$(VERSION)
+
+.PHONY: help
+help: ## show this help
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-10s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: build
+build: ## build bin/gpu-injector (cgo, for NVML) and bin/podsim (static)
+	CGO_ENABLED=1 go build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/gpu-injector .
+	CGO_ENABLED=0 go build -trimpath -o $(BIN)/podsim ./hack/podsim
+
+.PHONY: test
+test: ## everything CI runs: lint, unit, golden, chart and the e2e suite on a real local cluster
+	hack/test.sh
+
+.PHONY: unit
+unit: ## unit, golden and handler tests only (no cluster)
+	hack/test.sh unit
+
+.PHONY: e2e
+e2e: ## end-to-end tests on a real local cluster (builds the cluster binaries once)
+	hack/test.sh e2e
+
+.PHONY: lint
+lint: ## gofmt, go vet, helm lint --strict
+	hack/test.sh lint
+
+.PHONY: bench
+bench: ## benchmarks of the mutation, the handler and the probe (figures: docs/benchmarks.md)
+	hack/bench.sh
+
+.PHONY: fuzz
+fuzz: ## run each fuzz target for FUZZTIME (default 30s)
+	hack/fuzz.sh
+
+.PHONY: golden
+golden: ## rewrite the golden files from the current mutation
+	REFRESH_GOLDEN=true go test ./webhook/ ./nodeprobe/... -run 'Golden|Plan'
+
+.PHONY: demo
+demo: ## a local cluster with simulated GPU nodes, gpu-injector installed, classic workloads, and a report
+	hack/demo.sh
+
+.PHONY: tools
+tools: ## build and cache etcd, Kubernetes 1.36.3 and helm under bin/
+	hack/tools.sh all

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The project's test command (make test). Stages: lint, unit, e2e; no
+# argument runs all three. Needs only Go (and gcc, apt for the e2e stage).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+stage() { printf '\n==> %s\n' "$*"; }
+
+lint() {
+	stage "gofmt"
+	unformatted=$(gofmt -l $(git ls-files '*.go'))
+	if [[ -n "$unformatted" ]]; then
+		echo "not gofmt'ed:"; echo "$unformatted"; exit 1
+	fi
+	stage "go vet (all build tags)"
+	go vet ./...
+	go vet -tags e2e ./...
+	stage "helm lint --strict and chart render tests"
+	hack/chart-test.sh
+}
+
+unit() {
+	stage "unit, golden, handler and fuzz-seed tests"
+	go test -count=1 ./...
+}
+
+e2e() {
+	stage "cluster binaries (cached after the first run)"
+	hack/tools.sh all
+	stage "container runtime (Debian packages, when missing)"
+	hack/install-runtime.sh
+	stage "end-to-end tests on a real kube-apiserver, scheduler, controller-manager and kubelet"
+	go test -count=1 -tags e2e -timeout 60m -v ./e2e/...
+}
+
+case "${1:-all}" in
+	lint) lint ;;
+	unit) unit ;;
+	e2e) e2e ;;
+	all) lint; unit; e2e ;;
+	*) echo "usage: $0 [lint|unit|e2e|all]" >&2; exit 2 ;;
+esac
+echo; echo "==> ${1:-all}: PASS"

@@ -1,0 +1,70 @@
+// Command gpu-injector injects each node's NVIDIA driver into GPU pods: the
+// admission webhook, the per-node probe, and the same mutation offline.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/gpu-injector/gpu-injector/mutate"
+	"github.com/gpu-injector/gpu-injector/nodeprobe"
+	"github.com/gpu-injector/gpu-injector/version"
+	"github.com/gpu-injector/gpu-injector/webhook"
+)
+
+const usage = `gpu-injector: users write only a GPU limit; the cluster injects the node's NVIDIA driver.
+
+Usage:
+  gpu-injector webhook   [flags]   run the mutating admission webhook
+  gpu-injector nodeprobe [flags]   find this node's driver and publish its layout on the Node
+  gpu-injector mutate -f FILE --nodes NODES [--config CFG]
+                                   the webhook's mutation, offline, for review and GitOps
+  gpu-injector version             print the version
+
+Run "gpu-injector COMMAND -h" for a command's flags.
+`
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	var err error
+	switch args[0] {
+	case "webhook":
+		err = webhook.Run(ctx, args[1:], stdout, stderr)
+	case "nodeprobe":
+		err = nodeprobe.Run(ctx, args[1:], stdout, stderr)
+	case "mutate":
+		err = mutate.Run(args[1:], stdin, stdout, stderr)
+	case "version", "--version":
+		fmt.Fprintln(stdout, version.String())
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+	default:
+		fmt.Fprintf(stderr, "gpu-injector: unknown command %q\n\n%s", args[0], usage)
+		return 2
+	}
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, flag.ErrHelp):
+		return 0
+	default:
+		fmt.Fprintf(stderr, "gpu-injector %s: %v\n", args[0], err)
+		return 1
+	}
+}

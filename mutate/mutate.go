@@ -1,0 +1,414 @@
+// Package mutate is `gpu-injector mutate`: the webhook's mutation run offline
+// over manifests, for review and GitOps, like `istioctl kube-inject`.
+package mutate
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
+	corev1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/yaml"
+
+	"github.com/gpu-injector/gpu-injector/config"
+	"github.com/gpu-injector/gpu-injector/webhook"
+)
+
+// ErrDenied is returned when at least one document would be denied.
+var ErrDenied = errors.New("the webhook would deny at least one document")
+
+// templatePaths says where each workload kind keeps its pod template.
+var templatePaths = map[string][]string{
+	"Deployment":            {"spec", "template"},
+	"StatefulSet":           {"spec", "template"},
+	"DaemonSet":             {"spec", "template"},
+	"ReplicaSet":            {"spec", "template"},
+	"ReplicationController": {"spec", "template"},
+	"Job":                   {"spec", "template"},
+	"CronJob":               {"spec", "jobTemplate", "spec", "template"},
+	"PodTemplate":           {"template"},
+}
+
+// Run is the `mutate` subcommand.
+func Run(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("mutate", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	file := fs.String("f", "", "manifests to mutate: multi-document YAML or JSON of Pods and workloads; - for stdin (required)")
+	var nodeFiles stringList
+	fs.Var(&nodeFiles, "nodes", "Node objects (YAML or JSON; `kubectl get nodes -o yaml` output works as is); repeatable (required)")
+	cfgFile := fs.String("config", "", "configuration file (InjectorConfiguration); defaults when empty")
+	namespace := fs.String("namespace", "default", "namespace of documents that name none")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "Usage: gpu-injector mutate -f FILE --nodes NODES [--config CFG]\n\nPrints the documents of FILE as the webhook would mutate them; warnings go to stderr.")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *file == "" || len(nodeFiles) == 0 {
+		fs.Usage()
+		return fmt.Errorf("failed to start: -f and --nodes are required")
+	}
+	cfg, err := config.Load(*cfgFile)
+	if err != nil {
+		return err
+	}
+	var nodes []corev1.Node
+	for _, nf := range nodeFiles {
+		ns, err := ReadNodes(nf)
+		if err != nil {
+			return err
+		}
+		nodes = append(nodes, ns...)
+	}
+	idx := webhook.NewIndex(cfg, stderrLogger(stderr))
+	for i := range nodes {
+		idx.Update(&nodes[i])
+	}
+	layouts := idx.Layouts()
+	if len(layouts) == 0 {
+		fmt.Fprintf(stderr, "warning: none of the %d nodes publishes a usable layout\n", len(nodes))
+	}
+
+	in, err := readInput(*file, stdin)
+	if err != nil {
+		return err
+	}
+	docs, isJSON, err := splitDocuments(in)
+	if err != nil {
+		return fmt.Errorf("failed to read %s: %w", *file, err)
+	}
+	m := &mutator{cfg: cfg, layouts: layouts, namespace: *namespace, stderr: stderr}
+	var out [][]byte
+	for i, doc := range docs {
+		res, err := m.document(doc, isJSON)
+		if err != nil {
+			return fmt.Errorf("failed to mutate document %d of %s: %w", i+1, *file, err)
+		}
+		out = append(out, res)
+	}
+	if isJSON {
+		for _, o := range out {
+			if _, err := stdout.Write(append(o, '\n')); err != nil {
+				return err
+			}
+		}
+	} else {
+		for i, o := range out {
+			if i > 0 {
+				fmt.Fprintln(stdout, "---")
+			}
+			if _, err := stdout.Write(o); err != nil {
+				return err
+			}
+			if len(o) > 0 && o[len(o)-1] != '\n' {
+				fmt.Fprintln(stdout)
+			}
+		}
+	}
+	if m.denied > 0 {
+		return fmt.Errorf("%w: %d denied", ErrDenied, m.denied)
+	}
+	return nil
+}
+
+type stringList []string
+
+func (s *stringList) String() string     { return strings.Join(*s, ",") }
+func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
+
+func stderrLogger(w io.Writer) logr.Logger {
+	return funcr.New(func(prefix, args string) {
+		fmt.Fprintf(w, "log: %s\n", args)
+	}, funcr.Options{Verbosity: 0})
+}
+
+func readInput(file string, stdin io.Reader) ([]byte, error) {
+	if file == "-" {
+		b, err := io.ReadAll(stdin)
+		if err != nil {
+			return nil, fmt.Errorf("failed to read stdin: %w", err)
+		}
+		return b, nil
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("failed to read %s: %w", file, err)
+	}
+	return b, nil
+}
+
+// splitDocuments splits a YAML stream, or a JSON stream of objects, into
+// documents, keeping each one's bytes so untouched documents pass through
+// exactly as written.
+func splitDocuments(data []byte) ([][]byte, bool, error) {
+	trimmed := bytes.TrimSpace(data)
+	if len(trimmed) > 0 && trimmed[0] == '{' {
+		dec := json.NewDecoder(bytes.NewReader(trimmed))
+		var docs [][]byte
+		for {
+			var raw json.RawMessage
+			err := dec.Decode(&raw)
+			if errors.Is(err, io.EOF) {
+				return docs, true, nil
+			}
+			if err != nil {
+				return nil, true, fmt.Errorf("invalid JSON after %d documents: %w", len(docs), err)
+			}
+			docs = append(docs, raw)
+		}
+	}
+	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
+	var docs [][]byte
+	for {
+		doc, err := r.Read()
+		if errors.Is(err, io.EOF) {
+			return docs, false, nil
+		}
+		if err != nil {
+			return nil, false, fmt.Errorf("invalid YAML after %d documents: %w", len(docs), err)
+		}
+		if isBlank(doc) {
+			continue
+		}
+		docs = append(docs, doc)
+	}
+}
+
+func isBlank(doc []byte) bool {
+	for _, l := range bytes.Split(doc, []byte("\n")) {
+		l = bytes.TrimSpace(l)
+		if len(l) > 0 && l[0] != '#' && !bytes.Equal(l, []byte("---")) {
+			return false
+		}
+	}
+	return true
+}
+
+type mutator struct {
+	cfg       *config.Configuration
+	layouts   []*webhook.Layout
+	namespace string
+	stderr    io.Writer
+	denied    int
+}
+
+// document mutates one document and returns its new bytes, or the original
+// bytes when nothing in it changed.
+func (m *mutator) document(doc []byte, isJSON bool) ([]byte, error) {
+	obj := map[string]any{}
+	if err := yaml.Unmarshal(doc, &obj); err != nil {
+		return nil, fmt.Errorf("invalid document: %w", err)
+	}
+	u := &unstructured.Unstructured{Object: obj}
+	changed, err := m.object(u)
+	if err != nil {
+		return nil, err
+	}
+	if !changed {
+		return doc, nil
+	}
+	if isJSON {
+		return json.MarshalIndent(u.Object, "", "  ")
+	}
+	return yaml.Marshal(u.Object)
+}
+
+func (m *mutator) object(u *unstructured.Unstructured) (bool, error) {
+	if u.GetKind() == "" {
+		return false, fmt.Errorf("document has no kind")
+	}
+	if strings.HasSuffix(u.GetKind(), "List") {
+		items, found, err := unstructured.NestedSlice(u.Object, "items")
+		if err != nil || !found {
+			return false, err
+		}
+		changed := false
+		for i, it := range items {
+			o, ok := it.(map[string]any)
+			if !ok {
+				return false, fmt.Errorf("items[%d] is not an object", i)
+			}
+			c, err := m.object(&unstructured.Unstructured{Object: o})
+			if err != nil {
+				return false, fmt.Errorf("items[%d]: %w", i, err)
+			}
+			changed = changed || c
+		}
+		if changed {
+			if err := unstructured.SetNestedSlice(u.Object, items, "items"); err != nil {
+				return false, err
+			}
+		}
+		return changed, nil
+	}
+	ns := u.GetNamespace()
+	if ns == "" {
+		ns = m.namespace
+	}
+	what := fmt.Sprintf("%s/%s", u.GetKind(), u.GetName())
+	if u.GetKind() == "Pod" && u.GetAPIVersion() == "v1" {
+		pod := &corev1.Pod{}
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, pod); err != nil {
+			return false, fmt.Errorf("invalid Pod %s: %w", u.GetName(), err)
+		}
+		pod.Namespace = ns
+		before := pod.DeepCopy()
+		if !m.pod(what, pod) || apiequality.Semantic.DeepEqual(before, pod) {
+			return false, nil
+		}
+		pod.Namespace = u.GetNamespace()
+		out, err := runtime.DefaultUnstructuredConverter.ToUnstructured(pod)
+		if err != nil {
+			return false, err
+		}
+		clean(out)
+		merged := mergeKeep(u.Object, out)
+		// Replace the contents, not the map: a List's items hold this map.
+		for k := range u.Object {
+			delete(u.Object, k)
+		}
+		for k, v := range merged {
+			u.Object[k] = v
+		}
+		return true, nil
+	}
+	tp, ok := templatePaths[u.GetKind()]
+	if !ok {
+		return false, nil
+	}
+	tmpl, found, err := unstructured.NestedMap(u.Object, tp...)
+	if err != nil {
+		return false, fmt.Errorf("invalid %s: %w", what, err)
+	}
+	if !found {
+		return false, nil
+	}
+	var pt corev1.PodTemplateSpec
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(tmpl, &pt); err != nil {
+		return false, fmt.Errorf("invalid pod template of %s: %w", what, err)
+	}
+	pod := &corev1.Pod{ObjectMeta: pt.ObjectMeta, Spec: pt.Spec}
+	pod.Namespace = ns
+	before := pod.DeepCopy()
+	if !m.pod(what, pod) || apiequality.Semantic.DeepEqual(before, pod) {
+		return false, nil
+	}
+	pod.Namespace = pt.Namespace
+	pt.ObjectMeta, pt.Spec = pod.ObjectMeta, pod.Spec
+	out, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&pt)
+	if err != nil {
+		return false, err
+	}
+	clean(out)
+	if err := unstructured.SetNestedMap(u.Object, out, tp...); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// pod mutates and reports; false means leave the document as written.
+func (m *mutator) pod(what string, pod *corev1.Pod) bool {
+	res := webhook.Mutate(webhook.Input{Pod: pod, Layouts: m.layouts}, m.cfg)
+	for _, w := range res.Warnings {
+		fmt.Fprintf(m.stderr, "warning: %s: %s\n", what, w)
+	}
+	switch res.Decision {
+	case webhook.DecisionDenied:
+		m.denied++
+		fmt.Fprintf(m.stderr, "denied: %s: %s\n", what, res.Reason)
+		return false
+	case webhook.DecisionInjected:
+		if res.Layout != nil {
+			fmt.Fprintf(m.stderr, "injected: %s: layout %s%s (driver %s)\n", what, res.Layout.Fingerprint, res.Layout.Static, res.Layout.Plan.DriverVersion)
+		}
+		return true
+	default:
+		fmt.Fprintf(m.stderr, "skipped: %s: %s\n", what, res.Reason)
+		return false
+	}
+}
+
+// clean drops the empty fields the typed round trip adds.
+func clean(o map[string]any) {
+	unstructured.RemoveNestedField(o, "metadata", "creationTimestamp")
+	if st, ok := o["status"].(map[string]any); ok && len(st) == 0 {
+		delete(o, "status")
+	}
+}
+
+// mergeKeep takes the typed result but keeps top-level fields the typed
+// round trip does not know, so nothing of the user's document is lost.
+func mergeKeep(orig, typed map[string]any) map[string]any {
+	for k, v := range orig {
+		if _, ok := typed[k]; !ok && k != "status" {
+			typed[k] = v
+		}
+	}
+	return typed
+}
+
+// ReadNodes reads Node objects from a YAML or JSON file, also a List such
+// as `kubectl get nodes -o yaml` prints.
+func ReadNodes(file string) ([]corev1.Node, error) {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("failed to read nodes %s: %w", file, err)
+	}
+	docs, _, err := splitDocuments(data)
+	if err != nil {
+		return nil, fmt.Errorf("failed to read nodes %s: %w", file, err)
+	}
+	var nodes []corev1.Node
+	var add func(obj map[string]any, where string) error
+	add = func(obj map[string]any, where string) error {
+		u := unstructured.Unstructured{Object: obj}
+		switch {
+		case strings.HasSuffix(u.GetKind(), "List"):
+			items, _, err := unstructured.NestedSlice(obj, "items")
+			if err != nil {
+				return fmt.Errorf("%s: %w", where, err)
+			}
+			for i, it := range items {
+				o, ok := it.(map[string]any)
+				if !ok {
+					return fmt.Errorf("%s items[%d] is not an object", where, i)
+				}
+				if err := add(o, fmt.Sprintf("%s items[%d]", where, i)); err != nil {
+					return err
+				}
+			}
+		case u.GetKind() == "Node":
+			var n corev1.Node
+			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(obj, &n); err != nil {
+				return fmt.Errorf("%s: invalid Node: %w", where, err)
+			}
+			nodes = append(nodes, n)
+		default:
+			return fmt.Errorf("%s is a %q, not a Node", where, u.GetKind())
+		}
+		return nil
+	}
+	for i, doc := range docs {
+		obj := map[string]any{}
+		if err := yaml.Unmarshal(doc, &obj); err != nil {
+			return nil, fmt.Errorf("failed to read nodes %s: document %d: %w", file, i+1, err)
+		}
+		if err := add(obj, fmt.Sprintf("document %d", i+1)); err != nil {
+			return nil, fmt.Errorf("failed to read nodes %s: %w", file, err)
+		}
+	}
+	return nodes, nil
+}

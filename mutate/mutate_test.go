@@ -1,0 +1,204 @@
+package mutate
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/gpu-injector/gpu-injector/layout"
+)
+
+const nodesFile = "../webhook/testdata/nodes.yaml"
+
+func runMutate(t *testing.T, stdin string, args ...string) (string, string, error) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	err := Run(args, strings.NewReader(stdin), &out, &errb)
+	return out.String(), errb.String(), err
+}
+
+func docs(t *testing.T, s string) []string {
+	t.Helper()
+	parts, _, err := splitDocuments([]byte(s))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([]string, len(parts))
+	for i, p := range parts {
+		out[i] = string(p)
+	}
+	return out
+}
+
+// TestClassicManifests is the issue's "done means": the classic nvidia-smi
+// Job (legacy limit, no mounts) comes out with nvidia.com/gpu, read-only
+// mounts of the node's driver paths, LD_LIBRARY_PATH and the fingerprint
+// node selector.
+func TestClassicManifests(t *testing.T) {
+	out, stderr, err := runMutate(t, "", "-f", "testdata/classic.yaml", "--nodes", nodesFile)
+	if err != nil {
+		t.Fatalf("mutate: %v\n%s", err, stderr)
+	}
+	d := docs(t, out)
+	if len(d) != 4 {
+		t.Fatalf("got %d documents, want 4:\n%s", len(d), out)
+	}
+
+	var job batchv1.Job
+	if err := yaml.UnmarshalStrict([]byte(d[0]), &job); err != nil {
+		t.Fatal(err)
+	}
+	c := job.Spec.Template.Spec.Containers[0]
+	if _, ok := c.Resources.Limits["alpha.kubernetes.io/nvidia-gpu"]; ok {
+		t.Errorf("legacy limit kept: %v", c.Resources.Limits)
+	}
+	if q := c.Resources.Limits["nvidia.com/gpu"]; q.Value() != 1 {
+		t.Errorf("nvidia.com/gpu = %v, want 1", q.String())
+	}
+	mounts := map[string]bool{}
+	for _, vm := range c.VolumeMounts {
+		if !vm.ReadOnly {
+			t.Errorf("mount %s is not read-only", vm.MountPath)
+		}
+		mounts[vm.MountPath] = true
+	}
+	if !mounts["/usr/local/nvidia/lib64"] || !mounts["/usr/local/nvidia/bin"] {
+		t.Errorf("mounts = %v, want the driver's lib64 and bin", mounts)
+	}
+	hostPaths := map[string]bool{}
+	for _, v := range job.Spec.Template.Spec.Volumes {
+		hostPaths[v.HostPath.Path] = true
+	}
+	if !hostPaths["/usr/lib/nvidia-384"] || !hostPaths["/usr/lib/nvidia-384/bin"] {
+		t.Errorf("host paths = %v, want the nvidia-384 layout's", hostPaths)
+	}
+	if len(c.Env) != 1 || c.Env[0].Name != "LD_LIBRARY_PATH" || c.Env[0].Value != "/usr/local/nvidia/lib64" {
+		t.Errorf("env = %v", c.Env)
+	}
+	if fp := job.Spec.Template.Spec.NodeSelector[layout.LabelFingerprint]; fp != "03b3b0fb0c0413aeadfa" {
+		t.Errorf("fingerprint selector = %q", fp)
+	}
+	if !strings.Contains(stderr, "renamed to nvidia.com/gpu") {
+		t.Errorf("stderr lacks the rename warning:\n%s", stderr)
+	}
+
+	if !strings.Contains(d[1], "# left exactly as written") {
+		t.Errorf("the Service was rewritten:\n%s", d[1])
+	}
+
+	var dep appsv1.Deployment
+	if err := yaml.UnmarshalStrict([]byte(d[2]), &dep); err != nil {
+		t.Fatal(err)
+	}
+	if len(dep.Spec.Template.Spec.Volumes) != 2 || dep.Spec.Template.Labels["app"] != "tensorflow" {
+		t.Errorf("deployment template not injected or labels lost: %+v", dep.Spec.Template)
+	}
+
+	var cj batchv1.CronJob
+	if err := yaml.UnmarshalStrict([]byte(d[3]), &cj); err != nil {
+		t.Fatal(err)
+	}
+	ps := cj.Spec.JobTemplate.Spec.Template.Spec
+	if ps.NodeSelector[layout.LabelFingerprint] != "af5330373fdfca473dfb" || len(ps.Volumes) != 5 {
+		t.Errorf("cronjob: want the a100 layout's 5 file mounts, got selector %v and %d volumes", ps.NodeSelector, len(ps.Volumes))
+	}
+	if cj.Spec.Schedule != "0 3 * * *" {
+		t.Errorf("schedule lost: %q", cj.Spec.Schedule)
+	}
+
+	// Mutating the output again changes nothing.
+	again, stderr2, err := runMutate(t, out, "-f", "-", "--nodes", nodesFile)
+	if err != nil {
+		t.Fatalf("second run: %v\n%s", err, stderr2)
+	}
+	if again != out {
+		t.Errorf("second run changed the output")
+	}
+}
+
+func TestJSONListAndKubectlNodes(t *testing.T) {
+	// `kubectl get nodes -o json` and `kubectl get pods -o json` give Lists.
+	nodes := loadNodeList(t)
+	dir := t.TempDir()
+	nf := filepath.Join(dir, "nodes.json")
+	if err := os.WriteFile(nf, nodes, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	in := `{"apiVersion":"v1","kind":"List","items":[{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p"},"spec":{"containers":[{"name":"c","image":"x","resources":{"limits":{"nvidia.com/gpu":"1"}}}]}},{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"cm"}}]}`
+	out, stderr, err := runMutate(t, in, "-f", "-", "--nodes", nf)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, stderr)
+	}
+	if !strings.HasPrefix(out, "{") || !strings.Contains(out, `"gpu-injector.io/layout-fingerprint"`) {
+		t.Errorf("want JSON with the fingerprint selector, got:\n%s", out)
+	}
+	if !strings.Contains(out, `"ConfigMap"`) {
+		t.Errorf("the ConfigMap item was lost:\n%s", out)
+	}
+}
+
+func loadNodeList(t *testing.T) []byte {
+	t.Helper()
+	nodes, err := ReadNodes(nodesFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	list := corev1.NodeList{Items: nodes}
+	list.APIVersion, list.Kind = "v1", "List"
+	b, err := yaml.Marshal(list)
+	if err != nil {
+		t.Fatal(err)
+	}
+	j, err := yaml.YAMLToJSON(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return j
+}
+
+func TestErrors(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.yaml")
+	os.WriteFile(bad, []byte("apiVersion: v1\nkind: Pod\nmetadata: [unclosed\n"), 0o644)
+	notNode := filepath.Join(dir, "notnode.yaml")
+	os.WriteFile(notNode, []byte("apiVersion: v1\nkind: Pod\nmetadata: {name: p}\n"), 0o644)
+	noKind := filepath.Join(dir, "nokind.yaml")
+	os.WriteFile(noKind, []byte("metadata: {name: p}\n"), 0o644)
+	deny := filepath.Join(dir, "deny.yaml")
+	os.WriteFile(deny, []byte("apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  nodeSelector: {accelerator: none}\n  containers: [{name: c, image: x, resources: {limits: {nvidia.com/gpu: 1}}}]\n"), 0o644)
+
+	tests := map[string]struct {
+		args    []string
+		wantErr string
+		denied  bool
+	}{
+		"unparsable input":   {args: []string{"-f", bad, "--nodes", nodesFile}, wantErr: "failed to mutate document 1 of " + bad},
+		"missing file":       {args: []string{"-f", filepath.Join(dir, "nope.yaml"), "--nodes", nodesFile}, wantErr: "no such file"},
+		"nodes not nodes":    {args: []string{"-f", deny, "--nodes", notNode}, wantErr: `document 1 is a "Pod", not a Node`},
+		"no kind":            {args: []string{"-f", noKind, "--nodes", nodesFile}, wantErr: "document has no kind"},
+		"flags missing":      {args: []string{"-f", deny}, wantErr: "-f and --nodes are required"},
+		"denied is an error": {args: []string{"-f", deny, "--nodes", nodesFile}, wantErr: "would deny", denied: true},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			_, stderr, err := runMutate(t, "", tc.args...)
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Fatalf("err = %v, want it to contain %q\n%s", err, tc.wantErr, stderr)
+			}
+			if errors.Is(err, ErrDenied) != tc.denied {
+				t.Errorf("errors.Is(ErrDenied) = %v", !tc.denied)
+			}
+			if tc.denied && !strings.Contains(stderr, "denied: Pod/p: gpu-injector: no ready GPU node layout fits") {
+				t.Errorf("stderr lacks the denial:\n%s", stderr)
+			}
+		})
+	}
+}
