@@ -10,7 +10,11 @@
 // container runtime that what gpu-injector injects is all a driverless image
 // needs. Linux only; run as root.
 //
-//	podsim -f job.mutated.yaml [--pod NAME] [--container NAME] --root DIR
+//	podsim -f job.mutated.yaml [--pod NAME] [--container NAME] --root DIR [-- COMMAND ARG...]
+//
+// A COMMAND after "--" replaces the container's command and args, as
+// `kubectl debug` or `docker run IMAGE CMD` would: the same mounts and env,
+// another program (nvidia-smi -L instead of nvidia-smi, say).
 //
 // The exit code is the container's; 125 means podsim itself failed, 126 the
 // command could not be executed, 127 the command was not found.
@@ -78,7 +82,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	nodeName := fl.String("node-name", "", "value of spec.nodeName for fieldRef env variables (default: this host's name)")
 	quiet := fl.Bool("q", false, "do not print the header of what is mounted")
 	fl.Usage = func() {
-		fmt.Fprintf(stderr, "usage: podsim -f MANIFEST [--pod NAME] [--container NAME] --root DIR [flags]\n\n")
+		fmt.Fprintf(stderr, "usage: podsim -f MANIFEST [--pod NAME] [--container NAME] --root DIR [flags] [-- COMMAND ARG...]\n\n")
 		fl.PrintDefaults()
 	}
 	if err := fl.Parse(args); err != nil {
@@ -87,7 +91,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		}
 		return 2
 	}
-	if *file == "" || *root == "" || fl.NArg() != 0 {
+	if *file == "" || *root == "" {
 		fl.Usage()
 		return 2
 	}
@@ -127,7 +131,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if *nodeName == "" {
 		*nodeName, _ = os.Hostname()
 	}
-	plan, warnings, err := buildPlan(pod, c, options{Root: absRoot, Overlay: *overlay, GPUDevices: *gpuDevices, HostDev: *hostDev, NodeName: *nodeName, HostRoot: *hostRoot})
+	plan, warnings, err := buildPlan(pod, c, options{Root: absRoot, Overlay: *overlay, GPUDevices: *gpuDevices, HostDev: *hostDev, NodeName: *nodeName, HostRoot: *hostRoot, Argv: fl.Args()})
 	if err != nil {
 		return fail(err)
 	}

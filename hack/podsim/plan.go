@@ -63,6 +63,8 @@ type options struct {
 	// HostRoot is where the node's / is: hostPaths are taken under it, with
 	// the node's symlinks resolved inside it. Empty or "/" means this host.
 	HostRoot string
+	// Argv, when set, replaces the container's command and args.
+	Argv []string
 }
 
 // buildPlan turns a pod and one of its containers into a runPlan, and returns
@@ -77,12 +79,16 @@ func buildPlan(pod podCandidate, c *corev1.Container, o options) (*runPlan, []st
 		return nil, nil, err
 	}
 	p.Env = env
-	if len(c.Command) == 0 {
-		return nil, nil, fmt.Errorf("container %q sets no command: podsim cannot know the image's entrypoint, so the container must set command", c.Name)
-	}
-	lookup := envLookup(env)
-	for _, a := range append(append([]string(nil), c.Command...), c.Args...) {
-		p.Argv = append(p.Argv, expand(a, lookup))
+	switch {
+	case len(o.Argv) > 0:
+		p.Argv = append([]string(nil), o.Argv...)
+	case len(c.Command) == 0:
+		return nil, nil, fmt.Errorf("container %q sets no command: podsim cannot know the image's entrypoint, so the container must set command (or give one after --)", c.Name)
+	default:
+		lookup := envLookup(env)
+		for _, a := range append(append([]string(nil), c.Command...), c.Args...) {
+			p.Argv = append(p.Argv, expand(a, lookup))
+		}
 	}
 	p.WorkingDir = "/"
 	if c.WorkingDir != "" {

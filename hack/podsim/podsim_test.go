@@ -409,6 +409,10 @@ spec:
 	if r.code != 0 || r.stdout != "arg=world\narg=$(WHO)\n" {
 		t.Fatalf("got code %d stdout %q stderr %q", r.code, r.stdout, r.stderr)
 	}
+	r = f.run(t, manifest, "--gpu-devices=false", "--", "probe", "args", "$(WHO)")
+	if r.code != 0 || r.stdout != "arg=$(WHO)\n" {
+		t.Fatalf("command override: got code %d stdout %q stderr %q", r.code, r.stdout, r.stderr)
+	}
 	r = f.run(t, manifest, "--gpu-devices=false", "--container", "second")
 	if r.code != 0 || !strings.Contains(r.stdout, "uid=1000 gid=2000 cwd=/work/here") {
 		t.Fatalf("got code %d stdout %q stderr %q", r.code, r.stdout, r.stderr)
