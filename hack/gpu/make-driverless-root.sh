@@ -67,7 +67,7 @@ resolve_program() {
 }
 
 # libs_of prints the absolute paths of the libraries and loader ldd resolves
-# for a program; a static program has none. An unresolved library is an error.
+# for a program, and "NOTFOUND name" for each it cannot; a static program has none.
 libs_of() {
 	local prog=$1 out_ldd
 	if ! out_ldd=$(LC_ALL=C ldd "$prog" 2>&1); then
@@ -76,11 +76,9 @@ libs_of() {
 		fi
 		die "ldd $prog failed: $out_ldd"
 	fi
-	if grep -q 'not found' <<<"$out_ldd"; then
-		die "ldd cannot resolve every library of $prog:"$'\n'"$out_ldd"
-	fi
-	# "name => /path (0x..)" and "/lib64/ld-linux-x86-64.so.2 (0x..)"
-	awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }' <<<"$out_ldd"
+	# "name => /path (0x..)", "name => not found" and "/lib64/ld-linux-x86-64.so.2 (0x..)"
+	awk '$2 == "=>" && $3 == "not" { print "NOTFOUND " $1; next }
+		$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }' <<<"$out_ldd"
 }
 
 # copy_in copies a host file to the same path in the root, dereferenced, through
@@ -109,6 +107,13 @@ add_libs() {
 	local prog=$1 strict=$2 lib
 	while IFS= read -r lib; do
 		[[ -n $lib ]] || continue
+		if [[ $lib == NOTFOUND* ]]; then
+			if [[ $strict == strict ]]; then
+				die "ldd cannot find ${lib#NOTFOUND } for $prog"
+			fi
+			echo "make-driverless-root: ldd cannot find ${lib#NOTFOUND } for $prog; skipped (a driver library comes with the mount)" >&2
+			continue
+		fi
 		if is_driver_file "$lib"; then
 			if [[ $strict == strict ]]; then
 				die "$prog links $lib, a file of the NVIDIA driver: a driverless image must not carry it"
