@@ -1,0 +1,264 @@
+package cluster
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+)
+
+// ImageConfig is the part of an OCI image config a test image may need.
+type ImageConfig struct {
+	// Entrypoint runs when a pod gives no command.
+	Entrypoint []string
+	// Env is KEY=VALUE pairs.
+	Env []string
+}
+
+// WriteImage writes a docker-archive tar (what `docker save` makes and
+// `ctr images import` reads) with one layer built from files: container path ->
+// host path. A host file is copied with its mode (symlinks followed, so a
+// library's SONAME link becomes the library); a host folder is copied whole,
+// symlinks inside it kept as links. Parent folders are created as needed.
+// Nothing else goes in: a test image holds exactly what it is given.
+func WriteImage(tarPath, ref string, files map[string]string, cfg ImageConfig) error {
+	layer, err := buildLayer(files)
+	if err != nil {
+		return fmt.Errorf("failed to build layer of %s: %w", ref, err)
+	}
+	layerSum := sha256.Sum256(layer)
+	diffID := "sha256:" + hex.EncodeToString(layerSum[:])
+
+	config := map[string]any{
+		"architecture": "amd64",
+		"os":           "linux",
+		"created":      time.Unix(0, 0).UTC().Format(time.RFC3339),
+		"config": map[string]any{
+			"Entrypoint": cfg.Entrypoint,
+			"Env":        cfg.Env,
+		},
+		"rootfs": map[string]any{"type": "layers", "diff_ids": []string{diffID}},
+	}
+	configJSON, err := json.Marshal(config)
+	if err != nil {
+		return fmt.Errorf("failed to encode image config of %s: %w", ref, err)
+	}
+	configSum := sha256.Sum256(configJSON)
+	configName := hex.EncodeToString(configSum[:]) + ".json"
+	layerName := hex.EncodeToString(layerSum[:]) + "/layer.tar"
+	manifest, err := json.Marshal([]map[string]any{{
+		"Config":   configName,
+		"RepoTags": []string{ref},
+		"Layers":   []string{layerName},
+	}})
+	if err != nil {
+		return fmt.Errorf("failed to encode manifest of %s: %w", ref, err)
+	}
+
+	if err := os.MkdirAll(filepath.Dir(tarPath), 0o755); err != nil {
+		return fmt.Errorf("failed to create image dir: %w", err)
+	}
+	f, err := os.Create(tarPath)
+	if err != nil {
+		return fmt.Errorf("failed to create image %s: %w", tarPath, err)
+	}
+	tw := tar.NewWriter(f)
+	for _, e := range []struct {
+		name string
+		data []byte
+	}{
+		{configName, configJSON},
+		{layerName, layer},
+		{"manifest.json", manifest},
+	} {
+		if err := writeTarFile(tw, e.name, e.data, 0o644); err != nil {
+			f.Close()
+			return fmt.Errorf("failed to write image %s: %w", tarPath, err)
+		}
+	}
+	if err := tw.Close(); err != nil {
+		f.Close()
+		return fmt.Errorf("failed to finish image %s: %w", tarPath, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("failed to close image %s: %w", tarPath, err)
+	}
+	return nil
+}
+
+func writeTarFile(tw *tar.Writer, name string, data []byte, mode int64) error {
+	dir := path.Dir(name)
+	if dir != "." {
+		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: dir + "/", Mode: 0o755}); err != nil {
+			return err
+		}
+	}
+	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: mode, Size: int64(len(data))}); err != nil {
+		return err
+	}
+	_, err := tw.Write(data)
+	return err
+}
+
+// layerEntry is one node of the image's file tree.
+type layerEntry struct {
+	hostPath string // regular file content
+	link     string // symlink target
+	dir      bool
+	mode     fs.FileMode
+}
+
+func buildLayer(files map[string]string) ([]byte, error) {
+	entries := map[string]layerEntry{}
+	addParents := func(p string) {
+		for d := path.Dir(p); d != "/" && d != "."; d = path.Dir(d) {
+			if _, ok := entries[d]; !ok {
+				entries[d] = layerEntry{dir: true, mode: 0o755}
+			}
+		}
+	}
+	for ctrPath, hostPath := range files {
+		ctrPath = path.Clean("/" + ctrPath)
+		if ctrPath == "/" {
+			return nil, fmt.Errorf("container path of %s is the root", hostPath)
+		}
+		st, err := os.Stat(hostPath)
+		if err != nil {
+			return nil, fmt.Errorf("failed to stat %s: %w", hostPath, err)
+		}
+		addParents(ctrPath)
+		if !st.IsDir() {
+			entries[ctrPath] = layerEntry{hostPath: hostPath, mode: st.Mode().Perm()}
+			continue
+		}
+		err = filepath.WalkDir(hostPath, func(p string, d fs.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			rel, err := filepath.Rel(hostPath, p)
+			if err != nil {
+				return err
+			}
+			target := path.Join(ctrPath, filepath.ToSlash(rel))
+			info, err := d.Info()
+			if err != nil {
+				return err
+			}
+			switch {
+			case d.Type()&fs.ModeSymlink != 0:
+				link, err := os.Readlink(p)
+				if err != nil {
+					return err
+				}
+				entries[target] = layerEntry{link: link}
+			case d.IsDir():
+				entries[target] = layerEntry{dir: true, mode: info.Mode().Perm()}
+			case d.Type().IsRegular():
+				entries[target] = layerEntry{hostPath: p, mode: info.Mode().Perm()}
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("failed to walk %s: %w", hostPath, err)
+		}
+	}
+
+	// Sorted, so parents come before children and equal inputs give equal digests.
+	names := make([]string, 0, len(entries))
+	for n := range entries {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, n := range names {
+		e := entries[n]
+		name := strings.TrimPrefix(n, "/")
+		switch {
+		case e.dir:
+			if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: name + "/", Mode: int64(e.mode)}); err != nil {
+				return nil, err
+			}
+		case e.link != "":
+			if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeSymlink, Name: name, Linkname: e.link, Mode: 0o777}); err != nil {
+				return nil, err
+			}
+		default:
+			if err := copyIntoTar(tw, name, e); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if err := tw.Close(); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+func copyIntoTar(tw *tar.Writer, name string, e layerEntry) error {
+	f, err := os.Open(e.hostPath)
+	if err != nil {
+		return fmt.Errorf("failed to open %s: %w", e.hostPath, err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("failed to stat %s: %w", e.hostPath, err)
+	}
+	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: int64(e.mode), Size: st.Size()}); err != nil {
+		return err
+	}
+	if _, err := io.Copy(tw, f); err != nil {
+		return fmt.Errorf("failed to copy %s: %w", e.hostPath, err)
+	}
+	return nil
+}
+
+// pauseSource is the sandbox ("pause") container: it only waits for the signal
+// that ends the pod, and reaps the zombies of a shared PID namespace.
+const pauseSource = `#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+static void stop(int sig) { (void)sig; _exit(0); }
+static void reap(int sig) { (void)sig; while (waitpid(-1, 0, WNOHANG) > 0) {} }
+int main(void) {
+	signal(SIGINT, stop);
+	signal(SIGTERM, stop);
+	signal(SIGCHLD, reap);
+	for (;;) pause();
+}
+`
+
+// buildPause compiles the pause program statically and wraps it as ref.
+func buildPause(ctx context.Context, dir, ref string) (string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", fmt.Errorf("failed to create %s: %w", dir, err)
+	}
+	src := filepath.Join(dir, "pause.c")
+	bin := filepath.Join(dir, "pause")
+	if err := os.WriteFile(src, []byte(pauseSource), 0o644); err != nil {
+		return "", fmt.Errorf("failed to write pause source: %w", err)
+	}
+	out, err := exec.CommandContext(ctx, "gcc", "-static", "-O2", "-o", bin, src).CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("failed to compile pause (needs gcc and libc6-dev): %w: %s", err, out)
+	}
+	tarPath := filepath.Join(dir, "pause.tar")
+	if err := WriteImage(tarPath, ref, map[string]string{"/pause": bin}, ImageConfig{Entrypoint: []string{"/pause"}}); err != nil {
+		return "", err
+	}
+	return tarPath, nil
+}

@@ -1,0 +1,207 @@
+#!/usr/bin/env bash
+# Builds and caches, by version, the binaries the local cluster needs: etcd, the
+# Kubernetes components and helm. Nothing is downloaded but Go modules: no Docker,
+# no release tarballs, so the same script works wherever Go and its module proxy do.
+#
+#   hack/tools.sh [etcd|kubernetes|helm|all]...     (default: all)
+#
+# Binaries land in ${GPU_INJECTOR_CACHE:-<repo>/bin}/<tool>-<version>/. A tool whose
+# folder holds a .complete stamp is "cached" and returns at once.
+set -euo pipefail
+
+ETCD_VERSION="${ETCD_VERSION:-v3.5.21}"
+KUBERNETES_VERSION="${KUBERNETES_VERSION:-v1.36.3}"
+HELM_VERSION="${HELM_VERSION:-v3.16.3}"
+KUBERNETES_BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+CACHE="${GPU_INJECTOR_CACHE:-${REPO_ROOT}/bin}"
+mkdir -p "${CACHE}"
+CACHE="$(cd "${CACHE}" && pwd)"
+
+# Static binaries: nothing here needs cgo (upstream release builds are static too),
+# and a static kubelet does not depend on the host's glibc.
+export CGO_ENABLED=0
+
+log() { printf '[tools] %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+command -v go >/dev/null || die "go is not on PATH"
+
+# with_lock DIR CMD...: a second run of this script (another terminal, a parallel
+# test) waits for the first instead of racing it on the same folder.
+with_lock() {
+  local dir="$1"; shift
+  mkdir -p "${CACHE}/.locks"
+  (
+    flock 9
+    "$@"
+  ) 9>"${CACHE}/.locks/$(basename "${dir}").lock"
+}
+
+is_cached() {
+  local dir="$1"; shift
+  [[ -f "${dir}/.complete" ]] || return 1
+  local b
+  for b in "$@"; do [[ -x "${dir}/${b}" ]] || return 1; done
+}
+
+# elapsed SECONDS_START: human duration since then.
+elapsed() { local s=$(( SECONDS - $1 )); printf '%dm%02ds' $((s / 60)) $((s % 60)); }
+
+build_etcd() {
+  local dir="${CACHE}/etcd-${ETCD_VERSION}"
+  if is_cached "${dir}" etcd; then log "etcd ${ETCD_VERSION}: cached (${dir}/etcd)"; return; fi
+  with_lock "${dir}" build_etcd_locked "${dir}"
+}
+
+build_etcd_locked() {
+  local dir="$1"
+  if is_cached "${dir}" etcd; then log "etcd ${ETCD_VERSION}: cached (${dir}/etcd)"; return; fi
+  local work start=${SECONDS}
+  work="$(mktemp -d)"
+  trap 'rm -rf "${work}"' RETURN
+  log "etcd ${ETCD_VERSION}: building (first time, ~2 min)..."
+  (
+    cd "${work}"
+    go mod init gpu-injector.local/etcd-tools >/dev/null 2>&1
+    cat > tools.go <<GO
+//go:build tools
+
+package tools
+
+import _ "go.etcd.io/etcd/server/v3"
+GO
+    go get "go.etcd.io/etcd/server/v3@${ETCD_VERSION}" >/dev/null 2>&1 || go get "go.etcd.io/etcd/server/v3@${ETCD_VERSION}"
+    go mod tidy >/dev/null 2>&1 || go mod tidy
+    mkdir -p "${dir}"
+    go build -trimpath -o "${dir}/.etcd.tmp" go.etcd.io/etcd/server/v3
+  )
+  mv -f "${dir}/.etcd.tmp" "${dir}/etcd"
+  "${dir}/etcd" --version | head -1 >&2
+  touch "${dir}/.complete"
+  log "etcd ${ETCD_VERSION}: built in $(elapsed "${start}") -> ${dir}/etcd"
+}
+
+# staging_modules prints the k8s.io modules that k8s.io/kubernetes' own go.mod
+# replaces with ./staging/...: exactly those must be pinned to their published
+# v0.X.Y twins, or the wrapper module cannot resolve them. Read from the module
+# itself rather than a list here that goes stale with each minor release.
+staging_modules() {
+  local modfile="$1"
+  awk '/=> \.\/staging\/src\// { print $1 }' "${modfile}" | sort -u
+}
+
+build_kubernetes() {
+  local dir="${CACHE}/kubernetes-${KUBERNETES_VERSION}"
+  if is_cached "${dir}" "${KUBERNETES_BINARIES[@]}"; then
+    log "kubernetes ${KUBERNETES_VERSION}: cached (${dir})"; return
+  fi
+  with_lock "${dir}" build_kubernetes_locked "${dir}"
+}
+
+build_kubernetes_locked() {
+  local dir="$1"
+  if is_cached "${dir}" "${KUBERNETES_BINARIES[@]}"; then
+    log "kubernetes ${KUBERNETES_VERSION}: cached (${dir})"; return
+  fi
+  local work start=${SECONDS}
+  work="$(mktemp -d)"
+  trap 'rm -rf "${work}"' RETURN
+  local staging_version="v0.${KUBERNETES_VERSION#v1.}"
+  local minor="${KUBERNETES_VERSION#v1.}"; minor="${minor%%.*}"
+  log "kubernetes ${KUBERNETES_VERSION}: resolving k8s.io/kubernetes and its staging modules..."
+  (
+    cd "${work}"
+    go mod init gpu-injector.local/kubernetes-tools >/dev/null 2>&1
+    go mod download -json "k8s.io/kubernetes@${KUBERNETES_VERSION}" > kubernetes.json
+    local gomod
+    gomod="$(sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p' kubernetes.json)"
+    [[ -f "${gomod}" ]] || die "cannot find go.mod of k8s.io/kubernetes@${KUBERNETES_VERSION}"
+    local mods
+    mods="$(staging_modules "${gomod}")"
+    [[ -n "${mods}" ]] || die "no staging replaces found in ${gomod}"
+    log "kubernetes ${KUBERNETES_VERSION}: pinning $(wc -l <<<"${mods}") staging modules to ${staging_version}"
+    {
+      echo "require k8s.io/kubernetes ${KUBERNETES_VERSION}"
+      echo "replace ("
+      local m
+      for m in ${mods}; do echo "	${m} => ${m} ${staging_version}"; done
+      echo ")"
+    } >> go.mod
+    {
+      echo "//go:build tools"
+      echo
+      echo "package tools"
+      echo
+      echo "import ("
+      local b
+      for b in "${KUBERNETES_BINARIES[@]}"; do echo "	_ \"k8s.io/kubernetes/cmd/${b}\""; done
+      echo ")"
+    } > tools.go
+    go mod tidy >tidy.log 2>&1 || { cat tidy.log >&2; die "go mod tidy failed"; }
+    mkdir -p "${dir}"
+    local ldflags="-s -w"
+    ldflags+=" -X k8s.io/component-base/version.gitVersion=${KUBERNETES_VERSION}"
+    ldflags+=" -X k8s.io/component-base/version.gitMajor=1"
+    ldflags+=" -X k8s.io/component-base/version.gitMinor=${minor}"
+    ldflags+=" -X k8s.io/component-base/version.gitTreeState=clean"
+    ldflags+=" -X k8s.io/component-base/version.buildDate=1970-01-01T00:00:00Z"
+    local first=" (first time, ~6 min on 2 cores)"
+    for b in "${KUBERNETES_BINARIES[@]}"; do
+      if [[ -x "${dir}/${b}" ]]; then log "${b}: already built"; continue; fi
+      local bstart=${SECONDS}
+      log "building ${b}${first}..."
+      first=""
+      go build -trimpath -ldflags "${ldflags}" -o "${dir}/.${b}.tmp" "k8s.io/kubernetes/cmd/${b}"
+      mv -f "${dir}/.${b}.tmp" "${dir}/${b}"
+      log "${b}: built in $(elapsed "${bstart}")"
+    done
+  )
+  "${dir}/kube-apiserver" --version >&2
+  touch "${dir}/.complete"
+  log "kubernetes ${KUBERNETES_VERSION}: built in $(elapsed "${start}") -> ${dir}"
+}
+
+build_helm() {
+  local dir="${CACHE}/helm-${HELM_VERSION}"
+  if is_cached "${dir}" helm; then log "helm ${HELM_VERSION}: cached (${dir}/helm)"; return; fi
+  with_lock "${dir}" build_helm_locked "${dir}"
+}
+
+build_helm_locked() {
+  local dir="$1"
+  if is_cached "${dir}" helm; then log "helm ${HELM_VERSION}: cached (${dir}/helm)"; return; fi
+  local tmp start=${SECONDS}
+  tmp="$(mktemp -d "${CACHE}/.helm.XXXXXX")"
+  trap 'rm -rf "${tmp}"' RETURN
+  log "helm ${HELM_VERSION}: building (first time, ~2 min)..."
+  # helm's own version stamp: without it `helm version` reports v3.x-dev-ish output
+  # and chart kubeVersion checks misbehave.
+  GOBIN="${tmp}" go install -trimpath \
+    -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=${HELM_VERSION}" \
+    "helm.sh/helm/v3/cmd/helm@${HELM_VERSION}"
+  mkdir -p "${dir}"
+  mv -f "${tmp}/helm" "${dir}/helm"
+  "${dir}/helm" version --short >&2
+  touch "${dir}/.complete"
+  log "helm ${HELM_VERSION}: built in $(elapsed "${start}") -> ${dir}/helm"
+}
+
+main() {
+  local targets=("$@")
+  [[ ${#targets[@]} -gt 0 ]] || targets=(all)
+  local t
+  for t in "${targets[@]}"; do
+    case "${t}" in
+      etcd) build_etcd ;;
+      kubernetes|k8s) build_kubernetes ;;
+      helm) build_helm ;;
+      all) build_etcd; build_kubernetes; build_helm ;;
+      -h|--help) sed -n '2,9p' "${BASH_SOURCE[0]}"; return ;;
+      *) die "unknown tool ${t} (want etcd, kubernetes, helm or all)" ;;
+    esac
+  done
+}
+
+main "$@"
