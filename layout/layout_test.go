@@ -1,0 +1,156 @@
+package layout
+
+import (
+	"strings"
+	"testing"
+)
+
+var rules = Rules{
+	HostPathAllowlist: []AllowedPath{
+		{Path: "/usr/local/nvidia"},
+		{Path: "/usr/lib/nvidia-*"},
+		{Path: "/usr/lib/x86_64-linux-gnu", FilesOnly: true},
+		{Path: "/usr/bin", FilesOnly: true},
+	},
+	DriverFilePatterns: []string{"libcuda.so*", "libnvidia-*.so*", "nvidia-smi"},
+	ContainerPathRoots: []string{"/usr/local/nvidia/lib64", "/usr/local/nvidia/bin"},
+}
+
+func plan(mounts ...Mount) Plan {
+	return Plan{SchemaVersion: SchemaVersion, DriverVersion: "580.159.04", Mounts: mounts, LibraryPaths: []string{"/usr/local/nvidia/lib64"}}
+}
+
+func TestValidate(t *testing.T) {
+	lib := "/usr/local/nvidia/lib64"
+	tests := map[string]struct {
+		plan    Plan
+		wantErr string // substring of the aggregate error; "" means valid
+	}{
+		"dedicated folder whole":       {plan: plan(Mount{"/usr/local/nvidia/lib64", lib, KindDirectory})},
+		"nvidia-384 by pattern":        {plan: plan(Mount{"/usr/lib/nvidia-384", lib, KindDirectory})},
+		"nvidia-384 bin below pattern": {plan: plan(Mount{"/usr/lib/nvidia-384/bin", "/usr/local/nvidia/bin", KindDirectory})},
+		"driver file in shared folder": {plan: plan(Mount{"/usr/lib/x86_64-linux-gnu/libcuda.so.580.159.04", lib + "/libcuda.so.1", KindFile})},
+		"root":                         {plan: plan(Mount{"/", lib, KindDirectory}), wantErr: "must not be the root folder"},
+		"etc":                          {plan: plan(Mount{"/etc", lib, KindDirectory}), wantErr: "not under the host path allowlist"},
+		"dotdot":                       {plan: plan(Mount{"/usr/local/nvidia/../../etc", lib, KindDirectory}), wantErr: "must be a clean path"},
+		"relative":                     {plan: plan(Mount{"usr/local/nvidia", lib, KindDirectory}), wantErr: "must be an absolute path"},
+		"trailing slash":               {plan: plan(Mount{"/usr/local/nvidia/", lib, KindDirectory}), wantErr: "must be a clean path"},
+		"prefix is not a parent":       {plan: plan(Mount{"/usr/local/nvidia-evil", lib, KindDirectory}), wantErr: "not under the host path allowlist"},
+		"shared folder whole":          {plan: plan(Mount{"/usr/lib/x86_64-linux-gnu", lib, KindDirectory}), wantErr: "not under the host path allowlist"},
+		"non-driver file in shared":    {plan: plan(Mount{"/usr/lib/x86_64-linux-gnu/libc.so.6", lib + "/libc.so.6", KindFile}), wantErr: "not under the host path allowlist"},
+		"file deeper in shared":        {plan: plan(Mount{"/usr/lib/x86_64-linux-gnu/sub/libcuda.so.1", lib + "/libcuda.so.1", KindFile}), wantErr: "not under the host path allowlist"},
+		"shell over container bin":     {plan: plan(Mount{"/usr/local/nvidia/bin", "/bin", KindDirectory}), wantErr: "not under the container mount points"},
+		"container root":               {plan: plan(Mount{"/usr/local/nvidia/lib64", "/", KindDirectory}), wantErr: "must not be the root folder"},
+		"container path escapes":       {plan: plan(Mount{"/usr/local/nvidia/lib64", lib + "/../../../etc", KindDirectory}), wantErr: "must be a clean path"},
+		"file at the container root":   {plan: plan(Mount{"/usr/bin/nvidia-smi", "/usr/local/nvidia/bin", KindFile}), wantErr: "not under the container mount points"},
+		"newline":                      {plan: plan(Mount{"/usr/local/nvidia/lib64\n", lib, KindDirectory}), wantErr: "must not contain NUL"},
+		"bad kind":                     {plan: plan(Mount{"/usr/local/nvidia/lib64", lib, "Socket"}), wantErr: "Unsupported value"},
+		"duplicate container path":     {plan: plan(Mount{"/usr/local/nvidia/lib64", lib, KindDirectory}, Mount{"/usr/lib/nvidia-384", lib, KindDirectory}), wantErr: "Duplicate value"},
+		"no mounts":                    {plan: plan(), wantErr: "at least one mount"},
+		"library path outside":         {plan: Plan{SchemaVersion: SchemaVersion, DriverVersion: "1", Mounts: []Mount{{"/usr/local/nvidia/lib64", lib, KindDirectory}}, LibraryPaths: []string{"/lib"}}, wantErr: "libraryPaths[0]"},
+		"library path with colon":      {plan: Plan{SchemaVersion: SchemaVersion, DriverVersion: "1", Mounts: []Mount{{"/usr/local/nvidia/lib64", lib, KindDirectory}}, LibraryPaths: []string{lib + ":/lib"}}, wantErr: "must not contain ':'"},
+		"no driver version":            {plan: Plan{SchemaVersion: SchemaVersion, Mounts: []Mount{{"/usr/local/nvidia/lib64", lib, KindDirectory}}}, wantErr: "driverVersion: Required"},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			errs := tc.plan.Validate(rules)
+			if tc.wantErr == "" {
+				if len(errs) > 0 {
+					t.Fatalf("want valid, got %v", errs)
+				}
+				return
+			}
+			if len(errs) == 0 || !strings.Contains(errs.ToAggregate().Error(), tc.wantErr) {
+				t.Fatalf("want an error containing %q, got %v", tc.wantErr, errs)
+			}
+		})
+	}
+}
+
+func TestEncodeDecodeFingerprint(t *testing.T) {
+	a := plan(Mount{"/usr/local/nvidia/lib64", "/usr/local/nvidia/lib64", KindDirectory}, Mount{"/usr/local/nvidia/bin", "/usr/local/nvidia/bin", KindDirectory})
+	b := plan(a.Mounts[1], a.Mounts[0])
+	if a.Fingerprint() != b.Fingerprint() {
+		t.Errorf("mount order changed the fingerprint")
+	}
+	if len(a.Fingerprint()) != 20 {
+		t.Errorf("fingerprint %q: want 20 hex characters", a.Fingerprint())
+	}
+	c := a
+	c.DriverVersion = "580.159.05"
+	if a.Fingerprint() == c.Fingerprint() {
+		t.Errorf("driver version did not change the fingerprint")
+	}
+	s, err := Encode(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := Decode(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Fingerprint() != a.Fingerprint() || got.Mounts[0].ContainerPath != "/usr/local/nvidia/bin" {
+		t.Errorf("round trip: %+v", got)
+	}
+	if b.Mounts[0].ContainerPath != "/usr/local/nvidia/bin" {
+		t.Errorf("Encode reordered its argument's mounts")
+	}
+}
+
+func TestDecodeRejects(t *testing.T) {
+	tests := map[string]struct{ in, want string }{
+		"garbage":       {`{"schemaVersion":"v1","mounts":[`, "failed to decode layout"},
+		"unknown field": {`{"schemaVersion":"v1","driverVersion":"1","mounts":[],"evil":true}`, `unknown field "evil"`},
+		"trailing data": {`{"schemaVersion":"v1","driverVersion":"1","mounts":[]} {}`, "trailing data"},
+		"future schema": {`{"schemaVersion":"v2","driverVersion":"1","mounts":[]}`, `unsupported schemaVersion "v2"`},
+		"not an object": {`[]`, "failed to decode layout"},
+		"too large":     {`{"x":"` + strings.Repeat("a", MaxAnnotationBytes) + `"}`, "exceeds the limit"},
+		"empty":         {``, "failed to decode layout"},
+		"wrong type":    {`{"schemaVersion":"v1","mounts":"/"}`, "failed to decode layout"},
+		"no schema":     {`{"driverVersion":"1","mounts":[]}`, `unsupported schemaVersion ""`},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			_, err := Decode(tc.in)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestInjectedString(t *testing.T) {
+	got := Injected{Fingerprint: "abc", DriverVersion: "384.130", Containers: []string{"a"}, Volumes: []string{"v<1>"}}.String()
+	want := `{"fingerprint":"abc","driverVersion":"384.130","containers":["a"],"volumes":["v<1>"]}`
+	if got != want {
+		t.Errorf("got %s, want %s", got, want)
+	}
+}
+
+// FuzzDecode feeds node-published annotation values to the decoder and the
+// validator: never a panic, and whatever decodes re-encodes to a value that
+// decodes to the same fingerprint.
+func FuzzDecode(f *testing.F) {
+	good, _ := Encode(plan(Mount{"/usr/lib/x86_64-linux-gnu/libcuda.so.1", "/usr/local/nvidia/lib64/libcuda.so.1", KindFile}))
+	for _, s := range []string{good, `{}`, `{"schemaVersion":"v1"}`, `{"schemaVersion":"v1","mounts":[{"hostPath":"/","containerPath":"/","kind":"Directory"}]}`, `null`, `"x"`, `{"schemaVersion":"v1","libraryPaths":[":"]}`} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		p, err := Decode(s)
+		if err != nil {
+			return
+		}
+		_ = p.Validate(rules)
+		again, err := Encode(p)
+		if err != nil {
+			t.Fatalf("failed to re-encode a decoded plan: %v", err)
+		}
+		q, err := Decode(again)
+		if err != nil {
+			t.Fatalf("re-encoded plan does not decode: %v", err)
+		}
+		if p.Fingerprint() != q.Fingerprint() {
+			t.Fatalf("fingerprint changed over a round trip")
+		}
+	})
+}
