@@ -57,6 +57,9 @@ var podKind = metav1.GroupVersionKind{Group: "", Version: "v1", Kind: "Pod"}
 func (h *Handler) Handle(ctx context.Context, req admission.Request) admission.Response {
 	// Only creation gets the driver: an UPDATE cannot add volumes to a running
 	// pod, and a subresource (binding, eviction, status) is never ours to block.
+	if req.UID == "" || req.Operation == "" {
+		return admission.Errored(http.StatusBadRequest, fmt.Errorf("the AdmissionReview has no request uid or operation"))
+	}
 	if req.Operation != admissionv1.Create || req.SubResource != "" {
 		return admission.Allowed("")
 	}
@@ -68,6 +71,8 @@ func (h *Handler) Handle(ctx context.Context, req admission.Request) admission.R
 		return admission.Errored(http.StatusBadRequest, fmt.Errorf("failed to decode the pod: %w", err))
 	}
 	// At CREATE the pod's namespace may be unset; the request's is the truth.
+	// The original goes back before the diff so the patch does not carry it.
+	origNamespace := pod.Namespace
 	pod.Namespace = req.Namespace
 	log := logf.FromContext(ctx).WithValues("pod", podName(pod), "namespace", pod.Namespace)
 
@@ -86,7 +91,7 @@ func (h *Handler) Handle(ctx context.Context, req admission.Request) admission.R
 	managed := pod.ManagedFields
 	pod.ManagedFields = nil
 	res := Mutate(Input{Pod: pod, NamespaceLabels: nsLabels, Layouts: h.layouts.Layouts()}, h.cfg)
-	pod.ManagedFields = managed
+	pod.ManagedFields, pod.Namespace = managed, origNamespace
 
 	log = log.WithValues("decision", res.Decision, "reason", res.Reason)
 	if res.Layout != nil {
@@ -138,20 +143,20 @@ func NewWebhook(h admission.Handler) *admission.Webhook {
 
 func ptrTo[T any](v T) *T { return &v }
 
-// HTTPStatus makes a response to an undecodable AdmissionReview carry its
-// error code as the HTTP status. controller-runtime answers such a body with
-// HTTP 200 and the code only inside the review, which hides a broken client
-// (or a probe) from HTTP tooling; the API server never sends such a body, and
-// every answer to a decodable review keeps HTTP 200, as the API server needs.
+// HTTPStatus makes the answer to a body that is no API server's admission
+// request carry its error code as the HTTP status. controller-runtime answers
+// such a body with HTTP 200 and the code only inside the review, which hides a
+// broken client from HTTP tooling. An API server always sends a request uid,
+// and every answer to one keeps HTTP 200, as the API server needs to read it.
 func HTTPStatus(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		next.ServeHTTP(&statusWriter{ResponseWriter: w}, r)
 	})
 }
 
-// untypedReview starts the answers controller-runtime writes without the
-// review's apiVersion and kind: those to bodies it could not decode.
-var untypedReview = []byte(`{"response":`)
+// noUID is in every answer to a request without a uid: AdmissionResponse's
+// uid is its first field and is never omitted.
+var noUID = []byte(`"response":{"uid":"",`)
 
 type statusWriter struct {
 	http.ResponseWriter
@@ -166,7 +171,7 @@ func (s *statusWriter) WriteHeader(code int) {
 func (s *statusWriter) Write(b []byte) (int, error) {
 	if !s.wrote {
 		s.wrote = true
-		if bytes.HasPrefix(b, untypedReview) {
+		if bytes.Contains(b, noUID) {
 			var review admissionv1.AdmissionReview
 			if err := json.Unmarshal(b, &review); err == nil && review.Response != nil && review.Response.Result != nil &&
 				review.Response.Result.Code >= 400 && review.Response.Result.Code < 600 {

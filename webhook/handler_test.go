@@ -1,0 +1,359 @@
+package webhook
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	jsonpatch "github.com/evanphx/json-patch/v5"
+	"github.com/go-logr/logr"
+	admissionv1 "k8s.io/api/admission/v1"
+	admissionv1beta1 "k8s.io/api/admission/v1beta1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/gpu-injector/gpu-injector/config"
+	"github.com/gpu-injector/gpu-injector/layout"
+)
+
+// staticNamespaces stands in for the namespace informer in unit tests.
+type staticNamespaces map[string]map[string]string
+
+func (s staticNamespaces) NamespaceLabels(_ context.Context, name string) (map[string]string, error) {
+	l, ok := s[name]
+	if !ok {
+		return nil, fmt.Errorf("namespace %q not found", name)
+	}
+	return l, nil
+}
+
+// hPod is a pod of one container; gpuResource "" gives a CPU-only pod.
+func hPod(gpuResource string, mod func(*corev1.Pod)) *corev1.Pod {
+	p := &corev1.Pod{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
+		ObjectMeta: metav1.ObjectMeta{GenerateName: "cuda-vector-add-"},
+		Spec: corev1.PodSpec{
+			RestartPolicy: corev1.RestartPolicyOnFailure,
+			Containers:    []corev1.Container{{Name: "cuda", Image: "k8s.gcr.io/cuda-vector-add:v0.1"}},
+		},
+	}
+	if gpuResource != "" {
+		p.Spec.Containers[0].Resources.Limits = corev1.ResourceList{corev1.ResourceName(gpuResource): resource.MustParse("1")}
+	}
+	if mod != nil {
+		mod(p)
+	}
+	return p
+}
+
+func review(t testing.TB, op admissionv1.Operation, namespace string, obj runtime.Object, kind metav1.GroupVersionKind) []byte {
+	t.Helper()
+	raw, err := json.Marshal(obj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ar := admissionv1.AdmissionReview{
+		TypeMeta: metav1.TypeMeta{APIVersion: "admission.k8s.io/v1", Kind: "AdmissionReview"},
+		Request: &admissionv1.AdmissionRequest{
+			UID:       types.UID("0f9e2c55-0000-4000-8000-000000000001"),
+			Kind:      kind,
+			Resource:  metav1.GroupVersionResource{Version: "v1", Resource: "pods"},
+			Namespace: namespace,
+			Operation: op,
+			Object:    runtime.RawExtension{Raw: raw},
+		},
+	}
+	if op == admissionv1.Delete {
+		ar.Request.OldObject, ar.Request.Object = ar.Request.Object, runtime.RawExtension{}
+	}
+	b, err := json.Marshal(ar)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// testServer is the real controller-runtime webhook around our handler, behind
+// HTTPStatus, on a loopback listener; the layouts are those of three nodes.
+func testServer(t *testing.T, cfg *config.Configuration) (*httptest.Server, layout.Plan) {
+	t.Helper()
+	idx := NewIndex(cfg, logr.Discard())
+	p := ixPlan("535.104.05")
+	for i := 0; i < 3; i++ {
+		idx.Add(ixNode(fmt.Sprintf("gpu-%d", i), p, 8, nil))
+	}
+	ns := staticNamespaces{
+		"ml":         {layout.LabelInject: layout.InjectEnabled},
+		"restricted": {layout.LabelInject: layout.InjectEnabled, "pod-security.kubernetes.io/enforce": "restricted"},
+	}
+	srv := httptest.NewServer(HTTPStatus(NewWebhook(NewHandler(cfg, idx, ns))))
+	t.Cleanup(srv.Close)
+	return srv, p
+}
+
+func post(t *testing.T, url, contentType string, body []byte) (int, admissionv1.AdmissionReview, string) {
+	t.Helper()
+	resp, err := http.Post(url+Path, contentType, bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ar admissionv1.AdmissionReview
+	if err := json.Unmarshal(data, &ar); err != nil {
+		t.Fatalf("response is not an AdmissionReview: %v: %s", err, data)
+	}
+	if ar.Response == nil {
+		t.Fatalf("AdmissionReview without response: %s", data)
+	}
+	return resp.StatusCode, ar, string(data)
+}
+
+func TestHandlerBadRequests(t *testing.T) {
+	srv, _ := testServer(t, config.Default())
+	cases := map[string]struct {
+		contentType string
+		body        []byte
+		want        string
+	}{
+		"malformed json":      {"application/json", []byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{`), "json parse error: unexpected end of JSON input"},
+		"not json":            {"application/json", []byte("hello"), "json parse error"},
+		"wrong content type":  {"text/plain", review(t, admissionv1.Create, "ml", hPod("nvidia.com/gpu", nil), podKind), "contentType=text/plain, expected application/json"},
+		"empty body":          {"application/json", nil, "request body is empty"},
+		"wrong review kind":   {"application/json", []byte(`{"apiVersion":"v1","kind":"Pod","metadata":{"name":"x"}}`), "no request uid"},
+		"no request":          {"application/json", []byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}`), "no request uid"},
+		"request field wrong": {"application/json", []byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":7}}`), "uid"},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			code, ar, raw := post(t, srv.URL, tc.contentType, tc.body)
+			if code != http.StatusBadRequest {
+				t.Errorf("HTTP status = %d, want 400: %s", code, raw)
+			}
+			if ar.Response.Allowed || ar.Response.Result == nil || ar.Response.Result.Code != http.StatusBadRequest {
+				t.Errorf("response = %+v, want a denial with code 400", ar.Response)
+			}
+			if ar.Response.Result != nil && !strings.Contains(ar.Response.Result.Message, tc.want) {
+				t.Errorf("message %q does not name the problem %q", ar.Response.Result.Message, tc.want)
+			}
+		})
+	}
+}
+
+func TestHandlerWrongKind(t *testing.T) {
+	srv, _ := testServer(t, config.Default())
+	cm := &corev1.ConfigMap{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"}, ObjectMeta: metav1.ObjectMeta{Name: "x"}}
+	body := review(t, admissionv1.Create, "ml", cm, metav1.GroupVersionKind{Version: "v1", Kind: "ConfigMap"})
+	code, ar, raw := post(t, srv.URL, "application/json", body)
+	// A decodable review: the API server needs HTTP 200 to read our answer.
+	if code != http.StatusOK {
+		t.Errorf("HTTP status = %d, want 200: %s", code, raw)
+	}
+	if ar.Response.Allowed || ar.Response.Result.Code != http.StatusBadRequest || !strings.Contains(ar.Response.Result.Message, `"ConfigMap"`) {
+		t.Errorf("response = %+v, want code 400 naming the kind", ar.Response.Result)
+	}
+	if ar.Response.UID != "0f9e2c55-0000-4000-8000-000000000001" {
+		t.Errorf("UID = %q, want the request's", ar.Response.UID)
+	}
+
+	// A pod whose object is not a pod at all.
+	bad := review(t, admissionv1.Create, "ml", hPod("nvidia.com/gpu", nil), podKind)
+	bad = bytes.Replace(bad, []byte(`"containers":[`), []byte(`"containers":7,"x":[`), 1)
+	_, ar, _ = post(t, srv.URL, "application/json", bad)
+	if ar.Response.Allowed || ar.Response.Result.Code != http.StatusBadRequest || !strings.Contains(ar.Response.Result.Message, "failed to decode the pod") {
+		t.Errorf("undecodable pod: response = %+v, want code 400", ar.Response.Result)
+	}
+}
+
+func TestHandlerIgnoresOtherOperations(t *testing.T) {
+	srv, _ := testServer(t, config.Default())
+	for _, op := range []admissionv1.Operation{admissionv1.Delete, admissionv1.Update, admissionv1.Connect} {
+		t.Run(string(op), func(t *testing.T) {
+			code, ar, raw := post(t, srv.URL, "application/json", review(t, op, "ml", hPod("nvidia.com/gpu", nil), podKind))
+			if code != http.StatusOK || !ar.Response.Allowed || ar.Response.Patch != nil || len(ar.Response.Warnings) != 0 {
+				t.Errorf("%s: got HTTP %d %s, want allowed without patch or warnings", op, code, raw)
+			}
+		})
+	}
+	// A subresource CREATE (eviction, binding) is never ours to block.
+	body := review(t, admissionv1.Create, "ml", hPod("nvidia.com/gpu", nil), metav1.GroupVersionKind{Group: "policy", Version: "v1", Kind: "Eviction"})
+	body = bytes.Replace(body, []byte(`"operation"`), []byte(`"subResource":"eviction","operation"`), 1)
+	if _, ar, raw := post(t, srv.URL, "application/json", body); !ar.Response.Allowed || ar.Response.Patch != nil {
+		t.Errorf("eviction: got %s, want allowed", raw)
+	}
+}
+
+func applyPatch(t *testing.T, original runtime.Object, resp *admissionv1.AdmissionResponse) *corev1.Pod {
+	t.Helper()
+	if resp.PatchType == nil || *resp.PatchType != admissionv1.PatchTypeJSONPatch {
+		t.Fatalf("patch type = %v, want JSONPatch", resp.PatchType)
+	}
+	raw, err := json.Marshal(original)
+	if err != nil {
+		t.Fatal(err)
+	}
+	patch, err := jsonpatch.DecodePatch(resp.Patch)
+	if err != nil {
+		t.Fatalf("patch does not decode: %v: %s", err, resp.Patch)
+	}
+	out, err := patch.Apply(raw)
+	if err != nil {
+		t.Fatalf("patch does not apply: %v: %s", err, resp.Patch)
+	}
+	var p corev1.Pod
+	if err := json.Unmarshal(out, &p); err != nil {
+		t.Fatal(err)
+	}
+	return &p
+}
+
+func TestHandlerInjectsGPUPod(t *testing.T) {
+	srv, plan := testServer(t, config.Default())
+	injected := metricValue(t, podsInjected)
+	managed := []metav1.ManagedFieldsEntry{{Manager: "kubectl-client-side-apply", Operation: metav1.ManagedFieldsOperationUpdate, APIVersion: "v1"}}
+	pod := hPod("alpha.kubernetes.io/nvidia-gpu", func(p *corev1.Pod) { p.ManagedFields = managed })
+
+	code, ar, raw := post(t, srv.URL, "application/json", review(t, admissionv1.Create, "ml", pod, podKind))
+	if code != http.StatusOK || !ar.Response.Allowed {
+		t.Fatalf("got HTTP %d %s, want allowed", code, raw)
+	}
+	if len(ar.Response.Warnings) == 0 || !strings.Contains(strings.Join(ar.Response.Warnings, "\n"), "alpha.kubernetes.io/nvidia-gpu") {
+		t.Errorf("warnings = %q, want one about the legacy resource name", ar.Response.Warnings)
+	}
+	if bytes.Contains(ar.Response.Patch, []byte("managedFields")) {
+		t.Errorf("patch touches managedFields: %s", ar.Response.Patch)
+	}
+	got := applyPatch(t, pod, ar.Response)
+	c := got.Spec.Containers[0]
+	if _, ok := c.Resources.Limits["nvidia.com/gpu"]; !ok {
+		t.Errorf("limits = %v, want nvidia.com/gpu", c.Resources.Limits)
+	}
+	if got.Spec.NodeSelector[layout.LabelFingerprint] != plan.Fingerprint() {
+		t.Errorf("node selector = %v, want the layout's fingerprint %s", got.Spec.NodeSelector, plan.Fingerprint())
+	}
+	if len(got.Spec.Volumes) != len(plan.Mounts) {
+		t.Errorf("volumes = %+v, want %d", got.Spec.Volumes, len(plan.Mounts))
+	}
+	for _, v := range got.Spec.Volumes {
+		if v.HostPath == nil {
+			t.Errorf("volume %s is not a hostPath", v.Name)
+		}
+	}
+	for _, m := range c.VolumeMounts {
+		if !m.ReadOnly {
+			t.Errorf("mount %s is writable", m.MountPath)
+		}
+	}
+	if len(got.ManagedFields) != 1 {
+		t.Errorf("managedFields lost: %v", got.ManagedFields)
+	}
+	if got.Namespace != "" {
+		t.Errorf("patch set namespace %q; the API server fills it", got.Namespace)
+	}
+	if d := metricValue(t, podsInjected) - injected; d != 1 {
+		t.Errorf("injected counter moved by %v, want 1", d)
+	}
+
+	// The API server reinvokes with our own output: nothing more to do.
+	code, ar, raw = post(t, srv.URL, "application/json", review(t, admissionv1.Create, "ml", got, podKind))
+	if code != http.StatusOK || !ar.Response.Allowed || ar.Response.Patch != nil {
+		t.Errorf("reinvocation: got HTTP %d %s, want allowed without patch", code, raw)
+	}
+}
+
+func TestHandlerSkips(t *testing.T) {
+	srv, _ := testServer(t, config.Default())
+	cases := map[string]struct {
+		namespace string
+		pod       *corev1.Pod
+		reason    string
+	}{
+		"cpu pod":            {"ml", hPod("", nil), ReasonNoGPU},
+		"opt out":            {"ml", hPod("nvidia.com/gpu", func(p *corev1.Pod) { p.Annotations = map[string]string{layout.AnnotationInject: "false"} }), ReasonOptOut},
+		"excluded namespace": {"kube-system", hPod("nvidia.com/gpu", nil), ReasonExcludedNamespace},
+		"unknown namespace":  {"nowhere", hPod("", nil), ReasonNoGPU},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			counter := podsSkipped.WithLabelValues(tc.reason)
+			before := metricValue(t, counter)
+			code, ar, raw := post(t, srv.URL, "application/json", review(t, admissionv1.Create, tc.namespace, tc.pod, podKind))
+			if code != http.StatusOK || !ar.Response.Allowed || ar.Response.Patch != nil {
+				t.Errorf("got HTTP %d %s, want allowed without patch", code, raw)
+			}
+			if d := metricValue(t, counter) - before; d != 1 {
+				t.Errorf("skipped{reason=%s} moved by %v, want 1", tc.reason, d)
+			}
+		})
+	}
+}
+
+func TestHandlerDenies(t *testing.T) {
+	strict := config.Default()
+	strict.PodSecurity = config.PodSecurityDeny
+	cases := map[string]struct {
+		cfg       *config.Configuration
+		namespace string
+		pod       *corev1.Pod
+		want      string
+	}{
+		"no layout fits the node selector": {config.Default(), "ml", hPod("nvidia.com/gpu", func(p *corev1.Pod) {
+			p.Spec.NodeSelector = map[string]string{"accelerator": "nvidia-h100"}
+		}), "no ready GPU node layout fits this pod"},
+		"pod security forbids hostPath": {strict, "restricted", hPod("nvidia.com/gpu", nil), `Pod Security level "restricted"`},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			srv, _ := testServer(t, tc.cfg)
+			before := metricValue(t, podsDenied)
+			code, ar, raw := post(t, srv.URL, "application/json", review(t, admissionv1.Create, tc.namespace, tc.pod, podKind))
+			if code != http.StatusOK {
+				t.Errorf("HTTP status = %d, want 200 (the denial is in the review)", code)
+			}
+			r := ar.Response
+			if r.Allowed || r.Result == nil || r.Result.Code != http.StatusForbidden || !strings.Contains(r.Result.Message, tc.want) {
+				t.Errorf("got %s, want a 403 denial saying %q", raw, tc.want)
+			}
+			if r.Patch != nil {
+				t.Errorf("a denial carries a patch: %s", r.Patch)
+			}
+			if d := metricValue(t, podsDenied) - before; d != 1 {
+				t.Errorf("denied counter moved by %v, want 1", d)
+			}
+		})
+	}
+}
+
+func TestHandlerPodSecurityWarns(t *testing.T) {
+	srv, _ := testServer(t, config.Default())
+	_, ar, raw := post(t, srv.URL, "application/json", review(t, admissionv1.Create, "restricted", hPod("nvidia.com/gpu", nil), podKind))
+	if !ar.Response.Allowed || !strings.Contains(strings.Join(ar.Response.Warnings, "\n"), "Pod Security") {
+		t.Errorf("got %s, want allowed with a Pod Security warning", raw)
+	}
+}
+
+func TestHandlerV1beta1Review(t *testing.T) {
+	srv, _ := testServer(t, config.Default())
+	body := review(t, admissionv1.Create, "ml", hPod("nvidia.com/gpu", nil), podKind)
+	body = bytes.Replace(body, []byte(`"apiVersion":"admission.k8s.io/v1"`), []byte(`"apiVersion":"admission.k8s.io/v1beta1"`), 1)
+	code, _, raw := post(t, srv.URL, "application/json", body)
+	var ar admissionv1beta1.AdmissionReview
+	if err := json.Unmarshal([]byte(raw), &ar); err != nil {
+		t.Fatal(err)
+	}
+	if code != http.StatusOK || ar.APIVersion != "admission.k8s.io/v1beta1" || ar.Response == nil || !ar.Response.Allowed || ar.Response.Patch == nil {
+		t.Errorf("got HTTP %d %s, want a v1beta1 review with a patch", code, raw)
+	}
+}
