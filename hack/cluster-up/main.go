@@ -1,0 +1,124 @@
+// Command cluster-up starts the local one-node cluster (see docs/local-cluster.md),
+// prints how to reach it, and stops it on Ctrl-C or SIGTERM. It builds nothing:
+// run hack/tools.sh and hack/install-runtime.sh first.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/go-logr/zapr"
+	"go.uber.org/zap"
+
+	"github.com/gpu-injector/gpu-injector/e2e/cluster"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "error:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	var (
+		nodeName   = flag.String("node-name", cluster.DefaultNodeName, "name of the kubelet's Node")
+		nodeLabels = flag.String("node-labels", "", "labels for the Node, k=v[,k=v...]")
+		logsDir    = flag.String("logs-dir", "", "write component logs here (kept after stop); default: inside the cluster folder")
+		keep       = flag.Bool("keep-on-failure", false, "keep the cluster folder when start fails")
+		kubeconfig = flag.String("write-kubeconfig", "", "also copy the admin kubeconfig to this path")
+		timeout    = flag.Duration("timeout", 3*time.Minute, "how long start may take")
+		verbose    = flag.Bool("v", false, "log every step")
+	)
+	flag.Parse()
+
+	zcfg := zap.NewDevelopmentConfig()
+	zcfg.DisableStacktrace = true
+	if !*verbose {
+		zcfg.Level = zap.NewAtomicLevelAt(zap.InfoLevel)
+	}
+	zl, err := zcfg.Build()
+	if err != nil {
+		return fmt.Errorf("failed to build logger: %w", err)
+	}
+	defer zl.Sync() //nolint:errcheck // nothing to do about a failed flush
+	log := zapr.NewLogger(zl)
+
+	labels, err := parseLabels(*nodeLabels)
+	if err != nil {
+		return err
+	}
+	if *logsDir != "" {
+		if err := os.MkdirAll(*logsDir, 0o755); err != nil {
+			return fmt.Errorf("failed to create logs dir: %w", err)
+		}
+	}
+
+	// The first signal stops the cluster; Start is cancelled too if it comes early.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	c, err := cluster.Start(ctx, cluster.Options{
+		NodeName:      *nodeName,
+		NodeLabels:    labels,
+		LogsDir:       *logsDir,
+		KeepOnFailure: *keep,
+		Timeout:       *timeout,
+		Logger:        log,
+	})
+	if err != nil {
+		return err
+	}
+	if *kubeconfig != "" {
+		data, err := os.ReadFile(c.Kubeconfig)
+		if err == nil {
+			err = os.WriteFile(*kubeconfig, data, 0o600)
+		}
+		if err != nil {
+			_ = c.Stop()
+			return fmt.Errorf("failed to write kubeconfig %s: %w", *kubeconfig, err)
+		}
+	}
+	fmt.Printf(`
+local cluster is up: node %s (%s), API server %s
+  kubeconfig:        %s
+  containerd socket: %s
+  device plugins:    %s
+  logs:              %s
+
+  export KUBECONFIG=%s
+  %s get nodes -o wide
+
+press Ctrl-C to stop it (everything it started is stopped and its folder removed)
+`, c.NodeName, c.NodeIP, c.APIServerURL, c.Kubeconfig, c.ContainerdSocket, c.DevicePluginDir, c.LogsDir,
+		c.Kubeconfig, c.Binaries.Kubectl)
+
+	<-ctx.Done()
+	fmt.Println("stopping local cluster...")
+	if err := c.Stop(); err != nil {
+		return fmt.Errorf("failed to stop cluster cleanly: %w", err)
+	}
+	return nil
+}
+
+func parseLabels(s string) (map[string]string, error) {
+	if s == "" {
+		return nil, nil
+	}
+	out := map[string]string{}
+	for _, kv := range strings.Split(s, ",") {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil, errors.New("--node-labels wants k=v[,k=v...], got " + s)
+		}
+		out[k] = v
+	}
+	return out, nil
+}
