@@ -1,0 +1,100 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestDefaultsValidate(t *testing.T) {
+	if errs := Default().Validate(); len(errs) > 0 {
+		t.Fatalf("defaults do not validate: %v", errs)
+	}
+	c, err := Parse(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.ContainerPaths.LibraryDir != "/usr/local/nvidia/lib64" || c.NoLayout.Action != NoLayoutDeny || c.Resources.RenameTo != "nvidia.com/gpu" {
+		t.Errorf("unexpected defaults: %+v", c)
+	}
+}
+
+func TestParseNamesEachBadField(t *testing.T) {
+	head := "apiVersion: " + APIVersion + "\nkind: " + Kind + "\n"
+	tests := map[string]struct {
+		yaml string
+		want []string
+	}{
+		"unknown field":         {head + "resource: {}\n", []string{`unknown field "resource"`}},
+		"wrong kind":            {"apiVersion: " + APIVersion + "\nkind: Config\n", []string{"kind: Unsupported value"}},
+		"wrong apiVersion":      {"apiVersion: v1\nkind: " + Kind + "\n", []string{"apiVersion: Unsupported value"}},
+		"enums":                 {head + "ldLibraryPath: Clobber\ncontainers: Some\nlayoutPolicy: Random\npodSecurity: Ignore\nnoLayout: {action: Maybe}\n", []string{"ldLibraryPath: Unsupported", "containers: Unsupported", "layoutPolicy: Unsupported", "podSecurity: Unsupported", "noLayout.action: Unsupported"}},
+		"static without name":   {head + "noLayout: {action: Static}\n", []string{"noLayout.staticLayout: Required"}},
+		"static not found":      {head + "noLayout: {action: Static, staticLayout: nope}\n", []string{`noLayout.staticLayout: Not found: "nope"`}},
+		"static name with deny": {head + "noLayout: {action: Deny, staticLayout: x}\n", []string{"only used with action Static"}},
+		"allowlist root":        {head + "hostPaths: {allowlist: [{path: /}]}\n", []string{"hostPaths.allowlist[0].path"}},
+		"allowlist etc":         {head + "hostPaths: {allowlist: [{path: /etc}]}\n", []string{"hostPaths.allowlist[0].path: Forbidden"}},
+		"allowlist relative":    {head + "hostPaths: {allowlist: [{path: usr/lib}]}\n", []string{"hostPaths.allowlist[0].path: Invalid"}},
+		"empty allowlist":       {head + "hostPaths: {allowlist: []}\n", []string{"hostPaths.allowlist: Required"}},
+		"pattern with slash":    {head + "hostPaths: {driverFilePatterns: [a/b]}\n", []string{"hostPaths.driverFilePatterns[0]"}},
+		"resource names":        {head + "resources: {names: [gpu], renameTo: 'not valid!'}\n", []string{"resources.names[0]", "resources.renameTo"}},
+		"container path":        {head + "containerPaths: {libraryDir: lib}\n", []string{"containerPaths.libraryDir"}},
+		"excluded namespace":    {head + "excludedNamespaces: [Kube_System]\n", []string{"excludedNamespaces[0]"}},
+		"bad static layout": {head + `noLayout: {action: Static, staticLayout: s}
+staticLayouts:
+- name: s
+  driverVersion: "1"
+  mounts: [{hostPath: /etc, containerPath: /usr/local/nvidia/lib64, kind: Directory}]
+`, []string{"staticLayouts[0].mounts[0].hostPath: Forbidden"}},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			_, err := Parse([]byte(tc.yaml))
+			if err == nil {
+				t.Fatal("want an error")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not contain %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestStaticLayout(t *testing.T) {
+	c, err := Parse([]byte(`apiVersion: config.gpu-injector.io/v1alpha1
+kind: InjectorConfiguration
+noLayout: {action: Static, staticLayout: ubuntu-384}
+staticLayouts:
+- name: ubuntu-384
+  nodeSelector: {gpu-driver: nvidia-384}
+  driverVersion: "384.130"
+  mounts:
+  - {hostPath: /usr/lib/nvidia-384, containerPath: /usr/local/nvidia/lib64, kind: Directory}
+  libraryPaths: [/usr/local/nvidia/lib64]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, ok := c.Static("ubuntu-384")
+	if !ok || s.SchemaVersion != "v1" || s.Plan.Mounts[0].HostPath != "/usr/lib/nvidia-384" || s.NodeSelector["gpu-driver"] != "nvidia-384" {
+		t.Errorf("static layout: %+v", s)
+	}
+}
+
+func TestLoad(t *testing.T) {
+	c, err := Load("")
+	if err != nil || c.Kind != Kind {
+		t.Fatalf("Load(\"\") = %v, %v", c, err)
+	}
+	if _, err := Load(filepath.Join(t.TempDir(), "missing.yaml")); err == nil || !strings.Contains(err.Error(), "failed to read configuration") {
+		t.Errorf("missing file: %v", err)
+	}
+	f := filepath.Join(t.TempDir(), "c.yaml")
+	os.WriteFile(f, []byte("apiVersion: "+APIVersion+"\nkind: "+Kind+"\nnoLayout: {action: Allow}\n"), 0o644)
+	if c, err := Load(f); err != nil || c.NoLayout.Action != NoLayoutAllow {
+		t.Errorf("Load(file) = %+v, %v", c, err)
+	}
+}
