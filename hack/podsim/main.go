@@ -81,6 +81,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	hostRoot := fl.String("host-root", "/", "folder that stands for the node's /: hostPath volumes are taken under it (for a fake node built in a folder)")
 	nodeName := fl.String("node-name", "", "value of spec.nodeName for fieldRef env variables (default: this host's name)")
 	quiet := fl.Bool("q", false, "do not print the header of what is mounted")
+	nodeFile := fl.String("node", "", "a Node (YAML or JSON): refuse to run unless the pod's nodeSelector and required node affinity match it, as the scheduler would")
 	fl.Usage = func() {
 		fmt.Fprintf(stderr, "usage: podsim -f MANIFEST [--pod NAME] [--container NAME] --root DIR [flags] [-- COMMAND ARG...]\n\n")
 		fl.PrintDefaults()
@@ -127,6 +128,18 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	c, err := selectContainer(&pod.Spec, *container)
 	if err != nil {
 		return fail(err)
+	}
+	if *nodeFile != "" {
+		name, err := checkNode(*nodeFile, pod)
+		if err != nil {
+			return fail(err)
+		}
+		if !*quiet {
+			fmt.Fprintf(stderr, "podsim: node %q matches the pod's nodeSelector %v\n", name, pod.Spec.NodeSelector)
+		}
+		if *nodeName == "" {
+			*nodeName = name
+		}
 	}
 	if *nodeName == "" {
 		*nodeName, _ = os.Hostname()

@@ -644,3 +644,34 @@ func TestDriverlessRootScript(t *testing.T) {
 		t.Fatalf("make-driverless-root.sh accepted a program linked to libcuda: %v: %s", err, out)
 	}
 }
+
+func TestNodeCheck(t *testing.T) {
+	f := needFixture(t)
+	manifest := strings.Replace(mutated(f, `["dlopen"]`), "  volumes:\n", "  nodeSelector: {gpu-injector.io/layout-fingerprint: abc}\n  volumes:\n", 1)
+	dir := t.TempDir()
+	nodes := map[string]string{
+		"match":    "apiVersion: v1\nkind: Node\nmetadata: {name: gpu-1, labels: {gpu-injector.io/layout-fingerprint: abc}}\n",
+		"mismatch": "apiVersion: v1\nkind: Node\nmetadata: {name: gpu-2, labels: {gpu-injector.io/layout-fingerprint: def}}\n",
+		"notnode":  "apiVersion: v1\nkind: Pod\nmetadata: {name: x}\n",
+	}
+	for name, tc := range map[string]struct {
+		node       string
+		wantCode   int
+		wantStderr string
+	}{
+		"a node the pod is pinned to": {node: "match", wantStderr: `podsim: node "gpu-1" matches the pod's nodeSelector`},
+		"another layout's node":       {node: "mismatch", wantCode: exitSetup, wantStderr: `does not match node "gpu-2"`},
+		"not a node":                  {node: "notnode", wantCode: exitSetup, wantStderr: `holds a "Pod", not a Node`},
+	} {
+		t.Run(name, func(t *testing.T) {
+			file := filepath.Join(dir, tc.node+".yaml")
+			if err := os.WriteFile(file, []byte(nodes[tc.node]), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			r := f.run(t, manifest, "--gpu-devices=false", "--node", file)
+			if r.code != tc.wantCode || !strings.Contains(r.stderr, tc.wantStderr) {
+				t.Fatalf("got code %d stdout %q stderr %q; want code %d, stderr containing %q", r.code, r.stdout, r.stderr, tc.wantCode, tc.wantStderr)
+			}
+		})
+	}
+}
