@@ -1,6 +1,8 @@
 package nodeprobe
 
 import (
+	"debug/elf"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -27,6 +29,9 @@ const (
 	NVMLOK NVMLState = "OK"
 	// NVMLLibraryNotFound: no libnvidia-ml.so.1 on the host, or it would not load.
 	NVMLLibraryNotFound NVMLState = "LibraryNotFound"
+	// NVMLLibraryInvalid: the file loads but lacks a symbol the probe calls;
+	// calling it anyway would kill the process, so it is never called.
+	NVMLLibraryInvalid NVMLState = "LibraryInvalid"
 	// NVMLDriverNotLoaded: the library is there but the kernel module is not.
 	NVMLDriverNotLoaded NVMLState = "DriverNotLoaded"
 	// NVMLVersionMismatch: the library and the loaded kernel module differ,
@@ -167,6 +172,49 @@ func ReadNVML(lib NVML) NVMLResult {
 		facts.GPUs = append(facts.GPUs, g)
 	}
 	return NVMLResult{State: NVMLOK, Facts: facts}
+}
+
+// NVMLSymbols are the C functions the probe makes go-nvml call. go-nvml
+// also looks up (dlsym) a list of versioned names at Init and falls back when
+// they are absent, which is harmless; but a missing function that is then
+// called is a fatal "symbol lookup error" of the whole process.
+var NVMLSymbols = []string{
+	"nvmlInit_v2", "nvmlShutdown",
+	"nvmlSystemGetDriverVersion", "nvmlSystemGetCudaDriverVersion",
+	"nvmlDeviceGetCount_v2", "nvmlDeviceGetHandleByIndex_v2",
+	"nvmlDeviceGetName", "nvmlDeviceGetMemoryInfo",
+	"nvmlDeviceGetCudaComputeCapability", "nvmlDeviceGetMigMode",
+}
+
+// CheckNVMLLibrary reads a library file's dynamic symbol table, without
+// loading it, and checks that it defines every symbol in NVMLSymbols: a
+// broken or fake file becomes a state instead of a crash in the loader.
+func CheckNVMLLibrary(libraryPath string) NVMLResult {
+	f, err := elf.Open(libraryPath)
+	if err != nil {
+		return NVMLResult{State: NVMLLibraryNotFound, Message: fmt.Sprintf("failed to read %s: %v", libraryPath, err)}
+	}
+	defer f.Close()
+	syms, err := f.DynamicSymbols()
+	if err != nil && !errors.Is(err, elf.ErrNoSymbols) {
+		return NVMLResult{State: NVMLLibraryInvalid, Message: fmt.Sprintf("failed to read the symbols of %s: %v", libraryPath, err)}
+	}
+	defined := map[string]bool{}
+	for _, s := range syms {
+		if s.Section != elf.SHN_UNDEF && elf.ST_TYPE(s.Info) == elf.STT_FUNC {
+			defined[s.Name] = true
+		}
+	}
+	var missing []string
+	for _, s := range NVMLSymbols {
+		if !defined[s] {
+			missing = append(missing, s)
+		}
+	}
+	if len(missing) > 0 {
+		return NVMLResult{State: NVMLLibraryInvalid, Message: fmt.Sprintf("%s lacks %s", libraryPath, strings.Join(missing, ", "))}
+	}
+	return NVMLResult{State: NVMLOK}
 }
 
 // OpenNVML returns go-nvml bound to one library file.

@@ -130,13 +130,23 @@ func Probe(opts ProbeOptions) (Result, error) {
 	} else {
 		open := opts.OpenNVML
 		if open == nil {
-			open = func(p string) (NVML, error) { return OpenNVML(p), nil }
+			open = func(p string) (NVML, error) {
+				if c := CheckNVMLLibrary(p); c.State != NVMLOK {
+					return nil, &nvmlUnusable{c}
+				}
+				return OpenNVML(p), nil
+			}
 		}
 		lib, err := open(res.NVMLLibrary)
-		if err != nil {
+		var unusable *nvmlUnusable
+		switch {
+		case errors.As(err, &unusable):
+			res.NVML = unusable.result
+		case err != nil:
 			return res, err
+		default:
+			res.NVML = ReadNVML(lib)
 		}
-		res.NVML = ReadNVML(lib)
 	}
 
 	kernel := kernelModuleVersion(h)
@@ -193,6 +203,11 @@ func Probe(opts ProbeOptions) (Result, error) {
 	res.Condition, res.Plan = ConditionReady, &plan
 	return res, nil
 }
+
+// nvmlUnusable is how an OpenNVML reports a library it refused to call.
+type nvmlUnusable struct{ result NVMLResult }
+
+func (e *nvmlUnusable) Error() string { return string(e.result.State) + ": " + e.result.Message }
 
 func (r Result) fail(c Condition, format string, args ...any) (Result, error) {
 	r.Condition, r.Message, r.Plan = c, fmt.Sprintf(format, args...), nil

@@ -50,7 +50,7 @@ func (h hostFS) resolve(p string) (string, error) {
 		next := path.Join(current, elem)
 		fi, err := os.Lstat(h.osPath(next))
 		if err != nil {
-			return "", fmt.Errorf("failed to resolve %q: %w", p, err)
+			return "", fmt.Errorf("failed to resolve %q at %q: %w", p, next, bare(err))
 		}
 		if fi.Mode()&fs.ModeSymlink == 0 {
 			current = next
@@ -62,7 +62,7 @@ func (h hostFS) resolve(p string) (string, error) {
 		}
 		target, err := os.Readlink(h.osPath(next))
 		if err != nil {
-			return "", fmt.Errorf("failed to resolve %q: %w", p, err)
+			return "", fmt.Errorf("failed to resolve %q at %q: %w", p, next, bare(err))
 		}
 		if path.IsAbs(target) {
 			current = "/"
@@ -80,7 +80,7 @@ func (h hostFS) stat(p string) (string, fs.FileInfo, error) {
 	}
 	fi, err := os.Lstat(h.osPath(real))
 	if err != nil {
-		return "", nil, fmt.Errorf("failed to stat %q: %w", real, err)
+		return "", nil, fmt.Errorf("failed to stat %q: %w", real, bare(err))
 	}
 	return real, fi, nil
 }
@@ -89,7 +89,7 @@ func (h hostFS) stat(p string) (string, fs.FileInfo, error) {
 func (h hostFS) readDir(p string) ([]fs.DirEntry, error) {
 	des, err := os.ReadDir(h.osPath(p))
 	if err != nil {
-		return nil, fmt.Errorf("failed to list %q: %w", p, err)
+		return nil, fmt.Errorf("failed to list %q: %w", p, bare(err))
 	}
 	return des, nil
 }
@@ -102,7 +102,17 @@ func (h hostFS) readFile(p string) ([]byte, error) {
 	}
 	data, err := os.ReadFile(h.osPath(real))
 	if err != nil {
-		return nil, fmt.Errorf("failed to read %q: %w", p, err)
+		return nil, fmt.Errorf("failed to read %q: %w", p, bare(err))
 	}
 	return data, nil
+}
+
+// bare drops the machine path from an os error: messages name host paths
+// only, which are the same on every machine.
+func bare(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
 }

@@ -1,0 +1,360 @@
+// Package nodeprobe is the per-node agent: it finds the node's NVIDIA driver
+// through NVML and the host's files, plans the read-only mounts that give a
+// container that driver, and publishes the plan on its own Node in the layout
+// contract (package layout). docs/nodeprobe.md is its reference page.
+package nodeprobe
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/zapr"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	ctrlconfig "sigs.k8s.io/controller-runtime/pkg/client/config"
+	"sigs.k8s.io/yaml"
+
+	"github.com/gpu-injector/gpu-injector/config"
+	"github.com/gpu-injector/gpu-injector/layout"
+)
+
+// ErrUsage marks a bad command line; the caller should exit with status 2.
+var ErrUsage = errors.New("usage error")
+
+// ErrNotReady is wrapped by --once when no usable layout was found.
+var ErrNotReady = errors.New("no usable driver layout")
+
+type options struct {
+	once        bool
+	hostRoot    string
+	output      string
+	configFile  string
+	nodeName    string
+	interval    time.Duration
+	kubeconfig  string
+	nvmlLibrary string
+	healthAddr  string
+	metricsAddr string
+	verbosity   int
+}
+
+func parseFlags(args []string, stderr io.Writer) (*options, error) {
+	o := &options{}
+	fs := flag.NewFlagSet("nodeprobe", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.BoolVar(&o.once, "once", false, "probe once, print what would be published on the Node, and exit; non-zero when no usable layout was found")
+	fs.StringVar(&o.hostRoot, "host-root", "/host", "folder where the host's / is mounted (read-only)")
+	fs.StringVar(&o.output, "o", "yaml", "output format of --once: yaml or json")
+	fs.StringVar(&o.configFile, "config", "", "configuration file (InjectorConfiguration); empty means defaults")
+	fs.StringVar(&o.nodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME; --once falls back to the hostname)")
+	fs.DurationVar(&o.interval, "interval", 5*time.Minute, "time between probes; SIGHUP probes at once")
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file; empty means $KUBECONFIG, in-cluster, then ~/.kube/config")
+	fs.StringVar(&o.nvmlLibrary, "nvml-library", "", "libnvidia-ml file to load (a path on this machine); empty means the host's libnvidia-ml.so.1 under --host-root")
+	fs.StringVar(&o.healthAddr, "health-probe-bind-address", ":8082", "address of /healthz and /readyz; 0 disables")
+	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8083", "address of /metrics; 0 disables")
+	fs.IntVar(&o.verbosity, "v", 0, "log verbosity; 1 logs every probe's notes")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("%w: %v", ErrUsage, err)
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("%w: unexpected arguments %q", ErrUsage, fs.Args())
+	}
+	if o.output != "yaml" && o.output != "json" {
+		return nil, fmt.Errorf("%w: -o must be yaml or json, not %q", ErrUsage, o.output)
+	}
+	if o.interval <= 0 {
+		return nil, fmt.Errorf("%w: --interval must be positive", ErrUsage)
+	}
+	if !o.once && o.nodeName == "" {
+		return nil, fmt.Errorf("%w: --node-name or $NODE_NAME is required without --once", ErrUsage)
+	}
+	return o, nil
+}
+
+func newLogger(w io.Writer, verbosity int) logr.Logger {
+	enc := zap.NewProductionEncoderConfig()
+	enc.EncodeTime = zapcore.ISO8601TimeEncoder
+	core := zapcore.NewCore(zapcore.NewJSONEncoder(enc), zapcore.AddSync(w), zapcore.Level(-verbosity))
+	return zapr.NewLogger(zap.New(core))
+}
+
+// Run is the nodeprobe subcommand.
+func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	o, err := parseFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	log := newLogger(stderr, o.verbosity)
+	cfg, err := config.Load(o.configFile)
+	if err != nil {
+		return err
+	}
+	popts := ProbeOptions{HostRoot: o.hostRoot, NVMLLibrary: o.nvmlLibrary, Config: cfg}
+	if o.once {
+		return runOnce(o, popts, log, stdout)
+	}
+	restCfg, err := restConfig(o.kubeconfig)
+	if err != nil {
+		return err
+	}
+	client, err := kubernetes.NewForConfig(restCfg)
+	if err != nil {
+		return fmt.Errorf("failed to create a Kubernetes client: %w", err)
+	}
+	return (&daemon{opts: o, probe: popts, client: client, log: log, metrics: newMetrics()}).run(ctx)
+}
+
+func runOnce(o *options, popts ProbeOptions, log logr.Logger, stdout io.Writer) error {
+	name := o.nodeName
+	if name == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return fmt.Errorf("failed to read the hostname: %w", err)
+		}
+		name = h
+	}
+	res, err := Probe(popts)
+	if err != nil {
+		return err
+	}
+	logResult(log, res, 0)
+	pub, err := Desired(res)
+	if err != nil {
+		return err
+	}
+	node := NodeObject{APIVersion: "v1", Kind: "Node", Metadata: NodeMeta{Name: name, Labels: pub.Labels, Annotations: pub.Annotations}}
+	var out []byte
+	if o.output == "json" {
+		out, err = json.MarshalIndent(node, "", "  ")
+		out = append(out, '\n')
+	} else {
+		out, err = yaml.Marshal(node)
+	}
+	if err != nil {
+		return fmt.Errorf("failed to encode node: %w", err)
+	}
+	if _, err := stdout.Write(out); err != nil {
+		return fmt.Errorf("failed to write output: %w", err)
+	}
+	if !res.Ready() {
+		return fmt.Errorf("%w: %s", ErrNotReady, res.Reason())
+	}
+	return nil
+}
+
+func logResult(log logr.Logger, res Result, v int) {
+	kv := []any{"condition", res.Condition, "driverVersion", res.DriverVersion, "versionSource", res.VersionSource,
+		"nvmlState", res.NVML.State, "nvmlLibrary", res.NVMLLibrary}
+	if res.Ready() {
+		kv = append(kv, "fingerprint", res.Plan.Fingerprint(), "mounts", len(res.Plan.Mounts))
+		log.V(v).Info("probe found a driver layout", kv...)
+	} else {
+		log.Info("probe found no usable driver layout", append(kv, "reason", res.Reason())...)
+	}
+	if len(res.Notes) > 0 {
+		log.V(1).Info("probe notes", "notes", res.Notes)
+	}
+}
+
+func restConfig(kubeconfig string) (*rest.Config, error) {
+	if kubeconfig != "" {
+		c, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+		if err != nil {
+			return nil, fmt.Errorf("failed to load kubeconfig %q: %w", kubeconfig, err)
+		}
+		return c, nil
+	}
+	c, err := ctrlconfig.GetConfig()
+	if err != nil {
+		return nil, fmt.Errorf("failed to find a Kubernetes configuration: %w", err)
+	}
+	return c, nil
+}
+
+type metrics struct {
+	registry *prometheus.Registry
+	duration prometheus.Histogram
+	errors   *prometheus.CounterVec
+	writes   prometheus.Counter
+}
+
+func newMetrics() *metrics {
+	m := &metrics{
+		registry: prometheus.NewRegistry(),
+		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "gpu_injector_probe_duration_seconds", Help: "Time of one probe: NVML, file discovery and plan.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 4, 8),
+		}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpu_injector_probe_errors_total", Help: "Probes that found no usable layout, by condition.",
+		}, []string{"state"}),
+		writes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "gpu_injector_probe_node_writes_total", Help: "Patches of this node's labels and annotations.",
+		}),
+	}
+	m.registry.MustRegister(m.duration, m.errors, m.writes, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+type daemon struct {
+	opts    *options
+	probe   ProbeOptions
+	client  kubernetes.Interface
+	log     logr.Logger
+	metrics *metrics
+	ready   atomic.Bool
+
+	// nvmlPath is the library loaded into this process. go-nvml binds the C
+	// symbols once per process, so a different file (a driver upgrade) can
+	// only be read by a new process: the probe exits and the kubelet restarts it.
+	nvmlMu   sync.Mutex
+	nvmlPath string
+}
+
+func (d *daemon) openNVML(p string) (NVML, error) {
+	d.nvmlMu.Lock()
+	defer d.nvmlMu.Unlock()
+	real, err := filepath.EvalSymlinks(p)
+	if err != nil {
+		return nil, fmt.Errorf("failed to resolve NVML library %q: %w", p, err)
+	}
+	if d.nvmlPath != "" && d.nvmlPath != real {
+		return nil, fmt.Errorf("%w from %s to %s: restarting to load it", ErrNVMLReload, d.nvmlPath, real)
+	}
+	if c := CheckNVMLLibrary(p); c.State != NVMLOK {
+		return nil, &nvmlUnusable{c}
+	}
+	d.nvmlPath = real
+	return OpenNVML(p), nil
+}
+
+func (d *daemon) run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	d.probe.OpenNVML = d.openNVML
+	errc := make(chan error, 2)
+	if err := d.serve(ctx, d.opts.healthAddr, d.healthMux(), errc); err != nil {
+		return err
+	}
+	if err := d.serve(ctx, d.opts.metricsAddr, promhttp.HandlerFor(d.metrics.registry, promhttp.HandlerOpts{}), errc); err != nil {
+		return err
+	}
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	log := d.log.WithValues("node", d.opts.nodeName)
+	log.Info("node probe started", "hostRoot", d.opts.hostRoot, "interval", d.opts.interval.String())
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-errc:
+			return err
+		case <-hup:
+			log.Info("sighup: probing now")
+		case <-timer.C:
+		}
+		if err := d.once(ctx, log); err != nil {
+			if errors.Is(err, ErrNVMLReload) {
+				return err
+			}
+			log.Error(err, "failed to publish the probe result")
+		}
+		if !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
+		}
+		timer.Reset(d.opts.interval)
+	}
+}
+
+// once probes and publishes. Readiness means the node carries the result of a
+// finished probe, ready or error state alike: the agent did its job.
+func (d *daemon) once(ctx context.Context, log logr.Logger) error {
+	start := time.Now()
+	res, err := Probe(d.probe)
+	d.metrics.duration.Observe(time.Since(start).Seconds())
+	if err != nil {
+		return err
+	}
+	if !res.Ready() {
+		d.metrics.errors.WithLabelValues(string(res.Condition)).Inc()
+	}
+	logResult(log, res, 1)
+	pub, err := Desired(res)
+	if err != nil {
+		return err
+	}
+	wrote, err := Publish(ctx, d.client, d.opts.nodeName, pub)
+	if err != nil {
+		return err
+	}
+	if wrote {
+		d.metrics.writes.Inc()
+		log.Info("published node layout", "state", pub.Labels[layout.LabelState], "fingerprint", pub.Labels[layout.LabelFingerprint])
+	}
+	d.ready.Store(true)
+	return nil
+}
+
+func (d *daemon) healthMux() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !d.ready.Load() {
+			http.Error(w, "no probe published yet", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = io.WriteString(w, "ok")
+	})
+	return mux
+}
+
+// serve listens now, so a bad address fails Run at once, and serves until ctx ends.
+func (d *daemon) serve(ctx context.Context, addr string, h http.Handler, errc chan<- error) error {
+	if addr == "" || addr == "0" {
+		return nil
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("failed to listen on %q: %w", addr, err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		<-ctx.Done()
+		_ = srv.Close()
+	}()
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			errc <- fmt.Errorf("failed to serve on %q: %w", addr, err)
+		}
+	}()
+	return nil
+}
