@@ -14,6 +14,8 @@ import (
 	"testing"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/gpu-injector/gpu-injector/nodeprobe"
 )
 
 // nvmlHelperEnv makes the test binary act as a probe reading one stand-in
@@ -21,9 +23,20 @@ import (
 // needed because go-nvml binds C symbols for the life of a process.
 const nvmlHelperEnv = "GPU_INJECTOR_STANDIN_NVML_HELPER"
 
+// probeHelperEnv makes the test binary read one stand-in NVML library with
+// the node probe's own code and print the probe's result.
+const probeHelperEnv = "GPU_INJECTOR_STANDIN_PROBE_HELPER"
+
 func TestMain(m *testing.M) {
 	if lib := os.Getenv(nvmlHelperEnv); lib != "" {
 		os.Exit(nvmlHelper(lib))
+	}
+	if lib := os.Getenv(probeHelperEnv); lib != "" {
+		if err := json.NewEncoder(os.Stdout).Encode(nodeprobe.ReadNVML(nodeprobe.OpenNVML(lib))); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
 	}
 	code := m.Run()
 	if cacheDir != "" {
@@ -481,20 +494,69 @@ func TestNVMLThroughGoNVML(t *testing.T) {
 	}
 }
 
+// TestNodeProbeReadsStandIn runs the node probe's own NVML code against each
+// layout's stand-in, so the two cannot drift apart: a symbol the probe starts
+// calling that the stand-in lacks fails here, not as a crash in the e2e suite.
+func TestNodeProbeReadsStandIn(t *testing.T) {
+	for layout, version := range layoutVersions {
+		t.Run(string(layout), func(t *testing.T) {
+			root := t.TempDir()
+			if err := sharedCache(t).Install(root, layout, version); err != nil {
+				t.Fatalf("Install: %v", err)
+			}
+			nvmlPath, err := NVMLPath(layout, version)
+			if err != nil {
+				t.Fatalf("NVMLPath: %v", err)
+			}
+			lib := filepath.Join(root, nvmlPath)
+			if c := nodeprobe.CheckNVMLLibrary(lib); c.State != nodeprobe.NVMLOK {
+				t.Fatalf("the probe rejects the stand-in: %s: %s", c.State, c.Message)
+			}
+			var res nodeprobe.NVMLResult
+			if err := json.Unmarshal(runHelper(t, probeHelperEnv, lib), &res); err != nil {
+				t.Fatalf("probe helper output: %v", err)
+			}
+			if res.State != nodeprobe.NVMLOK || res.Facts == nil {
+				t.Fatalf("probe state %s: %s", res.State, res.Message)
+			}
+			cuda, _ := CUDADriverVersion(version)
+			wantCUDA := fmt.Sprintf("%d.%d", cuda/1000, cuda%1000/10)
+			if res.Facts.DriverVersion != version || res.Facts.CUDADriverVersion != wantCUDA {
+				t.Errorf("probe read driver %q CUDA %q, want %q and %q", res.Facts.DriverVersion, res.Facts.CUDADriverVersion, version, wantCUDA)
+			}
+			want := nodeprobe.GPU{Product: ProductName, MemoryMiB: MemoryMiB, ComputeCapability: ComputeCapability}
+			if len(res.Facts.GPUs) != DeviceCount {
+				t.Fatalf("probe read %d GPUs, want %d", len(res.Facts.GPUs), DeviceCount)
+			}
+			for i, g := range res.Facts.GPUs {
+				if g != want {
+					t.Errorf("GPU %d: %+v, want %+v", i, g, want)
+				}
+			}
+		})
+	}
+}
+
 func runNVMLHelper(t *testing.T, lib string) nvmlFacts {
 	t.Helper()
+	var f nvmlFacts
+	out := runHelper(t, nvmlHelperEnv, lib)
+	if err := json.Unmarshal(out, &f); err != nil {
+		t.Fatalf("helper output %q: %v", out, err)
+	}
+	return f
+}
+
+func runHelper(t *testing.T, env, lib string) []byte {
+	t.Helper()
 	cmd := exec.Command(os.Args[0])
-	cmd.Env = append(os.Environ(), nvmlHelperEnv+"="+lib)
+	cmd.Env = append(os.Environ(), env+"="+lib)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
 		t.Fatalf("reading %s through go-nvml: %v\n%s", lib, err, stderr.String())
 	}
-	var f nvmlFacts
-	if err := json.Unmarshal(stdout.Bytes(), &f); err != nil {
-		t.Fatalf("helper output %q: %v", stdout.String(), err)
-	}
-	return f
+	return stdout.Bytes()
 }
 
 // TestUpgrade replaces one driver version by another the way a package
