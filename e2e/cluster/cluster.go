@@ -57,6 +57,8 @@ type Options struct {
 	KeepOnFailure bool
 	// APIServerFlags are appended to kube-apiserver's flags (a later flag wins).
 	APIServerFlags []string
+	// ControllerManagerFlags are appended to kube-controller-manager's flags.
+	ControllerManagerFlags []string
 	// KubeletFlags are appended to the kubelet's flags.
 	KubeletFlags []string
 	// KubeletConfig may edit the KubeletConfiguration before it is written.
@@ -345,7 +347,7 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 	}
 
 	kc := func(name string) string { return filepath.Join(c.Dir, name+".kubeconfig") }
-	if _, err := c.start("kube-controller-manager", c.Binaries.ControllerManager, []string{
+	if _, err := c.start("kube-controller-manager", c.Binaries.ControllerManager, append([]string{
 		"--kubeconfig=" + kc("controller-manager"),
 		"--authentication-kubeconfig=" + kc("controller-manager"),
 		"--authorization-kubeconfig=" + kc("controller-manager"),
@@ -359,7 +361,7 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 		"--service-account-private-key-file=" + sa.KeyFile,
 		"--root-ca-file=" + p.CAFile,
 		"--profiling=false",
-	}); err != nil {
+	}, c.opts.ControllerManagerFlags...)); err != nil {
 		return err
 	}
 	if _, err := c.start("kube-scheduler", c.Binaries.Scheduler, []string{
