@@ -278,10 +278,19 @@ func nodeMismatch(pod *corev1.Pod, affinity nodeaffinity.RequiredNodeAffinity, n
 	if pod.Spec.NodeName != "" && pod.Spec.NodeName != n.Name {
 		return fmt.Sprintf("pod is bound to node %q", pod.Spec.NodeName)
 	}
-	node := corev1.Node{}
-	node.Name, node.Labels = n.Name, n.Labels
-	if ok, _ := affinity.Match(&node); !ok {
-		return "no node matches the pod's nodeSelector or required node affinity"
+	// Plain map lookups first: most constraints are a nodeSelector, and this
+	// check runs for every node of a layout until one fits.
+	for k, v := range pod.Spec.NodeSelector {
+		if have, ok := n.Labels[k]; !ok || have != v {
+			return "no node matches the pod's nodeSelector or required node affinity"
+		}
+	}
+	if hasRequiredAffinity(pod) {
+		node := corev1.Node{}
+		node.Name, node.Labels = n.Name, n.Labels
+		if ok, _ := affinity.Match(&node); !ok {
+			return "no node matches the pod's nodeSelector or required node affinity"
+		}
 	}
 	for i := range n.Taints {
 		t := &n.Taints[i]
@@ -293,6 +302,11 @@ func nodeMismatch(pod *corev1.Pod, affinity nodeaffinity.RequiredNodeAffinity, n
 		}
 	}
 	return ""
+}
+
+func hasRequiredAffinity(pod *corev1.Pod) bool {
+	a := pod.Spec.Affinity
+	return a != nil && a.NodeAffinity != nil && a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution != nil
 }
 
 func better(a, b *Layout, policy string) bool {
