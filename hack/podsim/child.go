@@ -69,7 +69,14 @@ func setupAndExec() error {
 			return err
 		}
 	}
-	if err := enterRoot(newRoot); err != nil {
+	if p.NoPivot {
+		err = moveRoot(newRoot)
+	} else if err = enterRoot(newRoot); err != nil {
+		// pivot_root cannot leave an initramfs root; runc falls back the same way.
+		fmt.Fprintf(os.Stderr, "podsim: warning: %v; moving the root and using chroot instead\n", err)
+		err = moveRoot(newRoot)
+	}
+	if err != nil {
 		return err
 	}
 	if err := unix.Sethostname([]byte(p.Hostname)); err != nil {
@@ -288,6 +295,25 @@ func enterRoot(root string) error {
 	// The old root is now stacked under the new one at "/": detach it.
 	if err := unix.Unmount(".", unix.MNT_DETACH); err != nil {
 		return fmt.Errorf("failed to detach the host root: %w", err)
+	}
+	if err := unix.Chdir("/"); err != nil {
+		return fmt.Errorf("failed to enter /: %w", err)
+	}
+	return nil
+}
+
+// moveRoot moves the new root over "/" and chroots into it, as runc's
+// --no-pivot does: the host's filesystem stays mounted underneath, out of
+// reach of a process without CAP_SYS_CHROOT tricks.
+func moveRoot(root string) error {
+	if err := unix.Chdir(root); err != nil {
+		return fmt.Errorf("failed to enter root: %w", err)
+	}
+	if err := unix.Mount(root, "/", "", unix.MS_MOVE, ""); err != nil {
+		return fmt.Errorf("failed to move root %q over /: %w", root, err)
+	}
+	if err := unix.Chroot("."); err != nil {
+		return fmt.Errorf("failed to chroot: %w", err)
 	}
 	if err := unix.Chdir("/"); err != nil {
 		return fmt.Errorf("failed to enter /: %w", err)

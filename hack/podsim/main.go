@@ -80,6 +80,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	hostDev := fl.String("host-dev", "/dev", "host folder to take the /dev/nvidia* nodes from")
 	hostRoot := fl.String("host-root", "/", "folder that stands for the node's /: hostPath volumes are taken under it (for a fake node built in a folder)")
 	nodeName := fl.String("node-name", "", "value of spec.nodeName for fieldRef env variables (default: this host's name)")
+	noPivot := fl.Bool("no-pivot", false, "enter the root with MS_MOVE and chroot instead of pivot_root (as runc --no-pivot; podsim falls back to it when pivot_root fails)")
 	quiet := fl.Bool("q", false, "do not print the header of what is mounted")
 	nodeFile := fl.String("node", "", "a Node (YAML or JSON): refuse to run unless the pod's nodeSelector and required node affinity match it, as the scheduler would")
 	fl.Usage = func() {
@@ -161,6 +162,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	// The child mounts a tmpfs on it in its own namespace; the host only ever sees an empty folder.
 	defer os.Remove(scratch)
 	plan.Scratch = scratch
+	plan.NoPivot = *noPivot
 	code, err := startChild(plan, stdin, stdout, stderr)
 	if err != nil {
 		return fail(err)

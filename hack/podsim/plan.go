@@ -42,6 +42,7 @@ type runPlan struct {
 	Root       string      `json:"root"`
 	Scratch    string      `json:"scratch"`
 	Overlay    bool        `json:"overlay"`
+	NoPivot    bool        `json:"noPivot"`
 	Devices    []mountSpec `json:"devices"`
 	Mounts     []mountSpec `json:"mounts"`
 	Argv       []string    `json:"argv"`

@@ -344,12 +344,14 @@ func TestMountsAndIsolation(t *testing.T) {
 			manifest: mutated(f, `["exit", "42"]`), wantCode: 42,
 		},
 	} {
-		t.Run(name, func(t *testing.T) {
-			r := f.run(t, tc.manifest, "--gpu-devices=false")
-			if r.code != tc.wantCode || !strings.Contains(r.stdout, tc.wantStdout) {
-				t.Fatalf("got code %d, stdout %q, stderr %q; want code %d, stdout containing %q", r.code, r.stdout, r.stderr, tc.wantCode, tc.wantStdout)
-			}
-		})
+		for _, entry := range []string{"--no-pivot=false", "--no-pivot"} {
+			t.Run(name+"/"+entry, func(t *testing.T) {
+				r := f.run(t, tc.manifest, "--gpu-devices=false", entry)
+				if r.code != tc.wantCode || !strings.Contains(r.stdout, tc.wantStdout) {
+					t.Fatalf("got code %d, stdout %q, stderr %q; want code %d, stdout containing %q", r.code, r.stdout, r.stderr, tc.wantCode, tc.wantStdout)
+				}
+			})
+		}
 	}
 	if b, err := os.ReadFile(filepath.Join(rwDir, "out.txt")); err != nil || !strings.Contains(string(b), "written by podsim test") {
 		t.Errorf("the read-write hostPath write did not reach the host: %q, %v", b, err)
@@ -571,15 +573,25 @@ func TestRootStaysUntouched(t *testing.T) {
 	}
 
 	// Without the overlay the mount points are created in a copy of the root.
-	copyRoot := t.TempDir()
+	// A ',' in its path is something overlayfs cannot take, so podsim must
+	// fall back by itself, and say so.
+	copyRoot := filepath.Join(t.TempDir(), "root,copy")
+	if err := os.Mkdir(copyRoot, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	if out, err := exec.Command("cp", "-a", f.root+"/.", copyRoot).CombinedOutput(); err != nil {
 		t.Fatalf("failed to copy root: %v: %s", err, out)
 	}
-	cmd := exec.Command(f.podsim, "-f", "-", "--root", copyRoot, "--overlay=false", "--gpu-devices=false")
-	cmd.Stdin = strings.NewReader(mutated(f, `["dlopen"]`))
-	out, err := cmd.CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "loaded stub-driver") {
-		t.Fatalf("podsim --overlay=false failed: %v: %s", err, out)
+	for _, overlay := range []string{"--overlay=false", "--overlay=true"} {
+		cmd := exec.Command(f.podsim, "-f", "-", "--root", copyRoot, overlay, "--gpu-devices=false")
+		cmd.Stdin = strings.NewReader(mutated(f, `["dlopen"]`))
+		out, err := cmd.CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "loaded stub-driver") {
+			t.Fatalf("podsim %s failed: %v: %s", overlay, err, out)
+		}
+		if overlay == "--overlay=true" && !strings.Contains(string(out), "podsim: warning: overlayfs cannot take root") {
+			t.Fatalf("podsim did not say it fell back from overlayfs: %s", out)
+		}
 	}
 	if fi, err := os.Stat(filepath.Join(copyRoot, "usr/local/nvidia/lib64")); err != nil || !fi.IsDir() {
 		t.Fatalf("mount point not created in the root with --overlay=false: %v", err)
