@@ -162,7 +162,8 @@ func sameFile(want os.FileInfo, path string) bool {
 }
 
 func (s *state) start() error {
-	if err := os.MkdirAll(s.dir, 0o755); err != nil {
+	// 0750 as the kubelet creates it; whoever comes first sets the mode.
+	if err := os.MkdirAll(s.dir, 0o750); err != nil {
 		return fmt.Errorf("failed to create %q: %w", s.dir, err)
 	}
 	if err := os.Remove(s.socket); err != nil && !errors.Is(err, fs.ErrNotExist) {
