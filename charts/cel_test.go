@@ -1,0 +1,504 @@
+package charts_test
+
+// The chart's CEL (the webhook's matchConditions and the probe's
+// ValidatingAdmissionPolicy) compiled and evaluated by the API server's own CEL code:
+// the same compiler, environments and evaluation path kube-apiserver uses, so that an
+// expression that passes here is one a real cluster accepts and evaluates the same way.
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/version"
+	"k8s.io/apiserver/pkg/admission"
+	plugincel "k8s.io/apiserver/pkg/admission/plugin/cel"
+	"k8s.io/apiserver/pkg/admission/plugin/policy/validating"
+	"k8s.io/apiserver/pkg/admission/plugin/webhook/matchconditions"
+	celconfig "k8s.io/apiserver/pkg/apis/cel"
+	"k8s.io/apiserver/pkg/authentication/user"
+	"k8s.io/apiserver/pkg/cel/environment"
+	"sigs.k8s.io/yaml"
+)
+
+// celVersions are the CEL environments an expression must compile in when it is
+// created: a 1.30 API server (the oldest the chart renders CEL for) offers the
+// libraries of compatibility version 1.29; the vendored one, the newest.
+var celVersions = map[string]*version.Version{
+	"1.30 cluster (compatibility 1.29)": version.MajorMinor(1, 29),
+	"current":                           environment.DefaultCompatibilityVersion(),
+}
+
+// The API server declares the authorizer for both matchConditions and validations.
+var celDecls = plugincel.OptionalVariableDeclarations{HasAuthorizer: true}
+
+func object(t *testing.T, doc string) *unstructured.Unstructured {
+	t.Helper()
+	var m map[string]any
+	if err := yaml.Unmarshal([]byte(doc), &m); err != nil {
+		t.Fatalf("bad test object: %v\n%s", err, doc)
+	}
+	return &unstructured.Unstructured{Object: m}
+}
+
+func attributes(obj, old *unstructured.Unstructured, gvk schema.GroupVersionKind, gvr schema.GroupVersionResource, op admission.Operation, u user.Info) *admission.VersionedAttributes {
+	// A nil *Unstructured in a runtime.Object would not be a nil interface.
+	var oldObj runtime.Object
+	if old != nil {
+		oldObj = old
+	}
+	attr := admission.NewAttributesRecord(obj, oldObj, gvk, obj.GetNamespace(), obj.GetName(), gvr, "", op, nil, false, u)
+	return &admission.VersionedAttributes{Attributes: attr, VersionedKind: gvk, VersionedObject: obj, VersionedOldObject: oldObj}
+}
+
+func TestMatchConditions(t *testing.T) {
+	renders := map[string]renderOpts{
+		"default names": kube136,
+		"mig pattern":   with(kube136, "config.resources.names={nvidia.com/gpu,nvidia.com/mig-*}"),
+	}
+	const gpuPod = `
+metadata: {name: train, namespace: ml}
+spec:
+  containers:
+  - name: main
+    image: cuda
+    resources:
+      limits: {nvidia.com/gpu: "1"}
+`
+	tests := map[string]struct {
+		pod  string
+		want map[string]bool // by render
+	}{
+		"gpu limit": {
+			pod:  gpuPod,
+			want: map[string]bool{"default names": true, "mig pattern": true},
+		},
+		"legacy limit": {
+			pod: `
+metadata: {name: legacy, namespace: ml}
+spec:
+  containers:
+  - name: main
+    image: cuda
+    resources:
+      limits: {alpha.kubernetes.io/nvidia-gpu: "1"}
+`,
+			want: map[string]bool{"default names": true, "mig pattern": false},
+		},
+		"gpu request without limit": {
+			pod: `
+metadata: {name: req, namespace: ml}
+spec:
+  containers:
+  - name: main
+    image: cuda
+    resources:
+      requests: {nvidia.com/gpu: "1", cpu: "1"}
+`,
+			want: map[string]bool{"default names": true, "mig pattern": true},
+		},
+		"gpu only in an init container": {
+			pod: `
+metadata: {name: init, namespace: ml}
+spec:
+  initContainers:
+  - name: warmup
+    image: cuda
+    resources:
+      limits: {nvidia.com/gpu: "1"}
+  containers:
+  - name: main
+    image: busybox
+`,
+			want: map[string]bool{"default names": true, "mig pattern": true},
+		},
+		"no resources anywhere": {
+			pod: `
+metadata: {name: web, namespace: ml}
+spec:
+  containers:
+  - name: main
+    image: nginx
+`,
+			want: map[string]bool{"default names": false, "mig pattern": false},
+		},
+		"empty resources and empty limits": {
+			pod: `
+metadata: {name: web, namespace: ml}
+spec:
+  initContainers:
+  - name: init
+    image: busybox
+    resources: {}
+  containers:
+  - name: main
+    image: nginx
+    resources:
+      limits: {}
+      requests: {cpu: 100m}
+`,
+			want: map[string]bool{"default names": false, "mig pattern": false},
+		},
+		"cpu and memory only": {
+			pod: `
+metadata: {name: web, namespace: ml}
+spec:
+  containers:
+  - name: main
+    image: nginx
+    resources:
+      limits: {cpu: "1", memory: 1Gi}
+`,
+			want: map[string]bool{"default names": false, "mig pattern": false},
+		},
+		"mig profile": {
+			pod: `
+metadata: {name: mig, namespace: ml}
+spec:
+  containers:
+  - name: main
+    image: cuda
+    resources:
+      limits: {nvidia.com/mig-1g.10gb: "1"}
+`,
+			want: map[string]bool{"default names": false, "mig pattern": true},
+		},
+		"a name that only shares the pattern's stem": {
+			pod: `
+metadata: {name: other, namespace: ml}
+spec:
+  containers:
+  - name: main
+    image: cuda
+    resources:
+      limits: {nvidia.com/migration: "1"}
+`,
+			want: map[string]bool{"default names": false, "mig pattern": false},
+		},
+		"opted out": {
+			pod: `
+metadata:
+  name: optout
+  namespace: ml
+  annotations: {gpu-injector.io/inject: "false"}
+spec:
+  containers:
+  - name: main
+    image: cuda
+    resources:
+      limits: {nvidia.com/gpu: "1"}
+`,
+			want: map[string]bool{"default names": false, "mig pattern": false},
+		},
+		"inject annotation with another value": {
+			pod: `
+metadata:
+  name: optin
+  namespace: ml
+  annotations: {gpu-injector.io/inject: "true", team: vision}
+spec:
+  containers:
+  - name: main
+    image: cuda
+    resources:
+      limits: {nvidia.com/gpu: "1"}
+`,
+			want: map[string]bool{"default names": true, "mig pattern": true},
+		},
+		"other annotations only": {
+			pod: `
+metadata:
+  name: annotated
+  namespace: ml
+  annotations: {team: vision}
+spec:
+  containers:
+  - name: main
+    image: cuda
+    resources:
+      limits: {nvidia.com/gpu: "2"}
+`,
+			want: map[string]bool{"default names": true, "mig pattern": true},
+		},
+	}
+
+	podGVK := schema.GroupVersionKind{Version: "v1", Kind: "Pod"}
+	podGVR := schema.GroupVersionResource{Version: "v1", Resource: "pods"}
+	for rname, opts := range renders {
+		t.Run(rname, func(t *testing.T) {
+			wh := mutatingWebhook(t, render(t, opts))
+			if len(wh.MatchConditions) == 0 {
+				t.Fatalf("no matchConditions rendered")
+			}
+			accessors := make([]plugincel.ExpressionAccessor, len(wh.MatchConditions))
+			for i := range wh.MatchConditions {
+				accessors[i] = (*matchconditions.MatchCondition)(&wh.MatchConditions[i])
+			}
+			for vname, v := range celVersions {
+				compiler := plugincel.NewCompiler(environment.MustBaseEnvSet(v))
+				for _, a := range accessors {
+					if res := compiler.CompileCELExpression(a, celDecls, environment.NewExpressions); res.Error != nil {
+						t.Fatalf("%s: the API server would refuse matchCondition %q: %v", vname, a.GetExpression(), res.Error)
+					}
+				}
+			}
+			compiler := plugincel.NewConditionCompiler(environment.MustBaseEnvSet(environment.DefaultCompatibilityVersion()))
+			matcher := matchconditions.NewMatcher(compiler.CompileCondition(accessors, celDecls, environment.StoredExpressions), wh.FailurePolicy, "webhook", "admit", wh.Name)
+			for name, tc := range tests {
+				t.Run(name, func(t *testing.T) {
+					want, ok := tc.want[rname]
+					if !ok {
+						t.Fatalf("test case has no expectation for render %q", rname)
+					}
+					pod := object(t, tc.pod)
+					va := attributes(pod, nil, podGVK, podGVR, admission.Create, &user.DefaultInfo{Name: "alice"})
+					res := matcher.Match(context.Background(), va, nil, nil)
+					if res.Error != nil {
+						t.Fatalf("matchConditions failed to evaluate: %v", res.Error)
+					}
+					if res.Matches != want {
+						t.Errorf("sent to webhook = %v, want %v (failed condition %q)", res.Matches, want, res.FailedConditionName)
+					}
+				})
+			}
+		})
+	}
+}
+
+const (
+	probeUser   = "system:serviceaccount:" + namespace + ":" + probeSA
+	nodeNameKey = "authentication.kubernetes.io/node-name"
+)
+
+const baseNode = `
+metadata:
+  name: gpu-a
+  labels:
+    kubernetes.io/hostname: gpu-a
+    nvidia.com/gpu.present: "true"
+    gpu-injector.io/layout-fingerprint: aaaa
+  annotations:
+    node.alpha.kubernetes.io/ttl: "0"
+    gpu-injector.io/layout: '{"schemaVersion":"v1"}'
+spec:
+  podCIDR: 10.0.0.0/24
+  taints:
+  - {key: nvidia.com/gpu, effect: NoSchedule}
+`
+
+func TestNodeRestrictionPolicy(t *testing.T) {
+	vap := mustGet[admissionregistrationv1.ValidatingAdmissionPolicy](t, render(t, kube136), "ValidatingAdmissionPolicy", probeSA)
+
+	variables := make([]plugincel.NamedExpressionAccessor, len(vap.Spec.Variables))
+	for i, v := range vap.Spec.Variables {
+		variables[i] = &validating.Variable{Name: v.Name, Expression: v.Expression}
+	}
+	matchConds := make([]plugincel.ExpressionAccessor, len(vap.Spec.MatchConditions))
+	for i := range vap.Spec.MatchConditions {
+		matchConds[i] = (*matchconditions.MatchCondition)(&vap.Spec.MatchConditions[i])
+	}
+	validations := make([]plugincel.ExpressionAccessor, len(vap.Spec.Validations))
+	for i, v := range vap.Spec.Validations {
+		validations[i] = &validating.ValidationCondition{Expression: v.Expression, Message: v.Message, Reason: v.Reason}
+	}
+
+	// What kube-apiserver checks when the policy is created.
+	for vname, v := range celVersions {
+		compiler, err := plugincel.NewCompositedCompiler(environment.MustBaseEnvSet(v))
+		if err != nil {
+			t.Fatalf("failed to build the CEL compiler: %v", err)
+		}
+		for _, variable := range variables {
+			if res := compiler.CompileAndStoreVariable(variable, celDecls, environment.NewExpressions); res.Error != nil {
+				t.Fatalf("%s: the API server would refuse variable %s: %v", vname, variable.GetName(), res.Error)
+			}
+		}
+		for _, a := range append(slices.Clone(matchConds), validations...) {
+			if res := compiler.CompileCELExpression(a, celDecls, environment.NewExpressions); res.Error != nil {
+				t.Fatalf("%s: the API server would refuse expression %q: %v", vname, a.GetExpression(), res.Error)
+			}
+		}
+	}
+
+	// What it runs on each request: the compilePolicy of its validating plugin.
+	compiler, err := plugincel.NewCompositedCompiler(environment.MustBaseEnvSet(environment.DefaultCompatibilityVersion()))
+	if err != nil {
+		t.Fatalf("failed to build the CEL compiler: %v", err)
+	}
+	compiler.CompileAndStoreVariables(variables, celDecls, environment.StoredExpressions)
+	validator := validating.NewValidator(
+		compiler.CompileCondition(validations, celDecls, environment.StoredExpressions),
+		matchconditions.NewMatcher(compiler.CompileCondition(matchConds, celDecls, environment.StoredExpressions), vap.Spec.FailurePolicy, "policy", "validate", vap.Name),
+		compiler.CompileCondition(nil, celDecls, environment.StoredExpressions),
+		compiler.CompileCondition(nil, celDecls, environment.StoredExpressions),
+		vap.Spec.FailurePolicy, nil)
+
+	const (
+		ownNode     = "the gpu-injector probe may only change its own Node"
+		labels      = "the gpu-injector probe may only change labels under gpu-injector.io/"
+		annotations = "the gpu-injector probe may only change annotations under gpu-injector.io/"
+		spec        = "the gpu-injector probe may not change a Node's spec, owners or finalizers"
+	)
+	probeOn := func(node string) user.Info {
+		return &user.DefaultInfo{Name: probeUser, Extra: map[string][]string{nodeNameKey: {node}}}
+	}
+	tests := map[string]struct {
+		old, new string // new: a JSON merge patch onto old
+		user     user.Info
+		denied   []string // messages; nil: admitted
+		notMatch bool     // the policy does not apply at all
+	}{
+		"own node, our keys added and changed": {
+			new: `{"metadata":{"labels":{"gpu-injector.io/layout-fingerprint":"bbbb","gpu-injector.io/driver-version":"550.54.15"},"annotations":{"gpu-injector.io/layout":"{}"}}}`,
+		},
+		"own node, our keys removed": {
+			new: `{"metadata":{"labels":{"gpu-injector.io/layout-fingerprint":null},"annotations":{"gpu-injector.io/layout":null}}}`,
+		},
+		"first publication on a node without labels or annotations": {
+			old: `{"metadata":{"name":"gpu-a"},"spec":{}}`,
+			new: `{"metadata":{"labels":{"gpu-injector.io/state":"ready"},"annotations":{"gpu-injector.io/layout":"{}"}}}`,
+		},
+		"nothing changed": {
+			new: `{}`,
+		},
+		"another node": {
+			old:    strings.Replace(baseNode, "name: gpu-a", "name: gpu-b", 1),
+			new:    `{"metadata":{"labels":{"gpu-injector.io/state":"ready"}}}`,
+			denied: []string{ownNode},
+		},
+		"token without a node claim": {
+			user:   &user.DefaultInfo{Name: probeUser},
+			new:    `{"metadata":{"labels":{"gpu-injector.io/state":"ready"}}}`,
+			denied: []string{ownNode},
+		},
+		"token with an empty node claim": {
+			user:   &user.DefaultInfo{Name: probeUser, Extra: map[string][]string{nodeNameKey: {}}},
+			new:    `{"metadata":{"labels":{"gpu-injector.io/state":"ready"}}}`,
+			denied: []string{ownNode},
+		},
+		"foreign label added": {
+			new:    `{"metadata":{"labels":{"node-role.kubernetes.io/control-plane":""}}}`,
+			denied: []string{labels},
+		},
+		"foreign label changed": {
+			new:    `{"metadata":{"labels":{"nvidia.com/gpu.present":"false"}}}`,
+			denied: []string{labels},
+		},
+		"foreign label removed": {
+			new:    `{"metadata":{"labels":{"kubernetes.io/hostname":null}}}`,
+			denied: []string{labels},
+		},
+		"a look-alike prefix": {
+			new:    `{"metadata":{"labels":{"gpu-injector.io.evil.com/x":"y"}}}`,
+			denied: []string{labels},
+		},
+		"all labels removed": {
+			new:    `{"metadata":{"labels":null}}`,
+			denied: []string{labels},
+		},
+		"foreign annotation added": {
+			new:    `{"metadata":{"annotations":{"example.com/owner":"me"}}}`,
+			denied: []string{annotations},
+		},
+		"taint removed": {
+			new:    `{"spec":{"taints":null}}`,
+			denied: []string{spec},
+		},
+		"cordoned": {
+			new:    `{"spec":{"unschedulable":true}}`,
+			denied: []string{spec},
+		},
+		"finalizer added": {
+			new:    `{"metadata":{"finalizers":["example.com/hold"]}}`,
+			denied: []string{spec},
+		},
+		"another node and a foreign label": {
+			old:    strings.Replace(baseNode, "name: gpu-a", "name: gpu-b", 1),
+			new:    `{"metadata":{"labels":{"kubernetes.io/hostname":"x"}}}`,
+			denied: []string{ownNode, labels},
+		},
+		"someone else": {
+			user:     &user.DefaultInfo{Name: "system:node:gpu-a", Extra: map[string][]string{nodeNameKey: {"gpu-b"}}},
+			new:      `{"metadata":{"labels":{"kubernetes.io/hostname":"x"}},"spec":{"unschedulable":true}}`,
+			notMatch: true,
+		},
+		"the same service account name in another namespace": {
+			user:     &user.DefaultInfo{Name: "system:serviceaccount:other:" + probeSA},
+			new:      `{"metadata":{"labels":{"kubernetes.io/hostname":"x"}}}`,
+			notMatch: true,
+		},
+	}
+	nodeGVK := schema.GroupVersionKind{Version: "v1", Kind: "Node"}
+	nodeGVR := schema.GroupVersionResource{Version: "v1", Resource: "nodes"}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			oldDoc := tc.old
+			if oldDoc == "" {
+				oldDoc = baseNode
+			}
+			old := object(t, oldDoc)
+			updated := mergePatch(t, old, tc.new)
+			u := tc.user
+			if u == nil {
+				u = probeOn("gpu-a") // the probe of baseNode
+			}
+			va := attributes(updated, old, nodeGVK, nodeGVR, admission.Update, u)
+			res := validator.Validate(context.Background(), nodeGVR, va, nil, nil, celconfig.RuntimeCELCostBudget, nil)
+			if tc.notMatch {
+				if len(res.Decisions) != 0 {
+					t.Errorf("policy applied to %s: %+v", u.GetName(), res.Decisions)
+				}
+				return
+			}
+			var denied []string
+			for _, d := range res.Decisions {
+				if d.Evaluation == validating.EvalError {
+					t.Errorf("evaluation error: %s", d.Message)
+				}
+				if d.Action == validating.ActionDeny {
+					denied = append(denied, d.Message)
+					if d.Reason != metav1.StatusReasonForbidden {
+						t.Errorf("reason = %q, want Forbidden", d.Reason)
+					}
+				}
+			}
+			if !slices.Equal(denied, tc.denied) {
+				t.Errorf("denied with %q, want %q", denied, tc.denied)
+			}
+		})
+	}
+}
+
+// mergePatch applies an RFC 7386 merge patch, the way the probe's patches read.
+func mergePatch(t *testing.T, base *unstructured.Unstructured, patch string) *unstructured.Unstructured {
+	t.Helper()
+	var p map[string]any
+	if err := yaml.Unmarshal([]byte(patch), &p); err != nil {
+		t.Fatalf("bad patch %s: %v", patch, err)
+	}
+	return &unstructured.Unstructured{Object: merge(base.DeepCopy().Object, p)}
+}
+
+func merge(dst, patch map[string]any) map[string]any {
+	for k, v := range patch {
+		switch pv := v.(type) {
+		case nil:
+			delete(dst, k)
+		case map[string]any:
+			d, ok := dst[k].(map[string]any)
+			if !ok {
+				d = map[string]any{}
+			}
+			dst[k] = merge(d, pv)
+		default:
+			dst[k] = v
+		}
+	}
+	return dst
+}
