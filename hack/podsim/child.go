@@ -27,7 +27,7 @@ func (e *childError) Error() string { return e.err.Error() }
 // runChild is the container's init: it runs in the new namespaces, builds
 // the container's filesystem and execs the command. It never returns.
 func runChild() {
-	status := os.NewFile(statusFD, "status")
+	// A raw fd, not an *os.File whose finalizer could close it before the exec.
 	unix.CloseOnExec(statusFD)
 	err := setupAndExec()
 	code := exitSetup
@@ -36,7 +36,7 @@ func runChild() {
 		code = ce.code
 	}
 	b, _ := json.Marshal(childStatus{Code: code, Error: err.Error()})
-	_, _ = status.Write(b)
+	_, _ = unix.Write(statusFD, b)
 	os.Exit(code)
 }
 
