@@ -96,13 +96,13 @@ func TestDesiredMixedNodeAndErrors(t *testing.T) {
 
 func TestLabelValue(t *testing.T) {
 	for in, want := range map[string]string{
-		"NVIDIA H100 80GB HBM3":   "NVIDIA-H100-80GB-HBM3",
-		"NVIDIA A100-SXM4-40GB":   "NVIDIA-A100-SXM4-40GB",
-		"Tesla K80":               "Tesla-K80",
+		"NVIDIA H100 80GB HBM3":  "NVIDIA-H100-80GB-HBM3",
+		"NVIDIA A100-SXM4-40GB":  "NVIDIA-A100-SXM4-40GB",
+		"Tesla K80":              "Tesla-K80",
 		"  GeForce  RTX (3090) ": "GeForce-RTX-3090",
-		"580.159.04":              "580.159.04",
-		"***":                     "",
-		"a/b:c":                   "a-b-c",
+		"580.159.04":             "580.159.04",
+		"***":                    "",
+		"a/b:c":                  "a-b-c",
 		"0123456789012345678901234567890123456789012345678901234567890123456789": "012345678901234567890123456789012345678901234567890123456789012",
 	} {
 		if got := labelValue(in); got != want {

@@ -219,6 +219,10 @@ func newMetrics() *metrics {
 	return m
 }
 
+func promHandler(m *metrics) http.Handler {
+	return promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{})
+}
+
 type daemon struct {
 	opts    *options
 	probe   ProbeOptions
@@ -259,7 +263,7 @@ func (d *daemon) run(ctx context.Context) error {
 	if err := d.serve(ctx, d.opts.healthAddr, d.healthMux(), errc); err != nil {
 		return err
 	}
-	if err := d.serve(ctx, d.opts.metricsAddr, promhttp.HandlerFor(d.metrics.registry, promhttp.HandlerOpts{}), errc); err != nil {
+	if err := d.serve(ctx, d.opts.metricsAddr, promHandler(d.metrics), errc); err != nil {
 		return err
 	}
 	hup := make(chan os.Signal, 1)
