@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Lints the Helm chart in every mode it supports and runs the chart's Go tests, which
+# render it with helm and evaluate its CEL with the API server's own CEL code.
+#
+#   hack/chart-test.sh
+#
+# helm comes from ${HELM}, or ${GPU_INJECTOR_CACHE:-<repo>/bin}/helm-v3.16.3/helm, built
+# by hack/tools.sh helm when missing.
+set -euo pipefail
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+CACHE="${GPU_INJECTOR_CACHE:-${REPO_ROOT}/bin}"
+HELM_VERSION=v3.16.3
+CHART="${REPO_ROOT}/charts/gpu-injector"
+
+log() { printf '[chart-test] %s\n' "$*" >&2; }
+
+if [[ -z "${HELM:-}" ]]; then
+  HELM="${CACHE}/helm-${HELM_VERSION}/helm"
+  if [[ ! -x "${HELM}" ]]; then
+    if [[ -x "${REPO_ROOT}/hack/tools.sh" ]]; then
+      "${REPO_ROOT}/hack/tools.sh" helm
+    else
+      log "building helm ${HELM_VERSION} into ${CACHE}/helm-${HELM_VERSION}"
+      mkdir -p "${CACHE}/helm-${HELM_VERSION}"
+      GOBIN="${CACHE}/helm-${HELM_VERSION}" CGO_ENABLED=0 go install "helm.sh/helm/v3/cmd/helm@${HELM_VERSION}"
+    fi
+  fi
+fi
+export HELM
+
+# Each mode: a name, then helm arguments. helm lint has no --api-versions, so the
+# ValidatingAdmissionPolicy is rendered and checked by the Go tests (helm template).
+modes=(
+  "defaults (1.36)|--kube-version 1.36.3"
+  "defaults (1.29: no matchConditions, no policy)|--kube-version 1.29.0"
+  "cert-manager|--kube-version 1.36.3 --set certManager.enabled=true"
+  "cert-manager with a ClusterIssuer|--kube-version 1.36.3 --set certManager.enabled=true --set certManager.issuerRef.name=ca --set certManager.issuerRef.kind=ClusterIssuer"
+  "out-of-cluster webhook url|--kube-version 1.36.3 --set webhook.url=https://127.0.0.1:9443 --set webhook.caBundle=Zm9v --set webhook.enabled=false"
+  "privileged probe, one replica|--kube-version 1.36.3 --set nodeprobe.privileged=true --set webhook.replicas=1"
+  "probe disabled|--kube-version 1.36.3 --set nodeprobe.enabled=false"
+)
+for mode in "${modes[@]}"; do
+  name="${mode%%|*}"
+  read -r -a args <<<"${mode#*|}"
+  log "helm lint --strict: ${name}"
+  "${HELM}" lint --strict --namespace gpu-injector "${args[@]}" "${CHART}" >/dev/null || {
+    "${HELM}" lint --strict --namespace gpu-injector "${args[@]}" "${CHART}"
+    exit 1
+  }
+done
+
+log "go test ./charts/..."
+cd "${REPO_ROOT}"
+go test -count=1 ./charts/...
+log "ok"
