@@ -1,0 +1,133 @@
+package webhook
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/go-logr/logr"
+	admissionv1 "k8s.io/api/admission/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/gpu-injector/gpu-injector/config"
+	"github.com/gpu-injector/gpu-injector/layout"
+)
+
+const benchNodes = 5000
+
+// benchIndex is a cluster of 5,000 GPU nodes of three driver layouts, some
+// tainted, in three zones.
+func benchIndex(b *testing.B, cfg *config.Configuration) (*Index, []*corev1.Node) {
+	b.Helper()
+	plans := []layout.Plan{ixPlan("470.256.02"), ixPlan("535.104.05"), ixPlan("550.54.15")}
+	idx := NewIndex(cfg, logr.Discard())
+	nodes := make([]*corev1.Node, benchNodes)
+	for i := range nodes {
+		nodes[i] = ixNode(fmt.Sprintf("gpu-%05d", i), plans[i%3], 8, func(n *corev1.Node) {
+			n.Labels["topology.kubernetes.io/zone"] = fmt.Sprintf("zone-%d", i%3)
+			if i%10 == 0 {
+				n.Spec.Taints = []corev1.Taint{{Key: "nvidia.com/gpu", Value: "present", Effect: corev1.TaintEffectNoSchedule}}
+			}
+		})
+		idx.Add(nodes[i])
+	}
+	if got := len(idx.Layouts()); got != 3 {
+		b.Fatalf("index has %d layouts, want 3", got)
+	}
+	return idx, nodes
+}
+
+// BenchmarkHandler is one GPU pod's AdmissionReview through the real
+// controller-runtime webhook handler, in process: body decode, Mutate, patch,
+// response encode.
+func BenchmarkHandler(b *testing.B) {
+	cfg := config.Default()
+	idx, _ := benchIndex(b, cfg)
+	hook := NewWebhook(NewHandler(cfg, idx, staticNamespaces{"ml": {layout.LabelInject: layout.InjectEnabled}}))
+	body := review(b, admissionv1.Create, "ml", hPod("nvidia.com/gpu", nil), podKind)
+
+	b.Run("http", func(b *testing.B) {
+		h := HTTPStatus(hook)
+		b.ReportAllocs()
+		for b.Loop() {
+			req := httptest.NewRequest(http.MethodPost, Path, bytes.NewReader(body))
+			req.Header.Set("Content-Type", "application/json")
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, req)
+			if rec.Code != http.StatusOK || !bytes.Contains(rec.Body.Bytes(), []byte(`"patch":`)) {
+				b.Fatalf("HTTP %d: %s", rec.Code, rec.Body.Bytes())
+			}
+		}
+	})
+	b.Run("handle", func(b *testing.B) {
+		h := NewHandler(cfg, idx, staticNamespaces{"ml": {}})
+		raw := bodyPod(b, body)
+		req := admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
+			UID: types.UID("1"), Kind: podKind, Namespace: "ml", Operation: admissionv1.Create,
+		}}
+		req.Object.Raw = raw
+		ctx := context.Background()
+		b.ReportAllocs()
+		for b.Loop() {
+			if resp := h.Handle(ctx, req); !resp.Allowed || len(resp.Patches) == 0 {
+				b.Fatalf("response %+v", resp.Result)
+			}
+		}
+	})
+}
+
+func bodyPod(b *testing.B, body []byte) []byte {
+	var ar admissionv1.AdmissionReview
+	if err := json.Unmarshal(body, &ar); err != nil {
+		b.Fatal(err)
+	}
+	return ar.Request.Object.Raw
+}
+
+// BenchmarkIndexUpdate is one Node event on a 5,000-node index: "change"
+// moves a node's allocatable GPUs, so its layout is republished; "heartbeat"
+// is a status update that changes nothing the index keeps.
+func BenchmarkIndexUpdate(b *testing.B) {
+	cfg := config.Default()
+	b.Run("change", func(b *testing.B) {
+		idx, nodes := benchIndex(b, cfg)
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			n := nodes[i%benchNodes]
+			q := n.Status.Allocatable["nvidia.com/gpu"]
+			q.Set(int64(4 + i%5))
+			n.Status.Allocatable["nvidia.com/gpu"] = q
+			idx.Update(n)
+			i++
+		}
+	})
+	b.Run("heartbeat", func(b *testing.B) {
+		idx, nodes := benchIndex(b, cfg)
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			idx.Update(nodes[i%benchNodes])
+			i++
+		}
+	})
+	b.Run("transform", func(b *testing.B) {
+		idx := NewIndex(cfg, logr.Discard())
+		src := ixNode("gpu-1", ixPlan("535.104.05"), 8, func(n *corev1.Node) {
+			n.Status.Images = make([]corev1.ContainerImage, 50)
+			n.Annotations["node.alpha.kubernetes.io/ttl"] = "0"
+		})
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := idx.Transform(src.DeepCopy()); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}

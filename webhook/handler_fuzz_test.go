@@ -1,0 +1,66 @@
+package webhook
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/go-logr/logr"
+	admissionv1 "k8s.io/api/admission/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/gpu-injector/gpu-injector/config"
+)
+
+// FuzzAdmissionReview sends arbitrary bytes as the HTTP body: the webhook
+// must never panic (recovery is off here, so a panic fails the fuzz) and must
+// always answer with an AdmissionReview: a patch that applies, or an error.
+func FuzzAdmissionReview(f *testing.F) {
+	cfg := config.Default()
+	idx := NewIndex(cfg, logr.Discard())
+	for i := 0; i < 3; i++ {
+		idx.Add(ixNode(fmt.Sprintf("gpu-%d", i), ixPlan("535.104.05"), 8, nil))
+	}
+	h := HTTPStatus(&admission.Webhook{Handler: NewHandler(cfg, idx, staticNamespaces{"ml": {}}), RecoverPanic: ptrTo(false)})
+
+	f.Add(review(f, admissionv1.Create, "ml", hPod("nvidia.com/gpu", nil), podKind))
+	f.Add(review(f, admissionv1.Create, "ml", hPod("alpha.kubernetes.io/nvidia-gpu", func(p *corev1.Pod) {
+		p.Spec.InitContainers = []corev1.Container{{Name: "init", Resources: p.Spec.Containers[0].Resources}}
+		p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "LD_LIBRARY_PATH", Value: "/opt/lib"}}
+	}), podKind))
+	f.Add(review(f, admissionv1.Create, "ml", hPod("", nil), podKind))
+	f.Add(review(f, admissionv1.Delete, "ml", hPod("nvidia.com/gpu", nil), podKind))
+	f.Add(review(f, admissionv1.Create, "ml", &corev1.ConfigMap{}, metav1.GroupVersionKind{Version: "v1", Kind: "ConfigMap"}))
+	f.Add([]byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"1","operation":"CREATE","kind":{"version":"v1","kind":"Pod"},"object":null}}`))
+	f.Add([]byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"1","operation":"CREATE","kind":{"version":"v1","kind":"Pod"},"object":{"spec":{"containers":[{"name":"c","resources":{"limits":{"nvidia.com/gpu":"1e9"}}}],"nodeSelector":{"a":"b"}}}}}`))
+	f.Add([]byte(`{`))
+	f.Add([]byte{})
+
+	f.Fuzz(func(t *testing.T, body []byte) {
+		req := httptest.NewRequest(http.MethodPost, Path, bytes.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+
+		var ar admissionv1.AdmissionReview
+		if err := json.Unmarshal(rec.Body.Bytes(), &ar); err != nil || ar.Response == nil {
+			t.Fatalf("answer is no AdmissionReview (%v): %s", err, rec.Body.Bytes())
+		}
+		r := ar.Response
+		switch {
+		case rec.Code != http.StatusOK && rec.Code != http.StatusBadRequest && rec.Code != http.StatusRequestEntityTooLarge:
+			t.Fatalf("HTTP status %d: %s", rec.Code, rec.Body.Bytes())
+		case r.Result != nil && r.Result.Code >= 500:
+			t.Fatalf("internal error for input: %s", rec.Body.Bytes())
+		case !r.Allowed && (r.Result == nil || r.Result.Message == ""):
+			t.Fatalf("a refusal without a message: %s", rec.Body.Bytes())
+		case r.Patch != nil && !r.Allowed:
+			t.Fatalf("a refusal with a patch: %s", rec.Body.Bytes())
+		}
+	})
+}

@@ -1,0 +1,207 @@
+package webhook
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+
+	"github.com/go-logr/logr"
+	"go.uber.org/zap/zapcore"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrlconfig "sigs.k8s.io/controller-runtime/pkg/client/config"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
+
+	"github.com/gpu-injector/gpu-injector/config"
+	"github.com/gpu-injector/gpu-injector/version"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+)
+
+// options are the process plumbing; behaviour lives in the config file.
+type options struct {
+	configFile        string
+	kubeconfig        string
+	port              int
+	certs             certOptions
+	metricsAddr       string
+	probeAddr         string
+	logLevel          string
+	logFormat         string
+	webhookConfigName string
+}
+
+func parseFlags(args []string, stderr io.Writer) (*options, error) {
+	o := &options{}
+	fs := flag.NewFlagSet("webhook", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.configFile, "config", "", "configuration file (InjectorConfiguration YAML); empty: the defaults")
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file; empty: in-cluster, else $KUBECONFIG, else ~/.kube/config")
+	fs.IntVar(&o.port, "port", 9443, "HTTPS port of the webhook server")
+	fs.StringVar(&o.certs.dir, "cert-dir", "/tmp/k8s-webhook-server/serving-certs", "folder of the serving certificate files tls.crt and tls.key")
+	fs.StringVar(&o.certs.mode, "cert-mode", CertModeSelf, "self: generate, rotate and inject the certificate (cert-controller); external: only load --cert-dir (cert-manager)")
+	fs.StringVar(&o.certs.secretName, "cert-secret-name", "gpu-injector-webhook-tls", "Secret that holds the CA and serving certificate in self mode")
+	fs.StringVar(&o.certs.serviceName, "service-name", "gpu-injector-webhook", "Service in front of the webhook: the certificate's DNS name")
+	fs.StringVar(&o.certs.namespace, "namespace", os.Getenv("POD_NAMESPACE"), "the webhook's own namespace (default $POD_NAMESPACE); never mutated")
+	fs.StringVar(&o.webhookConfigName, "webhook-configuration-name", "gpu-injector", "MutatingWebhookConfiguration whose caBundle self mode keeps current")
+	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8080", "address of the Prometheus metrics endpoint; 0 disables it")
+	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz")
+	fs.StringVar(&o.logLevel, "log-level", "info", "info or debug")
+	fs.StringVar(&o.logFormat, "log-format", "json", "json or console")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	o.certs.webhookConfigName = o.webhookConfigName
+	if o.port < 1 || o.port > 65535 {
+		return nil, fmt.Errorf("--port %d is not a TCP port", o.port)
+	}
+	if o.certs.mode != CertModeSelf && o.certs.mode != CertModeExternal {
+		return nil, fmt.Errorf("unknown --cert-mode %q: want %s or %s", o.certs.mode, CertModeSelf, CertModeExternal)
+	}
+	if o.logLevel != "info" && o.logLevel != "debug" {
+		return nil, fmt.Errorf("unknown --log-level %q: want info or debug", o.logLevel)
+	}
+	if o.logFormat != "json" && o.logFormat != "console" {
+		return nil, fmt.Errorf("unknown --log-format %q: want json or console", o.logFormat)
+	}
+	return o, nil
+}
+
+func newLogger(o *options, w io.Writer) logr.Logger {
+	level := zapcore.InfoLevel
+	if o.logLevel == "debug" {
+		level = zapcore.DebugLevel
+	}
+	enc := zap.JSONEncoder()
+	if o.logFormat == "console" {
+		enc = zap.ConsoleEncoder()
+	}
+	return zap.New(zap.WriteTo(w), zap.Level(level), enc, zap.StacktraceLevel(zapcore.PanicLevel))
+}
+
+// Run is the `gpu-injector webhook` command: it serves Pod admission on
+// Path until ctx ends.
+func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	o, err := parseFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	log := newLogger(o, stderr)
+	logf.SetLogger(log)
+	klog.SetLogger(log)
+
+	cfg, err := config.Load(o.configFile)
+	if err != nil {
+		return err
+	}
+	if o.certs.namespace != "" && !slices.Contains(cfg.ExcludedNamespaces, o.certs.namespace) {
+		// The webhook must never wait on itself to create its own pods.
+		cfg.ExcludedNamespaces = append(slices.Clone(cfg.ExcludedNamespaces), o.certs.namespace)
+	}
+	restCfg, err := restConfig(o.kubeconfig)
+	if err != nil {
+		return err
+	}
+
+	SetBuildInfo(version.Version)
+	log.Info("starting the webhook", "version", version.String(), "certMode", o.certs.mode, "namespace", o.certs.namespace,
+		"excludedNamespaces", cfg.ExcludedNamespaces, "layoutPolicy", cfg.LayoutPolicy, "noLayout", cfg.NoLayout.Action)
+
+	idx := NewIndex(cfg, log.WithName("nodes"))
+	byObject := map[client.Object]cache.ByObject{&corev1.Node{}: idx.CacheByObject()}
+	if o.certs.mode == CertModeSelf && o.certs.namespace != "" {
+		// Only the one Secret, only to copy it into --cert-dir.
+		byObject[&corev1.Secret{}] = cache.ByObject{
+			Namespaces: map[string]cache.Config{o.certs.namespace: {}},
+			Field:      fields.OneTermEqualSelector("metadata.name", o.certs.secretName),
+		}
+	}
+	server := webhook.NewServer(webhook.Options{Port: o.port, CertDir: o.certs.dir, CertName: certFile, KeyName: keyFile})
+	mgr, err := manager.New(restCfg, manager.Options{
+		Scheme:                 clientgoscheme.Scheme,
+		Logger:                 log,
+		LeaderElection:         false,
+		Metrics:                metricsserver.Options{BindAddress: o.metricsAddr},
+		HealthProbeBindAddress: o.probeAddr,
+		WebhookServer:          server,
+		Cache: cache.Options{
+			DefaultTransform: cache.TransformStripManagedFields(),
+			ByObject:         byObject,
+			// Reads of anything not set up here fail instead of silently
+			// starting a cluster-wide watch that RBAC would refuse.
+			ReaderFailOnMissingInformer: true,
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("failed to create the manager: %w", err)
+	}
+
+	if err := idx.Watch(ctx, mgr.GetCache()); err != nil {
+		return err
+	}
+	namespaces, err := WatchNamespaces(ctx, mgr.GetCache())
+	if err != nil {
+		return err
+	}
+	certsReady, err := setupCerts(mgr, o.certs, log.WithName("certs"))
+	if err != nil {
+		return err
+	}
+	if o.certs.mode == CertModeSelf {
+		if err := watchSecretFiles(ctx, mgr.GetCache(), o.certs.dir, log.WithName("certs")); err != nil {
+			return err
+		}
+	}
+
+	server.Register(Path, HTTPStatus(NewWebhook(NewHandler(cfg, idx, namespaces))))
+	if err := mgr.Add(startAfter{ready: certsReady, server: server}); err != nil {
+		return fmt.Errorf("failed to add the webhook server: %w", err)
+	}
+	for name, check := range map[string]healthz.Checker{
+		"webhook":    server.StartedChecker(),
+		"nodes":      idx.ReadyCheck,
+		"namespaces": namespaces.ReadyCheck,
+	} {
+		if err := mgr.AddReadyzCheck(name, check); err != nil {
+			return fmt.Errorf("failed to add the %s readiness check: %w", name, err)
+		}
+	}
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		return fmt.Errorf("failed to add the liveness check: %w", err)
+	}
+
+	if err := mgr.Start(ctx); err != nil {
+		return fmt.Errorf("failed to run the webhook: %w", err)
+	}
+	return nil
+}
+
+func restConfig(kubeconfig string) (*rest.Config, error) {
+	if kubeconfig == "" {
+		c, err := ctrlconfig.GetConfig()
+		if err != nil {
+			return nil, fmt.Errorf("failed to find a kubeconfig or in-cluster config: %w", err)
+		}
+		return c, nil
+	}
+	c, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("failed to load kubeconfig %q: %w", kubeconfig, err)
+	}
+	return c, nil
+}
