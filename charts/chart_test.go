@@ -706,7 +706,7 @@ func checkWebhookRBAC(t *testing.T, r rendered, selfCerts bool) {
 	}
 	want := []rbacv1.PolicyRule{
 		{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"list", "watch"}},
-		{APIGroups: []string{""}, Resources: []string{"namespaces"}, Verbs: []string{"get", "list", "watch"}},
+		{APIGroups: []string{""}, Resources: []string{"namespaces"}, Verbs: []string{"list", "watch"}},
 	}
 	if selfCerts {
 		want = append(want,
