@@ -139,7 +139,7 @@ func (sf *secretFiles) onSecret(obj any) {
 	}{{keyFile, key}, {certFile, crt}} {
 		changed, err := writeIfChanged(filepath.Join(sf.dir, f.name), f.data)
 		if err != nil {
-			if errors.Is(err, syscall.EROFS) || errors.Is(err, os.ErrPermission) {
+			if readOnly(err) {
 				sf.disabled = true
 				sf.log.Info("certificate folder is not writable; expecting the Secret to be mounted there", "certDir", sf.dir)
 				return
@@ -151,6 +151,11 @@ func (sf *secretFiles) onSecret(obj any) {
 			sf.log.Info("wrote the serving certificate from its Secret", "file", f.name, "secret", s.Name)
 		}
 	}
+}
+
+// readOnly: the folder is a read-only mount (a Secret volume) or not ours.
+func readOnly(err error) bool {
+	return errors.Is(err, syscall.EROFS) || errors.Is(err, os.ErrPermission)
 }
 
 // writeIfChanged replaces a file atomically, only when its content differs,
