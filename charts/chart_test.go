@@ -501,11 +501,27 @@ func TestRender(t *testing.T) {
 						t.Errorf("%s rendered with webhook.enabled=false", kind)
 					}
 				}
-				// The out-of-cluster process still uses the chart's identity and Secret.
-				if r.get("ServiceAccount", webhookSA) == nil || r.get("Secret", certSecret) == nil {
-					t.Errorf("webhook ServiceAccount or certificate Secret missing; have %v", r.names())
+				// The out-of-cluster process may run with the chart's identity; its
+				// certificate and CA come from outside, so no Secret and no rights on it.
+				if r.get("ServiceAccount", webhookSA) == nil {
+					t.Errorf("webhook ServiceAccount missing; have %v", r.names())
 				}
-				checkWebhookRBAC(t, r, true)
+				if r.get("Secret", certSecret) != nil {
+					t.Errorf("certificate Secret rendered although the CA comes from webhook.caBundle")
+				}
+				checkWebhookRBAC(t, r, false)
+			},
+		},
+		"url with the webhook still in the cluster": {
+			opts: with(kube136, "webhook.url=https://webhook.example.com"),
+			check: func(t *testing.T, r rendered) {
+				dep := mustGet[appsv1.Deployment](t, r, "Deployment", webhookSA)
+				if c := container(t, dep.Spec.Template, "webhook"); !slices.Contains(c.Args, "--cert-mode=external") {
+					t.Errorf("webhook args %q lack --cert-mode=external: self mode cannot inject a CA for a URL", c.Args)
+				}
+				if wh := mutatingWebhook(t, r); len(wh.ClientConfig.CABundle) != 0 {
+					t.Errorf("caBundle %q set without webhook.caBundle", wh.ClientConfig.CABundle)
+				}
 			},
 		},
 		"privileged probe fallback": {

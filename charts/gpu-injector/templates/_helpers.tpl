@@ -98,9 +98,14 @@ app.kubernetes.io/component: nodeprobe
 {{- end }}
 {{- end }}
 
-{{/* self: the binary mints and rotates its own serving certificate; external: cert-manager does. */}}
+{{/*
+self: the binary mints and rotates its own serving certificate and injects its CA.
+external: something else does: cert-manager, or, with webhook.url, whoever runs the
+out-of-cluster webhook and hands its CA in webhook.caBundle (the binary could not
+inject a CA for a URL its certificate does not name).
+*/}}
 {{- define "gpu-injector.certMode" -}}
-{{- if .Values.certManager.enabled }}external{{ else }}self{{ end }}
+{{- if or .Values.certManager.enabled .Values.webhook.url }}external{{ else }}self{{ end }}
 {{- end }}
 
 {{/*
