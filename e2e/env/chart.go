@@ -1,0 +1,146 @@
+package env
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os/exec"
+	"path/filepath"
+	"strings"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/discovery/cached/memory"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/restmapper"
+
+	"github.com/gpu-injector/gpu-injector/e2e/cluster"
+)
+
+// Release is the Helm release name and Namespace the release namespace the
+// environment installs the chart as, like the README's helm install.
+const (
+	Release   = "gpu-injector"
+	Namespace = "gpu-injector"
+)
+
+// FieldManager owns what the environment applies.
+const FieldManager = "gpu-injector-e2e"
+
+// RenderChart runs `helm template` on charts/gpu-injector for this cluster's
+// version, with extra --set values, and returns every rendered object.
+func RenderChart(ctx context.Context, repoRoot, helm string, sets ...string) ([]*unstructured.Unstructured, error) {
+	args := []string{"template", Release, filepath.Join(repoRoot, "charts", "gpu-injector"),
+		"--namespace", Namespace,
+		"--kube-version", strings.TrimPrefix(cluster.KubernetesVersion, "v"),
+		// helm template does not ask a cluster; say what 1.36 serves.
+		"--api-versions", "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy",
+		"--api-versions", "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicyBinding",
+	}
+	for _, s := range sets {
+		args = append(args, "--set", s)
+	}
+	cmd := exec.CommandContext(ctx, helm, args...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("failed to render the chart (helm %s): %w\n%s", strings.Join(args, " "), err, stderr.String())
+	}
+	return decodeObjects(stdout.Bytes())
+}
+
+func decodeObjects(data []byte) ([]*unstructured.Unstructured, error) {
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
+	var out []*unstructured.Unstructured
+	for {
+		var m map[string]any
+		if err := dec.Decode(&m); err != nil {
+			if errors.Is(err, io.EOF) {
+				return out, nil
+			}
+			return nil, fmt.Errorf("failed to decode rendered chart: %w", err)
+		}
+		if len(m) == 0 {
+			continue
+		}
+		out = append(out, &unstructured.Unstructured{Object: m})
+	}
+}
+
+// Applier server-side applies objects of any kind, resolving kinds through
+// the API server's discovery.
+type Applier struct {
+	dyn    dynamic.Interface
+	mapper *restmapper.DeferredDiscoveryRESTMapper
+}
+
+// NewApplier builds an Applier for a client configuration.
+func NewApplier(cfg *rest.Config) (*Applier, error) {
+	dc, err := discovery.NewDiscoveryClientForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("failed to create a discovery client: %w", err)
+	}
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("failed to create a dynamic client: %w", err)
+	}
+	return &Applier{dyn: dyn, mapper: restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc))}, nil
+}
+
+// Apply server-side applies obj; with dryRun the API server runs every
+// admission step and validation and persists nothing.
+func (a *Applier) Apply(ctx context.Context, obj *unstructured.Unstructured, dryRun bool) error {
+	gvk := obj.GroupVersionKind()
+	m, err := a.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+	if err != nil {
+		a.mapper.Reset()
+		if m, err = a.mapper.RESTMapping(gvk.GroupKind(), gvk.Version); err != nil {
+			return fmt.Errorf("failed to map %s: %w", gvk, err)
+		}
+	}
+	data, err := json.Marshal(obj.Object)
+	if err != nil {
+		return fmt.Errorf("failed to encode %s %s: %w", gvk.Kind, obj.GetName(), err)
+	}
+	opts := metav1.PatchOptions{FieldManager: FieldManager, Force: ptr(true)}
+	if dryRun {
+		opts.DryRun = []string{metav1.DryRunAll}
+	}
+	var ri dynamic.ResourceInterface = a.dyn.Resource(m.Resource)
+	if m.Scope.Name() == "namespace" {
+		ns := obj.GetNamespace()
+		if ns == "" {
+			ns = Namespace
+		}
+		ri = a.dyn.Resource(m.Resource).Namespace(ns)
+	}
+	if _, err := ri.Patch(ctx, obj.GetName(), types.ApplyPatchType, data, opts); err != nil {
+		return fmt.Errorf("failed to apply %s %s: %w", gvk.Kind, obj.GetName(), err)
+	}
+	return nil
+}
+
+// outOfClusterKinds are the rendered objects that make sense when the webhook
+// and the probes run as local processes: identities, rights, configuration
+// and the admission wiring. The Deployment, DaemonSet, Service, PDB and
+// certificate Secret would need the image in a registry.
+var outOfClusterKinds = map[string]bool{
+	"ServiceAccount":                   true,
+	"ClusterRole":                      true,
+	"ClusterRoleBinding":               true,
+	"Role":                             true,
+	"RoleBinding":                      true,
+	"ConfigMap":                        true,
+	"MutatingWebhookConfiguration":     true,
+	"ValidatingAdmissionPolicy":        true,
+	"ValidatingAdmissionPolicyBinding": true,
+}
+
+func ptr[T any](v T) *T { return &v }

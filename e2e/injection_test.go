@@ -1,0 +1,254 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/gpu-injector/gpu-injector/e2e/env"
+	"github.com/gpu-injector/gpu-injector/e2e/standin"
+	"github.com/gpu-injector/gpu-injector/e2e/workloads"
+)
+
+// TestNamespaceOptIn: the same GPU pod, on the kubelet node, in a namespace
+// without the opt-in label and in one with it. Unlabelled, the API server
+// never calls the webhook: the pod is unchanged and its container cannot load
+// libcuda.so.1. Labelled, the pod gets the node's driver and loads it.
+func TestNamespaceOptIn(t *testing.T) {
+	kn := testEnv.KubeletNode()
+	onKubelet := map[string]string{env.LabelAccelerator: kn.Accelerator}
+
+	t.Run("unlabelled namespace: unchanged, and the driver is missing", func(t *testing.T) {
+		ns := newNamespace(t, false)
+		want := gpuPod("cuda-check", podOpts{resource: gpu, nodeSelector: onKubelet})
+		p := createPod(t, ns, want)
+		assertUntouched(t, p, want)
+		done := waitPodDone(t, ns, p.Name)
+		if done.Spec.NodeName != kn.Name {
+			t.Fatalf("pod ran on %q, want the kubelet node %s", done.Spec.NodeName, kn.Name)
+		}
+		log := podLog(t, ns, p.Name, "cuda")
+		if done.Status.Phase != corev1.PodFailed || !strings.Contains(log, "cannot open shared object file") {
+			t.Fatalf("pod %s: phase %s, log:\n%s\nwant Failed with \"cannot open shared object file\"", p.Name, done.Status.Phase, log)
+		}
+	})
+
+	t.Run("labelled namespace: mutated, and the container loads the node's libcuda", func(t *testing.T) {
+		ns := newNamespace(t, true)
+		p := createPod(t, ns, gpuPod("cuda-check", podOpts{resource: gpu, nodeSelector: onKubelet}))
+		assertInjected(t, p, kn)
+		done := waitPodDone(t, ns, p.Name)
+		log := podLog(t, ns, p.Name, "cuda")
+		want := fmt.Sprintf("loaded libcuda.so.1 from /usr/local/nvidia/lib64/libcuda.so.1 driver=%s", kn.DriverVersion)
+		if done.Status.Phase != corev1.PodSucceeded || !strings.Contains(log, want) || !strings.Contains(log, standin.Notice) {
+			t.Fatalf("pod %s: phase %s, log:\n%s\nwant Succeeded with %q and the stand-in notice", p.Name, done.Status.Phase, log, want)
+		}
+	})
+}
+
+// legacyJob is the classic nvidia-smi Job of the Kubernetes 1.6-1.9 GPU
+// tutorials (hack/gpu/nvidia-smi-job.yaml) on our driverless image, with a
+// second container that reports which libcuda.so.1 it loaded. It names the
+// legacy resource and no node: neither a node selector nor driver volumes.
+func legacyJob() *batchv1.Job {
+	limits := corev1.ResourceList{legacyGPU: resource.MustParse("1")}
+	return &batchv1.Job{
+		ObjectMeta: metav1.ObjectMeta{Name: "nvidia-smi"},
+		Spec: batchv1.JobSpec{
+			BackoffLimit: ptr(int32(0)),
+			Template: corev1.PodTemplateSpec{
+				Spec: corev1.PodSpec{
+					RestartPolicy:                corev1.RestartPolicyNever,
+					AutomountServiceAccountToken: ptr(false),
+					Containers: []corev1.Container{
+						{Name: "nvidia-smi", Image: env.WorkloadImage, ImagePullPolicy: corev1.PullNever,
+							Command:         []string{"/usr/local/nvidia/bin/nvidia-smi"},
+							Resources:       corev1.ResourceRequirements{Limits: limits},
+							SecurityContext: restrictedContext()},
+						{Name: "cuda-check", Image: env.WorkloadImage, ImagePullPolicy: corev1.PullNever,
+							Command:         []string{workloads.CUDACheck},
+							Resources:       corev1.ResourceRequirements{Limits: limits},
+							SecurityContext: restrictedContext()},
+					},
+				},
+			},
+		},
+	}
+}
+
+// jobPod waits for the Job controller's pod of a Job and returns it.
+func jobPod(t *testing.T, ns, job string) *corev1.Pod {
+	t.Helper()
+	var pod *corev1.Pod
+	waitFor(t, apiTimeout, "the pod of job "+ns+"/"+job, func(ctx context.Context) (bool, error) {
+		pods, err := client().CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "job-name=" + job})
+		if err != nil || len(pods.Items) == 0 {
+			return false, nil
+		}
+		pod = &pods.Items[0]
+		return true, nil
+	})
+	return pod
+}
+
+// TestLegacyNvidiaSMIJob: the classic Job, created as a Job. The Job has no
+// node selector on purpose: it is the tutorial's manifest, and the layout
+// choice is the configured policy's (MostGPUs): the kubelet node offers 4
+// GPUs, each API-only node 2, so the webhook picks the kubelet node's layout
+// and the fingerprint selector sends the pod there, where the kubelet runs it.
+func TestLegacyNvidiaSMIJob(t *testing.T) {
+	if bad := env.DriverFiles(testEnv.ImageFiles); len(bad) > 0 {
+		t.Fatalf("the workload image holds driver files %v", bad)
+	}
+	kn := testEnv.KubeletNode()
+
+	t.Run("labelled namespace: mutated, bound to the matching node, run by the kubelet", func(t *testing.T) {
+		ns := newNamespace(t, true)
+		ctx := testContext(t)
+		if _, err := client().BatchV1().Jobs(ns).Create(ctx, legacyJob(), metav1.CreateOptions{}); err != nil {
+			t.Fatalf("failed to create the job: %v", err)
+		}
+		p := jobPod(t, ns, "nvidia-smi")
+		for _, c := range p.Spec.Containers {
+			if _, ok := c.Resources.Limits[legacyGPU]; ok {
+				t.Errorf("container %s still asks for %s: %v", c.Name, legacyGPU, c.Resources.Limits)
+			}
+			if q := c.Resources.Limits[gpu]; q.Value() != 1 {
+				t.Errorf("container %s limits %v, want %s: 1", c.Name, c.Resources.Limits, gpu)
+			}
+		}
+		assertInjected(t, p, kn)
+		var job *batchv1.Job
+		waitFor(t, runTimeout, "job "+ns+"/nvidia-smi to finish", func(ctx context.Context) (bool, error) {
+			j, err := client().BatchV1().Jobs(ns).Get(ctx, "nvidia-smi", metav1.GetOptions{})
+			if err != nil {
+				return false, nil
+			}
+			job = j
+			return j.Status.Succeeded > 0 || j.Status.Failed > 0, nil
+		})
+		done, err := client().CoreV1().Pods(ns).Get(ctx, p.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatalf("failed to get pod %s: %v", p.Name, err)
+		}
+		if done.Spec.NodeName != kn.Name {
+			t.Errorf("pod ran on %q, want %s", done.Spec.NodeName, kn.Name)
+		}
+		smi := podLog(t, ns, p.Name, "nvidia-smi")
+		check := podLog(t, ns, p.Name, "cuda-check")
+		if job.Status.Succeeded != 1 {
+			t.Fatalf("job failed; nvidia-smi log:\n%s\ncuda-check log:\n%s", smi, check)
+		}
+		if want := "Driver Version: " + kn.DriverVersion; !strings.Contains(smi, want) || !strings.Contains(smi, standin.Notice) {
+			t.Errorf("nvidia-smi log:\n%s\nwant %q and the stand-in notice", smi, want)
+		}
+		if want := fmt.Sprintf("from /usr/local/nvidia/lib64/libcuda.so.1 driver=%s", kn.DriverVersion); !strings.Contains(check, want) {
+			t.Errorf("cuda-check log:\n%s\nwant %q", check, want)
+		}
+		t.Logf("nvidia-smi said:\n%s\ncuda-check said:\n%s", smi, check)
+	})
+
+	t.Run("unlabelled namespace: Pending forever on the legacy resource", func(t *testing.T) {
+		ns := newNamespace(t, false)
+		if _, err := client().BatchV1().Jobs(ns).Create(testContext(t), legacyJob(), metav1.CreateOptions{}); err != nil {
+			t.Fatalf("failed to create the job: %v", err)
+		}
+		p := jobPod(t, ns, "nvidia-smi")
+		t.Cleanup(func() {
+			_ = client().BatchV1().Jobs(ns).Delete(context.Background(), "nvidia-smi", metav1.DeleteOptions{PropagationPolicy: ptr(metav1.DeletePropagationBackground)})
+		})
+		if _, ok := p.Spec.Containers[0].Resources.Limits[legacyGPU]; !ok {
+			t.Fatalf("pod limits %v, want the legacy %s untouched", p.Spec.Containers[0].Resources.Limits, legacyGPU)
+		}
+		msg := waitEvent(t, ns, p.Name, "FailedScheduling", "Insufficient "+string(legacyGPU))
+		t.Logf("scheduler: %s", msg)
+		now, err := client().CoreV1().Pods(ns).Get(testContext(t), p.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatalf("failed to get pod: %v", err)
+		}
+		if now.Spec.NodeName != "" || now.Status.Phase != corev1.PodPending {
+			t.Fatalf("pod is on %q in phase %s, want unbound and Pending", now.Spec.NodeName, now.Status.Phase)
+		}
+	})
+}
+
+// TestAcceleratorSelectsLayout: a pod that selects a GPU model gets the
+// layout of the nodes with that model, their host paths, and is bound there
+// by the scheduler. The API-only nodes have no kubelet, so the pod never
+// runs: spec.nodeName is the proof.
+func TestAcceleratorSelectsLayout(t *testing.T) {
+	ns := newNamespace(t, true)
+	for name, tc := range map[string]struct {
+		node     string
+		hostPath string
+	}{
+		"k80 gets Ubuntu nvidia-384": {node: "ubuntu-k80", hostPath: "/usr/lib/nvidia-384"},
+		"p100 gets CentOS 7":         {node: "centos-p100", hostPath: "/usr/lib64/nvidia"},
+		"t4 gets GKE":                {node: testEnv.KubeletNode().Name, hostPath: "/home/kubernetes/bin/nvidia"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			n := testEnv.Node(tc.node)
+			p := createPod(t, ns, gpuPod("select-"+n.Accelerator, podOpts{
+				resource:     gpu,
+				nodeSelector: map[string]string{env.LabelAccelerator: n.Accelerator},
+			}))
+			assertInjected(t, p, n)
+			var found bool
+			for _, hp := range hostPaths(p) {
+				if hp == tc.hostPath || strings.HasPrefix(hp, tc.hostPath+"/") {
+					found = true
+				}
+			}
+			if !found {
+				t.Errorf("hostPaths %v, want one under %s", hostPaths(p), tc.hostPath)
+			}
+			if bound := waitBound(t, ns, p.Name); bound.Spec.NodeName != n.Name {
+				t.Errorf("pod bound to %q, want %s", bound.Spec.NodeName, n.Name)
+			}
+		})
+	}
+}
+
+// TestNoLayoutFits: a GPU pod whose constraints no ready layout satisfies
+// gets the configured policy's answer (Deny, the chart's default), as kubectl
+// shows it to the user.
+func TestNoLayoutFits(t *testing.T) {
+	ns := newNamespace(t, true)
+	manifest := `apiVersion: v1
+kind: Pod
+metadata:
+  name: wants-a-v100
+spec:
+  restartPolicy: Never
+  nodeSelector:
+    accelerator: nvidia-tesla-v100
+  containers:
+  - name: cuda
+    image: ` + env.WorkloadImage + `
+    imagePullPolicy: Never
+    resources:
+      limits:
+        nvidia.com/gpu: 1
+`
+	stdout, stderr, err := kubectl(t, manifest, "create", "-n", ns, "-f", "-")
+	if err == nil {
+		t.Fatalf("kubectl create succeeded, want a denial; stdout: %s", stdout)
+	}
+	for _, want := range []string{`admission webhook "pods.gpu-injector.io" denied the request`, "no ready GPU node layout fits this pod"} {
+		if !strings.Contains(stderr, want) {
+			t.Errorf("kubectl stderr:\n%s\nwant %q", stderr, want)
+		}
+	}
+	t.Logf("kubectl said: %s", strings.TrimSpace(stderr))
+	if _, err := client().CoreV1().Pods(ns).Get(testContext(t), "wants-a-v100", metav1.GetOptions{}); err == nil {
+		t.Errorf("the denied pod exists")
+	}
+}
