@@ -537,6 +537,21 @@ func TestRender(t *testing.T) {
 				}
 			},
 		},
+		"recursively read-only host root": {
+			opts: with(kube136, "nodeprobe.recursiveReadOnly=true"),
+			check: func(t *testing.T, r rendered) {
+				ds := mustGet[appsv1.DaemonSet](t, r, "DaemonSet", probeSA)
+				for _, m := range container(t, ds.Spec.Template, "nodeprobe").VolumeMounts {
+					if m.Name != "host-root" {
+						continue
+					}
+					// The API server refuses recursiveReadOnly with any propagation but None.
+					if ptrValue(m.RecursiveReadOnly) != corev1.RecursiveReadOnlyIfPossible || m.MountPropagation != nil {
+						t.Errorf("host root mount = %+v, want recursiveReadOnly IfPossible without propagation", m)
+					}
+				}
+			},
+		},
 		"probe disabled": {
 			opts: with(kube136, "nodeprobe.enabled=false"),
 			check: func(t *testing.T, r rendered) {

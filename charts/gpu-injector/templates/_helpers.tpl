@@ -1,6 +1,7 @@
 {{/*
-Names. fullname is capped at 52 characters so that "<fullname>-webhook-tls" and the
-other derived names stay within the 63-character limit of label values and DNS labels.
+Names. fullname is capped at 52 characters so that the longest derived name that must be
+a DNS label, "<fullname>-nodeprobe", stays within 63 characters; the Service
+"<fullname>-webhook" must be one too.
 */}}
 {{- define "gpu-injector.name" -}}
 {{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
