@@ -3,6 +3,7 @@ package webhook
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
@@ -127,7 +128,8 @@ func (idx *Index) onEvent(obj any, deleted bool) {
 // Add records a Node; it is Update under the name informers use.
 func (idx *Index) Add(n *corev1.Node) { idx.Update(n) }
 
-// Update records the current state of a Node. It does not keep n.
+// Update records the current state of a Node. It keeps nothing of n that
+// the caller may change later.
 func (idx *Index) Update(n *corev1.Node) {
 	info := idx.nodeInfo(n)
 	eligible := nodeEligible(n)
@@ -154,9 +156,15 @@ func (idx *Index) Update(n *corev1.Node) {
 	if old != nil {
 		oldFP = old.fingerprint
 		if oldFP == st.fingerprint && (oldFP == "" || infoEqual(old.info, info)) {
+			// Keep the published NodeInfo, which owns its label map.
+			if oldFP != "" {
+				st.info = old.info
+			}
 			return
 		}
 	}
+	// Published NodeInfo must not share the caller's label map.
+	info.Labels = maps.Clone(info.Labels)
 	changed := make([]string, 0, 2)
 	if oldFP != "" {
 		idx.removeNode(oldFP, n.Name)

@@ -360,6 +360,25 @@ func TestIndexNodeInfo(t *testing.T) {
 	}
 }
 
+func TestIndexCallerReusesNode(t *testing.T) {
+	idx := NewIndex(config.Default(), logr.Discard())
+	n := ixNode("n1", ixPlan("535.104.05"), 8, nil)
+	idx.Add(n)
+	n.Labels["zone"] = "a"
+	idx.Update(n)
+	if got := idx.Layouts()[0].Nodes[0].Labels["zone"]; got != "a" {
+		t.Fatalf("a label added in place was missed: zone=%q", got)
+	}
+	n.Labels["zone"] = "b"
+	if got := idx.Layouts()[0].Nodes[0].Labels["zone"]; got != "a" {
+		t.Fatalf("the caller's map leaked into the snapshot: zone=%q", got)
+	}
+	idx.Update(n)
+	if got := idx.Layouts()[0].Nodes[0].Labels["zone"]; got != "b" {
+		t.Fatalf("a label changed in place was missed: zone=%q", got)
+	}
+}
+
 func TestIndexTransform(t *testing.T) {
 	idx := NewIndex(config.Default(), logr.Discard())
 	p := ixPlan("535.104.05")
