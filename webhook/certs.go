@@ -43,6 +43,7 @@ type certOptions struct {
 	namespace         string
 	serviceName       string
 	webhookConfigName string
+	extraDNSNames     []string
 }
 
 // setupCerts adds what serves certificates in the chosen mode and returns the
@@ -72,7 +73,7 @@ func setupCerts(mgr manager.Manager, o certOptions, log logr.Logger) (<-chan str
 		CAName:         "gpu-injector-ca",
 		CAOrganization: "gpu-injector",
 		DNSName:        dns,
-		ExtraDNSNames:  []string{o.serviceName, fmt.Sprintf("%s.%s", o.serviceName, o.namespace), dns + ".cluster.local"},
+		ExtraDNSNames:  append([]string{o.serviceName, fmt.Sprintf("%s.%s", o.serviceName, o.namespace), dns + ".cluster.local"}, o.extraDNSNames...),
 		IsReady:        ready,
 		Webhooks:       []rotator.WebhookInfo{{Name: o.webhookConfigName, Type: rotator.Mutating}},
 		FieldOwner:     "gpu-injector",

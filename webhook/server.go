@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"slices"
+	"strings"
 
 	"github.com/go-logr/logr"
 	"go.uber.org/zap/zapcore"
@@ -54,6 +55,14 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.certs.mode, "cert-mode", CertModeSelf, "self: generate, rotate and inject the certificate (cert-controller); external: only load --cert-dir (cert-manager)")
 	fs.StringVar(&o.certs.secretName, "cert-secret-name", "gpu-injector-webhook-tls", "Secret that holds the CA and serving certificate in self mode")
 	fs.StringVar(&o.certs.serviceName, "service-name", "gpu-injector-webhook", "Service in front of the webhook: the certificate's DNS name")
+	fs.Func("cert-extra-dns-names", "comma-separated extra DNS names of the self-made certificate, for a webhook configuration that calls a URL (e.g. localhost)", func(v string) error {
+		for _, n := range strings.Split(v, ",") {
+			if n = strings.TrimSpace(n); n != "" {
+				o.certs.extraDNSNames = append(o.certs.extraDNSNames, n)
+			}
+		}
+		return nil
+	})
 	fs.StringVar(&o.certs.namespace, "namespace", os.Getenv("POD_NAMESPACE"), "the webhook's own namespace (default $POD_NAMESPACE); never mutated")
 	fs.StringVar(&o.webhookConfigName, "webhook-configuration-name", "gpu-injector", "MutatingWebhookConfiguration whose caBundle self mode keeps current")
 	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8080", "address of the Prometheus metrics endpoint; 0 disables it")

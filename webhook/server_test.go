@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"syscall"
 	"testing"
@@ -34,15 +35,16 @@ func TestParseFlags(t *testing.T) {
 			namespace: "gpu-injector", serviceName: "gpu-injector-webhook", webhookConfigName: "gpu-injector",
 		},
 	}
-	if *o != want {
+	if !reflect.DeepEqual(*o, want) {
 		t.Errorf("defaults = %+v, want %+v", *o, want)
 	}
 
-	o, err = parseFlags([]string{"--cert-mode=external", "--namespace=infra", "--port=10250", "--log-format=console", "--log-level=debug", "--webhook-configuration-name=gi"}, &bytes.Buffer{})
+	o, err = parseFlags([]string{"--cert-mode=external", "--namespace=infra", "--port=10250", "--log-format=console", "--log-level=debug", "--webhook-configuration-name=gi", "--cert-extra-dns-names=localhost, gi.example.com"}, &bytes.Buffer{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.certs.mode != CertModeExternal || o.certs.namespace != "infra" || o.port != 10250 || o.certs.webhookConfigName != "gi" {
+	if o.certs.mode != CertModeExternal || o.certs.namespace != "infra" || o.port != 10250 || o.certs.webhookConfigName != "gi" ||
+		strings.Join(o.certs.extraDNSNames, ",") != "localhost,gi.example.com" {
 		t.Errorf("flags not applied: %+v", *o)
 	}
 }
