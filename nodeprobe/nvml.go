@@ -201,7 +201,7 @@ func CheckNVMLLibrary(libraryPath string) NVMLResult {
 	}
 	defined := map[string]bool{}
 	for _, s := range syms {
-		if s.Section != elf.SHN_UNDEF && elf.ST_TYPE(s.Info) == elf.STT_FUNC {
+		if t := elf.ST_TYPE(s.Info); s.Section != elf.SHN_UNDEF && (t == elf.STT_FUNC || t == elf.STT_GNU_IFUNC) {
 			defined[s.Name] = true
 		}
 	}
