@@ -38,6 +38,9 @@ import (
 	"github.com/gpu-injector/gpu-injector/layout"
 )
 
+// retryInterval is the wait after a failed publish.
+const retryInterval = 30 * time.Second
+
 // ErrUsage marks a bad command line; the caller should exit with status 2.
 var ErrUsage = errors.New("usage error")
 
@@ -283,11 +286,14 @@ func (d *daemon) run(ctx context.Context) error {
 			log.Info("sighup: probing now")
 		case <-timer.C:
 		}
+		next := d.opts.interval
 		if err := d.once(ctx, log); err != nil {
 			if errors.Is(err, ErrNVMLReload) {
 				return err
 			}
-			log.Error(err, "failed to publish the probe result")
+			// An unreachable API server should not leave the node stale for a whole interval.
+			next = min(next, retryInterval)
+			log.Error(err, "failed to publish the probe result", "retryIn", next.String())
 		}
 		if !timer.Stop() {
 			select {
@@ -295,7 +301,7 @@ func (d *daemon) run(ctx context.Context) error {
 			default:
 			}
 		}
-		timer.Reset(d.opts.interval)
+		timer.Reset(next)
 	}
 }
 
