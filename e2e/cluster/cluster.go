@@ -323,6 +323,8 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 		"--kubelet-client-certificate=" + kubeletClient.CertFile,
 		"--kubelet-client-key=" + kubeletClient.KeyFile,
 		"--kubelet-certificate-authority=" + p.CAFile,
+		// The Node's Hostname address is its name, which no DNS resolves.
+		"--kubelet-preferred-address-types=InternalIP",
 		"--authorization-mode=Node,RBAC",
 		"--enable-admission-plugins=NodeRestriction",
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
