@@ -101,6 +101,7 @@ type Cluster struct {
 	pki        *pki
 	ports      map[string]int
 	bridge     string
+	runDir     string
 
 	mu      sync.Mutex
 	procs   map[string]*process
@@ -150,13 +151,21 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	if err := os.Chmod(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("failed to chmod cluster dir: %w", err)
 	}
+	// Unix socket paths are limited to ~104 bytes and Dir may sit deep (a
+	// test's TempDir), so the sockets get a short folder of their own.
+	runDir, err := os.MkdirTemp("", "gi-run-")
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("failed to create socket dir: %w", err)
+	}
 	c := &Cluster{
 		Dir:              dir,
+		runDir:           runDir,
 		LogsDir:          opts.LogsDir,
 		NodeName:         opts.NodeName,
 		NodeIP:           ip,
-		ContainerdSocket: filepath.Join(dir, "containerd", "containerd.sock"),
-		DevicePluginDir:  filepath.Join(dir, "device-plugins"),
+		ContainerdSocket: filepath.Join(runDir, "containerd.sock"),
+		DevicePluginDir:  filepath.Join(runDir, "device-plugins"),
 		Binaries:         bins,
 		opts:             opts,
 		log:              log.WithValues("dir", dir),
@@ -668,6 +677,15 @@ func (c *Cluster) Stop() error {
 	} else if c.Dir != "" {
 		if err := os.RemoveAll(c.Dir); err != nil {
 			errs = append(errs, fmt.Errorf("failed to remove %s: %w", c.Dir, err))
+		}
+	}
+	// Sockets only; nothing to keep for debugging.
+	if err := unmountUnder(c.runDir); err != nil {
+		errs = append(errs, err)
+	}
+	if c.runDir != "" {
+		if err := os.RemoveAll(c.runDir); err != nil {
+			errs = append(errs, fmt.Errorf("failed to remove %s: %w", c.runDir, err))
 		}
 	}
 	err := errors.Join(errs...)

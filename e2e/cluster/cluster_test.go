@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -170,7 +171,68 @@ func TestClusterRunsPod(t *testing.T) {
 			t.Errorf("component pid %d still alive", pid)
 		}
 	}
-	if _, err := os.Stat(c.Dir); !os.IsNotExist(err) {
-		t.Errorf("cluster dir %s still exists (err %v)", c.Dir, err)
+	for _, d := range []string{c.Dir, c.runDir} {
+		if _, err := os.Stat(d); !os.IsNotExist(err) {
+			t.Errorf("cluster folder %s still exists (err %v)", d, err)
+		}
 	}
+}
+
+// A component that cannot start fails Start fast, with its log in the error,
+// and leaves no process behind.
+func TestStartFailureStopsEverything(t *testing.T) {
+	for name, tc := range map[string]struct {
+		opts Options
+		want string
+	}{
+		"apiserver rejects a flag": {
+			opts: Options{APIServerFlags: []string{"--no-such-flag=1"}},
+			want: "unknown flag: --no-such-flag",
+		},
+		"kubelet rejects a flag": {
+			opts: Options{KubeletFlags: []string{"--no-such-flag=1"}},
+			want: "unknown flag: --no-such-flag",
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			before := clusterProcesses(t)
+			tc.opts.ParentDir = t.TempDir()
+			tc.opts.Timeout = time.Minute
+			c, err := Start(t.Context(), tc.opts)
+			if err == nil {
+				c.Stop()
+				t.Fatal("Start succeeded, want error")
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error lacks %q:\n%v", tc.want, err)
+			}
+			if after := clusterProcesses(t); len(after) > len(before) {
+				t.Errorf("processes left behind: before %v, after %v", before, after)
+			}
+			entries, err := os.ReadDir(tc.opts.ParentDir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(entries) != 0 {
+				t.Errorf("cluster folder left behind: %v", entries)
+			}
+		})
+	}
+}
+
+// clusterProcesses lists processes whose command line points into a cluster folder.
+func clusterProcesses(t *testing.T) []string {
+	t.Helper()
+	procs, err := listProcesses()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, p := range procs {
+		cmd, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(p.pid), "cmdline"))
+		if err == nil && strings.Contains(string(cmd), "gpu-injector-cluster-") {
+			out = append(out, strings.ReplaceAll(string(cmd), "\x00", " "))
+		}
+	}
+	return out
 }
