@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"testing"
+	"time"
 
 	"github.com/go-logr/logr"
 	admissionv1 "k8s.io/api/admission/v1"
@@ -45,7 +46,11 @@ func FuzzAdmissionReview(f *testing.F) {
 		req := httptest.NewRequest(http.MethodPost, Path, bytes.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")
 		rec := httptest.NewRecorder()
+		start := time.Now()
 		h.ServeHTTP(rec, req)
+		if d := time.Since(start); d > 2*time.Second {
+			t.Fatalf("one review took %v", d)
+		}
 
 		var ar admissionv1.AdmissionReview
 		if err := json.Unmarshal(rec.Body.Bytes(), &ar); err != nil || ar.Response == nil {
