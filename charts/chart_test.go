@@ -424,6 +424,17 @@ func TestRender(t *testing.T) {
 				checkProbeRBAC(t, r)
 			},
 		},
+		"1.36 without the policy API served": {
+			opts: renderOpts{kubeVersion: "1.36.3"},
+			check: func(t *testing.T, r rendered) {
+				if len(r.all("ValidatingAdmissionPolicy")) != 0 {
+					t.Errorf("ValidatingAdmissionPolicy rendered although the API server does not serve it")
+				}
+				if wh := mutatingWebhook(t, r); len(wh.MatchConditions) != 2 {
+					t.Errorf("matchConditions depend on the version only; got %d", len(wh.MatchConditions))
+				}
+			},
+		},
 		"1.36 with node restriction off": {
 			opts: with(kube136, "nodeprobe.nodeRestriction.enabled=false"),
 			check: func(t *testing.T, r rendered) {
