@@ -20,6 +20,8 @@ lint() {
 }
 
 unit() {
+	stage "helm (the chart tests render with it; cached after the first run)"
+	hack/tools.sh helm
 	stage "unit, golden, handler and fuzz-seed tests"
 	go test -count=1 ./...
 }
