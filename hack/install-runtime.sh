@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the node runtime the local cluster's kubelet drives: containerd, runc and
-# the reference CNI plugins (bridge, host-local, loopback), from Debian packages.
-# A no-op when they are already there. Needs root (apt-get).
+# the reference CNI plugins (bridge, host-local, loopback), from Debian packages,
+# plus gcc and a static libc, which build the sandbox ("pause") image and the
+# test images. A no-op when they are already there. Needs root (apt-get).
 set -euo pipefail
 
 log() { printf '[runtime] %s\n' "$*" >&2; }
@@ -12,9 +13,11 @@ command -v ctr >/dev/null || missing+=(containerd)
 command -v runc >/dev/null || missing+=(runc)
 [[ -x /usr/lib/cni/bridge && -x /usr/lib/cni/host-local && -x /usr/lib/cni/loopback ]] \
   || missing+=(containernetworking-plugins)
+command -v gcc >/dev/null || missing+=(gcc)
+[[ -f "/usr/lib/$(gcc -dumpmachine 2>/dev/null || echo x86_64-linux-gnu)/libc.a" ]] || missing+=(libc6-dev)
 
 if [[ ${#missing[@]} -eq 0 ]]; then
-  log "containerd $(containerd --version | awk '{print $3}'), runc and CNI plugins already installed"
+  log "containerd $(containerd --version | awk '{print $3}'), runc, CNI plugins and gcc already installed"
   exit 0
 fi
 
