@@ -74,7 +74,8 @@ func (h *Handler) Handle(ctx context.Context, req admission.Request) admission.R
 	// The original goes back before the diff so the patch does not carry it.
 	origNamespace := pod.Namespace
 	pod.Namespace = req.Namespace
-	log := logf.FromContext(ctx).WithValues("pod", podName(pod), "namespace", pod.Namespace)
+	// controller-runtime's request logger already carries namespace, user and requestID.
+	log := logf.FromContext(ctx).WithValues("pod", podName(pod))
 
 	var nsLabels map[string]string
 	if h.namespaces != nil {

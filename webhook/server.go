@@ -96,9 +96,10 @@ func newLogger(o *options, w io.Writer) logr.Logger {
 	if o.logLevel == "debug" {
 		level = zapcore.DebugLevel
 	}
-	enc := zap.JSONEncoder()
+	rfc3339 := func(ec *zapcore.EncoderConfig) { ec.EncodeTime = zapcore.RFC3339NanoTimeEncoder }
+	enc := zap.JSONEncoder(rfc3339)
 	if o.logFormat == "console" {
-		enc = zap.ConsoleEncoder()
+		enc = zap.ConsoleEncoder(rfc3339)
 	}
 	return zap.New(zap.WriteTo(w), zap.Level(level), enc, zap.StacktraceLevel(zapcore.PanicLevel))
 }
