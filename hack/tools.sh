@@ -78,7 +78,8 @@ GO
     go build -trimpath -o "${dir}/.etcd.tmp" go.etcd.io/etcd/server/v3
   )
   mv -f "${dir}/.etcd.tmp" "${dir}/etcd"
-  "${dir}/etcd" --version | head -1 >&2
+  # Whole output: `| head -1` would SIGPIPE etcd and fail the script under pipefail.
+  "${dir}/etcd" --version >&2
   touch "${dir}/.complete"
   log "etcd ${ETCD_VERSION}: built in $(elapsed "${start}") -> ${dir}/etcd"
 }
