@@ -189,6 +189,10 @@ func TestStartFailureStopsEverything(t *testing.T) {
 			opts: Options{APIServerFlags: []string{"--no-such-flag=1"}},
 			want: "unknown flag: --no-such-flag",
 		},
+		"apiserver rejects a flag, folder kept": {
+			opts: Options{APIServerFlags: []string{"--no-such-flag=1"}, KeepOnFailure: true},
+			want: "kept ",
+		},
 		"kubelet rejects a flag": {
 			opts: Options{KubeletFlags: []string{"--no-such-flag=1"}},
 			want: "unknown flag: --no-such-flag",
@@ -213,7 +217,15 @@ func TestStartFailureStopsEverything(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if len(entries) != 0 {
+			switch {
+			case tc.opts.KeepOnFailure && len(entries) != 1:
+				t.Errorf("KeepOnFailure: folders in parent = %v, want the cluster's", entries)
+			case tc.opts.KeepOnFailure:
+				log := filepath.Join(tc.opts.ParentDir, entries[0].Name(), "logs", "kube-apiserver.log")
+				if _, err := os.Stat(log); err != nil {
+					t.Errorf("KeepOnFailure: apiserver log not kept: %v", err)
+				}
+			case len(entries) != 0:
 				t.Errorf("cluster folder left behind: %v", entries)
 			}
 		})
