@@ -166,15 +166,13 @@ func (idx *Index) Update(n *corev1.Node) {
 	// Published NodeInfo must not share the caller's label map.
 	info.Labels = maps.Clone(info.Labels)
 	changed := make([]string, 0, 2)
-	if oldFP != "" {
+	if oldFP != "" && oldFP != st.fingerprint {
 		idx.removeNode(oldFP, n.Name)
 		changed = append(changed, oldFP)
 	}
 	if st.fingerprint != "" {
 		idx.putNode(st.fingerprint, info)
-		if st.fingerprint != oldFP {
-			changed = append(changed, st.fingerprint)
-		}
+		changed = append(changed, st.fingerprint)
 	}
 	idx.publish(changed)
 }
