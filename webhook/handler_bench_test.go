@@ -102,7 +102,7 @@ func BenchmarkIndexUpdate(b *testing.B) {
 		for b.Loop() {
 			n := nodes[i%benchNodes]
 			q := n.Status.Allocatable["nvidia.com/gpu"]
-			q.Set(int64(4 + i%5))
+			q.Set(12 - q.Value()) // 8 <-> 4: every event is a change
 			n.Status.Allocatable["nvidia.com/gpu"] = q
 			idx.Update(n)
 			i++

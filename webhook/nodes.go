@@ -42,15 +42,22 @@ type nodeState struct {
 	fingerprint string
 	// source is the annotation and fingerprint label last seen, so an
 	// unchanged value is neither decoded again nor logged and counted again.
-	source string
+	source layoutSource
 	// rejection is the reason the source was rejected, if it was.
 	rejection string
+}
+
+// layoutSource is what a node publishes about its layout. Its strings are
+// those of the cached Node, shared rather than copied.
+type layoutSource struct {
+	annotation string
+	label      string
 }
 
 // layoutState is one fingerprint's plan and its nodes, sorted by name.
 type layoutState struct {
 	plan   layout.Plan
-	source string
+	source layoutSource
 	nodes  []*NodeInfo
 	gpus   int64
 	latest *Layout
@@ -133,7 +140,7 @@ func (idx *Index) Add(n *corev1.Node) { idx.Update(n) }
 func (idx *Index) Update(n *corev1.Node) {
 	info := idx.nodeInfo(n)
 	eligible := nodeEligible(n)
-	source := n.Annotations[layout.AnnotationLayout] + "\x00" + n.Labels[layout.LabelFingerprint]
+	source := layoutSource{annotation: n.Annotations[layout.AnnotationLayout], label: n.Labels[layout.LabelFingerprint]}
 
 	idx.mu.Lock()
 	defer idx.mu.Unlock()
