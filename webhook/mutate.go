@@ -250,8 +250,8 @@ func chooseLayout(pod *corev1.Pod, layouts []*Layout, cfg *config.Configuration,
 		if prev != nil && l.Fingerprint != prev.Fingerprint {
 			continue
 		}
-		why := ""
-		for _, n := range l.Nodes {
+		nodes, why := candidateNodes(pod, l)
+		for _, n := range nodes {
 			if why = nodeMismatch(pod, affinity, n); why == "" {
 				return l, ""
 			}
@@ -270,6 +270,28 @@ func chooseLayout(pod *corev1.Pod, layouts []*Layout, cfg *config.Configuration,
 		reasons = append(reasons, fmt.Sprintf("and %d more layouts", len(order)-len(reasons)))
 	}
 	return nil, strings.Join(reasons, "; ")
+}
+
+// candidateNodes narrows a layout's nodes by the pod's nodeName and
+// nodeSelector through the layout's lookup, so that a constrained pod does
+// not scan thousands of nodes that cannot match; when none can, it says why.
+func candidateNodes(pod *corev1.Pod, l *Layout) ([]*NodeInfo, string) {
+	if pod.Spec.NodeName == "" && len(pod.Spec.NodeSelector) == 0 {
+		return l.Nodes, ""
+	}
+	lk := l.nodeLookup()
+	if pod.Spec.NodeName != "" {
+		if n, ok := lk.byName[pod.Spec.NodeName]; ok {
+			return []*NodeInfo{n}, ""
+		}
+		return nil, fmt.Sprintf("pod is bound to node %q", pod.Spec.NodeName)
+	}
+	for k, v := range pod.Spec.NodeSelector {
+		if _, ok := lk.labels[k][v]; !ok {
+			return nil, "no node matches the pod's nodeSelector or required node affinity"
+		}
+	}
+	return l.Nodes, ""
 }
 
 // nodeMismatch says why the pod cannot land on the node, or "" if it can.

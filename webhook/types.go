@@ -5,6 +5,8 @@
 package webhook
 
 import (
+	"sync"
+
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/gpu-injector/gpu-injector/layout"
@@ -31,6 +33,36 @@ type Layout struct {
 	// AllocatableGPUs sums the nodes' allocatable GPUs.
 	AllocatableGPUs int64
 	Nodes           []*NodeInfo
+
+	// lookup is built on first use from Nodes, which never change once a
+	// Layout is published: the index publishes a new Layout instead.
+	lookupOnce sync.Once
+	lookup     *nodeLookup
+}
+
+// nodeLookup answers "could any node of this layout match?" without a scan.
+type nodeLookup struct {
+	byName map[string]*NodeInfo
+	labels map[string]map[string]struct{}
+}
+
+func (l *Layout) nodeLookup() *nodeLookup {
+	l.lookupOnce.Do(func() {
+		lk := &nodeLookup{byName: make(map[string]*NodeInfo, len(l.Nodes)), labels: map[string]map[string]struct{}{}}
+		for _, n := range l.Nodes {
+			lk.byName[n.Name] = n
+			for k, v := range n.Labels {
+				vals := lk.labels[k]
+				if vals == nil {
+					vals = map[string]struct{}{}
+					lk.labels[k] = vals
+				}
+				vals[v] = struct{}{}
+			}
+		}
+		l.lookup = lk
+	})
+	return l.lookup
 }
 
 // Decision is what the mutation did with a pod.
