@@ -44,12 +44,22 @@ func runSuite(m *testing.M) int {
 	// Ctrl-C stops the environment rather than leaving processes behind.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	e, err := env.Up(ctx, env.Options{KeepOnFailure: true})
+	// A demo on this machine holds the host's stand-in folder until stopped.
+	e, err := env.Up(ctx, env.Options{KeepOnFailure: true, HostLockWait: 10 * time.Minute})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "failed to bring the e2e environment up: %v\n", err)
 		return 1
 	}
 	testEnv = e
+	// A signal while the tests run stops the environment before exiting, so
+	// nothing is left behind (the tests themselves are abandoned).
+	go func() {
+		<-ctx.Done()
+		fmt.Fprintln(os.Stderr, "interrupted: stopping the e2e environment")
+		e.MarkFailed()
+		_ = e.Down()
+		os.Exit(1)
+	}()
 	code := m.Run()
 	if code != 0 {
 		e.MarkFailed()

@@ -63,6 +63,10 @@ type Options struct {
 	ChartValues []string
 	// Timeout bounds Up once the binaries are built; 6 minutes when zero.
 	Timeout time.Duration
+	// HostLockWait is how long Up waits for another environment on this
+	// machine (a demo, another test run) to release the host's stand-in
+	// driver folder; zero fails at once.
+	HostLockWait time.Duration
 }
 
 // Env is a running environment. Call Down, also after a failure.
@@ -114,9 +118,10 @@ type Env struct {
 	cancelDP       context.CancelFunc
 	dpDone         chan error
 
-	mu     sync.Mutex
-	failed bool
-	downed bool
+	mu       sync.Mutex
+	failed   bool
+	downOnce sync.Once
+	downErr  error
 }
 
 // Up builds gpu-injector, starts the cluster and everything on it, and
@@ -161,8 +166,12 @@ func Up(ctx context.Context, opts Options) (_ *Env, err error) {
 	e.standins = &standin.Cache{Dir: filepath.Join(e.Dir, "standin-build")}
 	e.Nodes = defaultNodes()
 
-	// Outside Timeout: a first build compiles client-go and takes minutes.
+	// Outside Timeout: a first build compiles client-go and takes minutes,
+	// and another environment may hold the host for a while.
 	if err := e.step(ctx, "building gpu-injector (cgo, for NVML)", e.build); err != nil {
+		return nil, err
+	}
+	if err := e.step(ctx, "locking "+hostDriverDir+" for the kubelet node's stand-in driver", e.lockHost); err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, opts.Timeout)
@@ -270,15 +279,16 @@ func (e *Env) build(ctx context.Context) error {
 	return nil
 }
 
-func (e *Env) installDrivers(context.Context) error {
-	lock, err := lockHost()
+func (e *Env) lockHost(ctx context.Context) error {
+	lock, err := lockHost(ctx, e.opts.HostLockWait, e.progress)
 	if err != nil {
 		return err
 	}
 	e.hostLock = lock
-	if err := claimHostDriverDir(); err != nil {
-		return err
-	}
+	return claimHostDriverDir()
+}
+
+func (e *Env) installDrivers(context.Context) error {
 	for _, n := range e.Nodes {
 		n.stage = filepath.Join(e.Dir, "roots", n.Name)
 		if !n.Kubelet {
@@ -315,6 +325,12 @@ func (e *Env) startCluster(ctx context.Context) error {
 	}
 	e.Cluster = c
 	e.Clientset = c.Clientset
+	// Every new Node gets the not-ready taint (TaintNodesByCondition), and the
+	// node lifecycle controller, turned off above, is what lifts it once the
+	// node is Ready (cluster.Start waited for that).
+	if err := untaintNotReady(ctx, c.Clientset, kn.Name); err != nil {
+		return err
+	}
 	e.Kubeconfig = c.Kubeconfig
 	e.Kubectl = c.Binaries.Kubectl
 	e.Helm = filepath.Join(filepath.Dir(filepath.Dir(c.Binaries.Kubectl)), "helm-"+cluster.HelmVersion, "helm")
@@ -372,6 +388,8 @@ func (e *Env) applyChart(ctx context.Context) error {
 	}
 	e.WebhookURL = fmt.Sprintf("https://127.0.0.1:%d", port)
 	sets := append([]string{
+		// The webhook runs here, as a local process (docs/helm.md, out-of-cluster webhook).
+		"webhook.enabled=false",
 		"webhook.url=" + e.WebhookURL,
 		"webhook.caBundle=" + base64.StdEncoding.EncodeToString(ca),
 	}, e.opts.ChartValues...)
@@ -692,12 +710,13 @@ func DriverFiles(paths []string) []string {
 // host's stand-in driver and the environment's folder (kept after a failure
 // with Options.KeepOnFailure). Safe to call more than once.
 func (e *Env) Down() error {
+	// A second caller (a signal handler during the first) waits for the first.
+	e.downOnce.Do(func() { e.downErr = e.down() })
+	return e.downErr
+}
+
+func (e *Env) down() error {
 	e.mu.Lock()
-	if e.downed {
-		e.mu.Unlock()
-		return nil
-	}
-	e.downed = true
 	keep := e.failed && e.opts.KeepOnFailure
 	e.mu.Unlock()
 	e.progress("stopping the environment")

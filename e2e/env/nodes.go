@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/retry"
 
 	"github.com/gpu-injector/gpu-injector/e2e/standin"
 )
@@ -86,9 +87,28 @@ const hostMarker = ".gpu-injector-e2e"
 // hostLockPath serializes environments on one machine: they share hostDriverDir.
 const hostLockPath = "/run/lock/gpu-injector-e2e-host-driver.lock"
 
-// lockHost takes the machine-wide lock on hostDriverDir without waiting.
-// The kernel drops it when the holder dies, so a crashed run never blocks.
-func lockHost() (*os.File, error) {
+// lockHost takes the machine-wide lock on hostDriverDir, waiting up to
+// patience for another environment to release it. The kernel drops it when
+// the holder dies, so a crashed run never blocks.
+func lockHost(ctx context.Context, patience time.Duration, progress func(string, ...any)) (*os.File, error) {
+	deadline := time.Now().Add(patience)
+	for said := false; ; said = true {
+		f, err := tryLockHost()
+		if err == nil || time.Now().After(deadline) {
+			return f, err
+		}
+		if !said {
+			progress("  waiting up to %s: %v", patience, err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%w (%v)", err, ctx.Err())
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+func tryLockHost() (*os.File, error) {
 	if err := os.MkdirAll(filepath.Dir(hostLockPath), 0o755); err != nil {
 		return nil, fmt.Errorf("failed to create %s: %w", filepath.Dir(hostLockPath), err)
 	}
@@ -257,11 +277,7 @@ func createAPINode(ctx context.Context, cs kubernetes.Interface, n *Node) error 
 			},
 		},
 	}
-	created, err := cs.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
-	if apierrors.IsAlreadyExists(err) {
-		created, err = cs.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
-	}
-	if err != nil {
+	if _, err := cs.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("failed to create node %s: %w", n.Name, err)
 	}
 	res := corev1.ResourceList{
@@ -271,7 +287,7 @@ func createAPINode(ctx context.Context, cs kubernetes.Interface, n *Node) error 
 		GPUResource:           *resource.NewQuantity(int64(n.GPUs), resource.DecimalSI),
 	}
 	now := metav1.NewTime(time.Now())
-	created.Status = corev1.NodeStatus{
+	status := corev1.NodeStatus{
 		Capacity:    res,
 		Allocatable: res,
 		Phase:       corev1.NodeRunning,
@@ -282,8 +298,46 @@ func createAPINode(ctx context.Context, cs kubernetes.Interface, n *Node) error 
 		}},
 		NodeInfo: corev1.NodeSystemInfo{OperatingSystem: "linux", Architecture: "amd64", KubeletVersion: "none (API object)"},
 	}
-	if _, err := cs.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+	// The controller-manager's ttl controller annotates new nodes at once.
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cur, err := cs.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		cur.Status = status
+		_, err = cs.CoreV1().Nodes().UpdateStatus(ctx, cur, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
 		return fmt.Errorf("failed to set status of node %s: %w", n.Name, err)
+	}
+	return untaintNotReady(ctx, cs, n.Name)
+}
+
+// untaintNotReady removes the node.kubernetes.io/not-ready taint from a
+// Ready node, as the node lifecycle controller would: the API server's
+// TaintNodesByCondition admission puts it on every new Node.
+func untaintNotReady(ctx context.Context, cs kubernetes.Interface, name string) error {
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		n, err := cs.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		var keep []corev1.Taint
+		for _, t := range n.Spec.Taints {
+			if t.Key != corev1.TaintNodeNotReady {
+				keep = append(keep, t)
+			}
+		}
+		if len(keep) == len(n.Spec.Taints) {
+			return nil
+		}
+		n.Spec.Taints = keep
+		_, err = cs.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("failed to remove the not-ready taint of node %s: %w", name, err)
 	}
 	return nil
 }
