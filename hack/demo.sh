@@ -15,7 +15,7 @@ log() { printf '[demo] %s\n' "$*" >&2; }
 CACHE="${GPU_INJECTOR_CACHE:-bin}"
 if [[ ! -f "${CACHE}/kubernetes-v1.36.3/.complete" || ! -f "${CACHE}/etcd-v3.5.21/.complete" ]]; then
 	log "first run: building etcd, Kubernetes v1.36.3 and helm from source into ${CACHE}/"
-	log "(about 15-25 minutes on 2 cores, most of it kube-apiserver and the kubelet; later runs take seconds)"
+	log "(15-40 minutes on 2 cores, most of it kube-apiserver; docs/local-cluster.md has the measurements; cached under bin/ after that)"
 fi
 hack/tools.sh all
 hack/install-runtime.sh

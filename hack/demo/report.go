@@ -337,7 +337,7 @@ func (d *demo) sayNode(ctx context.Context, n *env.Node) {
 	l := node.Labels
 	gpus := node.Status.Allocatable[gpuResource]
 	d.say("  %-12s %s", n.Name, runs)
-	d.say("  %-12s layout %s, accelerator=%s, %s GPUs allocatable, GPU product %q", "", n.Layout, l[env.LabelAccelerator], gpus.String(), l[layout.LabelGPUProduct])
+	d.say("  %-12s %s layout, accelerator=%s, %s GPUs allocatable, GPU product %q", "", layoutName(n.Layout), l[env.LabelAccelerator], gpus.String(), l[layout.LabelGPUProduct])
 	d.say("  %-12s driver %s (stand-in), layout fingerprint %s", "", l[layout.LabelDriverVersion], l[layout.LabelFingerprint])
 	plan, err := layout.Decode(node.Annotations[layout.AnnotationLayout])
 	if err != nil {
@@ -347,6 +347,19 @@ func (d *demo) sayNode(ctx context.Context, n *env.Node) {
 	for _, m := range plan.Mounts {
 		d.say("  %-12s   %s -> %s", "", m.HostPath, m.ContainerPath)
 	}
+}
+
+// layoutName says which classic install a stand-in layout copies.
+func layoutName(l standin.Layout) string {
+	switch l {
+	case standin.GKE:
+		return "GKE (Container-Optimized OS installer)"
+	case standin.UbuntuNvidia:
+		return "Ubuntu nvidia-384 package"
+	case standin.CentOS7:
+		return "CentOS 7 NVIDIA package"
+	}
+	return string(l)
 }
 
 func (d *demo) sayView(v *view) {
@@ -376,7 +389,11 @@ func (d *demo) sayView(v *view) {
 		}
 		field("node", "%s (%s), layout %s, driver %s (stand-in)", v.node.Name, kind,
 			v.node.Labels[layout.LabelFingerprint], v.node.Labels[layout.LabelDriverVersion])
-		field("status", "%s", statusText(p))
+		if w.expect == bound && !ran(p) {
+			field("status", "%s: bound, and no kubelet will ever start it", p.Status.Phase)
+		} else {
+			field("status", "%s", statusText(p))
+		}
 	}
 	var limits []string
 	for _, c := range p.Spec.Containers {
