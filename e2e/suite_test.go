@@ -51,10 +51,13 @@ func runSuite(m *testing.M) int {
 		return 1
 	}
 	testEnv = e
+	stop()
 	// A signal while the tests run stops the environment before exiting, so
 	// nothing is left behind (the tests themselves are abandoned).
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
 	go func() {
-		<-ctx.Done()
+		<-sig
 		fmt.Fprintln(os.Stderr, "interrupted: stopping the e2e environment")
 		e.MarkFailed()
 		_ = e.Down()
