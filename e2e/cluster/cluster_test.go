@@ -199,8 +199,8 @@ func TestStartFailureStopsEverything(t *testing.T) {
 		},
 	} {
 		t.Run(name, func(t *testing.T) {
-			before := clusterProcesses(t)
 			tc.opts.ParentDir = t.TempDir()
+			before := clusterProcesses(t, tc.opts.ParentDir)
 			tc.opts.Timeout = time.Minute
 			c, err := Start(t.Context(), tc.opts)
 			if err == nil {
@@ -210,7 +210,7 @@ func TestStartFailureStopsEverything(t *testing.T) {
 			if !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("error lacks %q:\n%v", tc.want, err)
 			}
-			if after := clusterProcesses(t); len(after) > len(before) {
+			if after := clusterProcesses(t, tc.opts.ParentDir); len(after) > len(before) {
 				t.Errorf("processes left behind: before %v, after %v", before, after)
 			}
 			entries, err := os.ReadDir(tc.opts.ParentDir)
@@ -232,8 +232,10 @@ func TestStartFailureStopsEverything(t *testing.T) {
 	}
 }
 
-// clusterProcesses lists processes whose command line points into a cluster folder.
-func clusterProcesses(t *testing.T) []string {
+// clusterProcesses lists processes whose command line points into a cluster
+// folder under parent: only this test's, since other packages' suites (the e2e
+// environment) may run clusters of their own at the same time.
+func clusterProcesses(t *testing.T, parent string) []string {
 	t.Helper()
 	procs, err := listProcesses()
 	if err != nil {
@@ -242,7 +244,7 @@ func clusterProcesses(t *testing.T) []string {
 	var out []string
 	for _, p := range procs {
 		cmd, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(p.pid), "cmdline"))
-		if err == nil && strings.Contains(string(cmd), "gpu-injector-cluster-") {
+		if err == nil && strings.Contains(string(cmd), "gpu-injector-cluster-") && strings.Contains(string(cmd), parent) {
 			out = append(out, strings.ReplaceAll(string(cmd), "\x00", " "))
 		}
 	}
