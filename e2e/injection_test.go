@@ -16,6 +16,7 @@ import (
 	"github.com/gpu-injector/gpu-injector/e2e/env"
 	"github.com/gpu-injector/gpu-injector/e2e/standin"
 	"github.com/gpu-injector/gpu-injector/e2e/workloads"
+	"github.com/gpu-injector/gpu-injector/layout"
 )
 
 // TestNamespaceOptIn: the same GPU pod, on the kubelet node, in a namespace
@@ -82,6 +83,18 @@ func legacyJob() *batchv1.Job {
 			},
 		},
 	}
+}
+
+// gpuJob is legacyJob's cuda-check container alone, asking for nvidia.com/gpu,
+// pinned to the kubelet node by its accelerator so that it runs.
+func gpuJob(accelerator string) *batchv1.Job {
+	j := legacyJob()
+	j.Name = "cuda-check"
+	spec := &j.Spec.Template.Spec
+	spec.Containers = spec.Containers[1:]
+	spec.Containers[0].Resources.Limits = corev1.ResourceList{gpu: resource.MustParse("1")}
+	spec.NodeSelector = map[string]string{env.LabelAccelerator: accelerator}
+	return j
 }
 
 // jobPod waits for the Job controller's pod of a Job and returns it.
@@ -178,6 +191,23 @@ func TestLegacyNvidiaSMIJob(t *testing.T) {
 			t.Fatalf("pod is on %q in phase %s, want unbound and Pending", now.Spec.NodeName, now.Status.Phase)
 		}
 	})
+
+	t.Run("unlabelled namespace, nvidia.com/gpu: runs without the driver", func(t *testing.T) {
+		ns := newNamespace(t, false)
+		if _, err := client().BatchV1().Jobs(ns).Create(testContext(t), gpuJob(kn.Accelerator), metav1.CreateOptions{}); err != nil {
+			t.Fatalf("failed to create the job: %v", err)
+		}
+		p := jobPod(t, ns, "cuda-check")
+		if _, ok := p.Annotations[layout.AnnotationInjected]; ok || len(hostPaths(p)) > 0 {
+			t.Fatalf("pod in an unlabelled namespace was mutated: %v, volumes %v", p.Annotations, hostPaths(p))
+		}
+		done := waitPodDone(t, ns, p.Name)
+		log := podLog(t, ns, p.Name, "cuda-check")
+		if done.Spec.NodeName != kn.Name || done.Status.Phase != corev1.PodFailed || !strings.Contains(log, "cannot open shared object file") {
+			t.Fatalf("pod on %q, phase %s, log:\n%s\nwant Failed on %s with \"cannot open shared object file\"", done.Spec.NodeName, done.Status.Phase, log, kn.Name)
+		}
+		t.Logf("cuda-check said: %s", strings.TrimSpace(log))
+	})
 }
 
 // TestAcceleratorSelectsLayout: a pod that selects a GPU model gets the
@@ -250,5 +280,56 @@ spec:
 	t.Logf("kubectl said: %s", strings.TrimSpace(stderr))
 	if _, err := client().CoreV1().Pods(ns).Get(testContext(t), "wants-a-v100", metav1.GetOptions{}); err == nil {
 		t.Errorf("the denied pod exists")
+	}
+}
+
+// TestProbesPublishLayouts: each probe, the real binary with a node-bound
+// token, read its node's stand-in driver through go-nvml (the kubelet node's
+// from the real /home/kubernetes/bin/nvidia, the others from their fake
+// roots) and published the layout of that node's classic paths.
+func TestProbesPublishLayouts(t *testing.T) {
+	for name, tc := range map[string]struct {
+		node      string
+		hostPaths []string
+	}{
+		"GKE on the kubelet node": {node: testEnv.KubeletNode().Name, hostPaths: []string{"/home/kubernetes/bin/nvidia/bin", "/home/kubernetes/bin/nvidia/lib64"}},
+		"Ubuntu nvidia-384":       {node: "ubuntu-k80", hostPaths: []string{"/usr/lib/nvidia-384"}},
+		"CentOS 7":                {node: "centos-p100", hostPaths: []string{"/usr/bin/nvidia-smi", "/usr/lib64/nvidia"}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			n := testEnv.Node(tc.node)
+			node, err := client().CoreV1().Nodes().Get(testContext(t), n.Name, metav1.GetOptions{})
+			if err != nil {
+				t.Fatalf("failed to get node: %v", err)
+			}
+			for k, want := range map[string]string{
+				layout.LabelState:         layout.StateReady,
+				layout.LabelDriverVersion: n.DriverVersion,
+				layout.LabelGPUCount:      fmt.Sprint(standin.DeviceCount),
+				layout.LabelGPUProduct:    "Stand-in-GPU-not-real",
+			} {
+				if got := node.Labels[k]; got != want {
+					t.Errorf("label %s=%q, want %q", k, got, want)
+				}
+			}
+			// The version came from NVML, not from file names.
+			if got := node.Annotations[layout.Prefix+"driver-version-source"]; got != "NVML" {
+				t.Errorf("driver version source %q, want NVML", got)
+			}
+			plan, err := layout.Decode(node.Annotations[layout.AnnotationLayout])
+			if err != nil {
+				t.Fatalf("failed to decode the layout: %v", err)
+			}
+			var got []string
+			for _, m := range plan.Mounts {
+				got = append(got, m.HostPath)
+			}
+			if strings.Join(got, ",") != strings.Join(tc.hostPaths, ",") {
+				t.Errorf("layout host paths %v, want %v", got, tc.hostPaths)
+			}
+			if fp := node.Labels[layout.LabelFingerprint]; fp != plan.Fingerprint() {
+				t.Errorf("fingerprint label %s, want the plan's %s", fp, plan.Fingerprint())
+			}
+		})
 	}
 }
