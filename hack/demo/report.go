@@ -36,10 +36,12 @@ type view struct {
 	// the demo knows them.
 	warnings     []string
 	warningsFrom string
-	logs         []containerLog
-	schedMsg     string
-	service      string
-	problems     []string
+	// warningsUnknown: the demo could not tell them.
+	warningsUnknown bool
+	logs            []containerLog
+	schedMsg        string
+	service         string
+	problems        []string
 }
 
 type containerLog struct {
@@ -85,7 +87,9 @@ func (d *demo) collect(ctx context.Context, wls []*workload) ([]*view, error) {
 			// the pod: here the Job or Deployment controller, not kubectl.
 			ws, err := d.mutateOffline(ctx, w.ns, w.file)
 			if err != nil {
-				return nil, err
+				v.warningsFrom = fmt.Sprintf("the %s controller created the pod and got them; reproducing them offline failed: %v", w.kind, err)
+				v.warningsUnknown = true
+				break
 			}
 			v.warnings = ws[w.kind+"/"+w.name]
 			v.warningsFrom = fmt.Sprintf("the %s controller created the pod and got them; `gpu-injector mutate` on the manifest, offline, says", w.kind)
@@ -439,7 +443,7 @@ func (d *demo) sayView(v *view) {
 
 	if w.ns == nsInject {
 		field("warnings", "(%s)", v.warningsFrom)
-		if len(v.warnings) == 0 {
+		if len(v.warnings) == 0 && !v.warningsUnknown {
 			more("none")
 		}
 		for _, wn := range v.warnings {
