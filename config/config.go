@@ -185,7 +185,11 @@ func DefaultAllowlist() []layout.AllowedPath {
 		{Path: "/usr/lib64/nvidia"},
 		{Path: "/home/kubernetes/bin/nvidia"},
 		{Path: "/opt/nvidia"},
-		{Path: "/run/nvidia/driver"},
+		// The GPU operator's driver container binds the host's / at
+		// /run/nvidia/driver, so only its driver files are allowed there.
+		{Path: "/run/nvidia/driver/usr/lib/x86_64-linux-gnu", FilesOnly: true},
+		{Path: "/run/nvidia/driver/usr/lib64", FilesOnly: true},
+		{Path: "/run/nvidia/driver/usr/bin", FilesOnly: true},
 		{Path: "/usr/lib/x86_64-linux-gnu", FilesOnly: true},
 		{Path: "/usr/lib/aarch64-linux-gnu", FilesOnly: true},
 		{Path: "/usr/lib64", FilesOnly: true},
@@ -246,6 +250,11 @@ func (c *Configuration) Validate() field.ErrorList {
 			errs = append(errs, field.Invalid(rp.Child("legacy").Index(i), n, strings.Join(msgs, "; ")))
 		}
 	}
+	for i, n := range c.Resources.Legacy {
+		if n == c.Resources.RenameTo {
+			errs = append(errs, field.Invalid(rp.Child("legacy").Index(i), n, "must differ from renameTo"))
+		}
+	}
 	if msgs := validation.IsQualifiedName(c.Resources.RenameTo); len(msgs) > 0 {
 		errs = append(errs, field.Invalid(rp.Child("renameTo"), c.Resources.RenameTo, strings.Join(msgs, "; ")))
 	}
@@ -259,8 +268,8 @@ func (c *Configuration) Validate() field.ErrorList {
 			errs = append(errs, field.Invalid(ip, a.Path, "must be an absolute, clean path other than /"))
 		} else if _, err := path.Match(a.Path, "/"); err != nil {
 			errs = append(errs, field.Invalid(ip, a.Path, fmt.Sprintf("bad pattern: %v", err)))
-		} else if isSensitive(a.Path) && !a.FilesOnly {
-			errs = append(errs, field.Forbidden(ip, "a system folder may only be allowed with filesOnly: true"))
+		} else if s := sensitiveOverlap(a.Path); s != "" && !a.FilesOnly {
+			errs = append(errs, field.Forbidden(ip, fmt.Sprintf("it would allow the system folder %s whole; allow it only with filesOnly: true, or name the driver's own folder", s)))
 		}
 	}
 	for i, p := range c.HostPaths.DriverFilePatterns {
@@ -320,15 +329,36 @@ func (c *Configuration) Validate() field.ErrorList {
 	return errs
 }
 
-// isSensitive is a folder whose whole mount would expose the host's system.
-func isSensitive(p string) bool {
-	switch p {
-	case "/etc", "/usr", "/usr/lib", "/usr/lib64", "/usr/bin", "/lib", "/lib64", "/bin", "/sbin",
-		"/usr/sbin", "/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/var", "/root",
-		"/home", "/proc", "/sys", "/dev", "/run", "/boot":
-		return true
+// sensitiveFolders must never be mounted whole: the host's system, its
+// secrets, and the kubelet's and runtimes' state.
+var sensitiveFolders = []string{
+	"/etc", "/usr", "/usr/lib", "/usr/lib64", "/usr/bin", "/usr/sbin", "/usr/lib/x86_64-linux-gnu",
+	"/usr/lib/aarch64-linux-gnu", "/lib", "/lib64", "/bin", "/sbin", "/var", "/root", "/home", "/proc",
+	"/sys", "/dev", "/run", "/boot", "/var/lib/kubelet", "/var/lib/containerd", "/run/containerd",
+	"/var/run", "/etc/kubernetes", "/var/log", "/opt", "/srv", "/tmp",
+}
+
+// sensitiveOverlap returns a sensitive folder that an allowlist entry (a path
+// whose last element may be a pattern) matches, lies above, or lies inside
+// /etc, /proc, /sys, /dev, /root or the kubelet's state.
+func sensitiveOverlap(entry string) string {
+	for _, s := range sensitiveFolders {
+		if ok, _ := path.Match(entry, s); ok || entry == s || strings.HasPrefix(s, entry+"/") {
+			return s
+		}
+		// A pattern in the last element may match an ancestor of s.
+		for q := path.Dir(s); q != "/"; q = path.Dir(q) {
+			if ok, _ := path.Match(entry, q); ok {
+				return s
+			}
+		}
 	}
-	return false
+	for _, s := range []string{"/etc", "/proc", "/sys", "/dev", "/root", "/var/lib/kubelet", "/run/containerd", "/var/lib/containerd"} {
+		if strings.HasPrefix(entry, s+"/") {
+			return s
+		}
+	}
+	return ""
 }
 
 func oneOf(p *field.Path, v string, allowed ...string) field.ErrorList {

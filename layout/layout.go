@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"path"
+	"regexp"
 	"sort"
 	"strings"
 
@@ -181,6 +182,13 @@ func (p Plan) Validate(r Rules) field.ErrorList {
 	if p.DriverVersion == "" {
 		errs = append(errs, field.Required(root.Child("driverVersion"), "the driver version the files belong to"))
 	}
+	// Versions end up in labels, warnings and denial messages: keep them short
+	// and printable, whatever a node publishes.
+	for name, v := range map[string]string{"driverVersion": p.DriverVersion, "cudaDriverVersion": p.CUDADriverVersion} {
+		if v != "" && !versionRE.MatchString(v) {
+			errs = append(errs, field.Invalid(root.Child(name), truncate(v, 64), "must be a version like 580.159.04: digits, letters, '.', '-' or '_', at most 63 characters"))
+		}
+	}
 	if len(p.Mounts) == 0 {
 		errs = append(errs, field.Required(root.Child("mounts"), "at least one mount"))
 	}
@@ -194,12 +202,14 @@ func (p Plan) Validate(r Rules) field.ErrorList {
 			errs = append(errs, field.NotSupported(fp.Child("kind"), string(m.Kind), []string{string(KindDirectory), string(KindFile)}))
 		}
 		if err := checkAbsClean(m.HostPath); err != "" {
-			errs = append(errs, field.Invalid(fp.Child("hostPath"), m.HostPath, err))
+			errs = append(errs, field.Invalid(fp.Child("hostPath"), truncate(m.HostPath, 256), err))
+		} else if el := kernelElement(m.HostPath); el != "" {
+			errs = append(errs, field.Forbidden(fp.Child("hostPath"), fmt.Sprintf("%q has a %q element: a view of the host's processes, devices or kernel (e.g. /proc/1/root is the host's /) is never a driver folder", m.HostPath, el)))
 		} else if !hostPathAllowed(m.HostPath, m.Kind, r) {
 			errs = append(errs, field.Forbidden(fp.Child("hostPath"), fmt.Sprintf("%q is not under the host path allowlist", m.HostPath)))
 		}
 		if err := checkAbsClean(m.ContainerPath); err != "" {
-			errs = append(errs, field.Invalid(fp.Child("containerPath"), m.ContainerPath, err))
+			errs = append(errs, field.Invalid(fp.Child("containerPath"), truncate(m.ContainerPath, 256), err))
 		} else if !underAny(m.ContainerPath, r.ContainerPathRoots, m.Kind == KindDirectory) {
 			errs = append(errs, field.Forbidden(fp.Child("containerPath"), fmt.Sprintf("%q is not under the container mount points %v", m.ContainerPath, r.ContainerPathRoots)))
 		}
@@ -211,7 +221,7 @@ func (p Plan) Validate(r Rules) field.ErrorList {
 	for i, lp := range p.LibraryPaths {
 		fp := root.Child("libraryPaths").Index(i)
 		if err := checkAbsClean(lp); err != "" {
-			errs = append(errs, field.Invalid(fp, lp, err))
+			errs = append(errs, field.Invalid(fp, truncate(lp, 256), err))
 		} else if strings.ContainsAny(lp, ":") {
 			errs = append(errs, field.Invalid(fp, lp, "must not contain ':'"))
 		} else if !underAny(lp, r.ContainerPathRoots, true) {
@@ -219,6 +229,28 @@ func (p Plan) Validate(r Rules) field.ErrorList {
 		}
 	}
 	return errs
+}
+
+var versionRE = regexp.MustCompile(`^[0-9A-Za-z][0-9A-Za-z._-]{0,62}$`)
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
+}
+
+// kernelElement finds a proc, sys or dev element anywhere in p: below an
+// allowlisted folder these can only be a bind of the host's own /proc, /sys
+// or /dev (the GPU operator binds the host's / under /run/nvidia/driver).
+func kernelElement(p string) string {
+	for _, el := range strings.Split(p, "/") {
+		switch el {
+		case "proc", "sys", "dev":
+			return el
+		}
+	}
+	return ""
 }
 
 func checkAbsClean(p string) string {

@@ -87,12 +87,19 @@ func (h *Handler) Handle(ctx context.Context, req admission.Request) admission.R
 		}
 	}
 
-	// Mutate never reads managedFields; put them back before marshalling, or
-	// the diff against the raw object would remove them.
-	managed := pod.ManagedFields
+	// The patch is the diff of the typed pod before and after Mutate, not of
+	// the raw request: a field this build's API types do not know (a newer
+	// API server's) is absent from both sides, so the patch never removes it.
+	// managedFields are large and never ours: left out of both (istio does too).
 	pod.ManagedFields = nil
+	pod.Namespace = origNamespace
+	before, err := json.Marshal(pod)
+	if err != nil {
+		return admission.Errored(http.StatusInternalServerError, fmt.Errorf("failed to encode the pod: %w", err))
+	}
+	pod.Namespace = req.Namespace
 	res := Mutate(Input{Pod: pod, NamespaceLabels: nsLabels, Layouts: h.layouts.Layouts()}, h.cfg)
-	pod.ManagedFields, pod.Namespace = managed, origNamespace
+	pod.Namespace = origNamespace
 
 	log = log.WithValues("decision", res.Decision, "reason", res.Reason)
 	if res.Layout != nil {
@@ -108,7 +115,7 @@ func (h *Handler) Handle(ctx context.Context, req admission.Request) admission.R
 		if err != nil {
 			return admission.Errored(http.StatusInternalServerError, fmt.Errorf("failed to encode the mutated pod: %w", err))
 		}
-		resp := admission.PatchResponseFromRaw(req.Object.Raw, current)
+		resp := admission.PatchResponseFromRaw(before, current)
 		if !resp.Allowed {
 			return resp
 		}

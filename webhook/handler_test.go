@@ -357,3 +357,50 @@ func TestHandlerV1beta1Review(t *testing.T) {
 		t.Errorf("got HTTP %d %s, want a v1beta1 review with a patch", code, raw)
 	}
 }
+
+// TestHandlerKeepsUnknownFields: a newer API server may send pod fields this
+// build's types do not know; the patch must leave them alone, not remove them.
+func TestHandlerKeepsUnknownFields(t *testing.T) {
+	srv, _ := testServer(t, config.Default())
+	pod := hPod("nvidia.com/gpu", nil)
+	raw, err := json.Marshal(pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var obj map[string]any
+	if err := json.Unmarshal(raw, &obj); err != nil {
+		t.Fatal(err)
+	}
+	spec := obj["spec"].(map[string]any)
+	spec["futureField"] = map[string]any{"enabled": true}
+	spec["containers"].([]any)[0].(map[string]any)["futureContainerField"] = "x"
+	body := review(t, admissionv1.Create, "ml", pod, podKind)
+	var ar admissionv1.AdmissionReview
+	if err := json.Unmarshal(body, &ar); err != nil {
+		t.Fatal(err)
+	}
+	if ar.Request.Object.Raw, err = json.Marshal(obj); err != nil {
+		t.Fatal(err)
+	}
+	if body, err = json.Marshal(ar); err != nil {
+		t.Fatal(err)
+	}
+
+	code, resp, text := post(t, srv.URL, "application/json", body)
+	if code != http.StatusOK || !resp.Response.Allowed || len(resp.Response.Patch) == 0 {
+		t.Fatalf("got HTTP %d %s, want an allowed patch", code, text)
+	}
+	patch, err := jsonpatch.DecodePatch(resp.Response.Patch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := patch.Apply(ar.Request.Object.Raw)
+	if err != nil {
+		t.Fatalf("patch does not apply to the raw object: %v", err)
+	}
+	for _, want := range []string{`"futureField":{"enabled":true}`, `"futureContainerField":"x"`, `"gpu-injector.io/layout-fingerprint"`} {
+		if !bytes.Contains(out, []byte(want)) {
+			t.Errorf("patched object lacks %s:\n%s", want, out)
+		}
+	}
+}

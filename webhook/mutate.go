@@ -15,6 +15,7 @@ import (
 	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
 	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
 
 	"github.com/gpu-injector/gpu-injector/config"
 	"github.com/gpu-injector/gpu-injector/layout"
@@ -70,7 +71,9 @@ func Mutate(in Input, cfg *config.Configuration) Result {
 	chosen, whyNot := chooseLayout(pod, in.Layouts, cfg, prev)
 	if chosen == nil && prev != nil {
 		// Injected before, but that layout is gone: leave our earlier work alone
-		// rather than stack a second layout on top of it.
+		// rather than stack a second layout on top of it, and say what follows.
+		warn("the pod carries %s for layout %s%s (driver %s), which no ready node publishes now; its nodeSelector keeps it Pending until one does. Remove the annotation, the %s* volumes and mounts and the %s selector to have the current layout injected",
+			layout.AnnotationInjected, prev.Fingerprint, prev.StaticLayout, prev.DriverVersion, volumePrefix, layout.LabelFingerprint)
 		res.Decision, res.Reason = DecisionSkipped, ReasonAlreadyInjected
 		if changed {
 			res.Decision = DecisionInjected
@@ -81,6 +84,13 @@ func Mutate(in Input, cfg *config.Configuration) Result {
 		switch cfg.NoLayout.Action {
 		case config.NoLayoutStatic:
 			s, _ := cfg.Static(cfg.NoLayout.StaticLayout)
+			if k, ok := selectorConflict(pod, s.NodeSelector); ok {
+				return Result{
+					Decision: DecisionDenied,
+					Reason:   fmt.Sprintf("%sno ready GPU node layout fits this pod (%s), and the static layout %q cannot be used: its node selector %s=%s conflicts with the pod's %s=%s", warnPrefix, whyNot, s.Name, k, s.NodeSelector[k], k, pod.Spec.NodeSelector[k]),
+					Warnings: res.Warnings,
+				}
+			}
 			chosen = &Layout{Static: s.Name, Plan: s.Plan, NodeSelector: s.NodeSelector}
 			warn("no ready GPU node layout fits this pod (%s); using static layout %q from the configuration", whyNot, s.Name)
 		case config.NoLayoutAllow:
@@ -177,9 +187,17 @@ func (m matcher) fixResources(pod *corev1.Pod, warn func(string, ...any)) bool {
 			}
 			if renamed {
 				warn("container %q: resource %s renamed to %s (no node offers the legacy name, so the pod would stay Pending forever)", c.Name, from, to)
+				// Extended resources need request == limit; a rename that met
+				// an existing, different value must not break that.
+				lim, hasLim := c.Resources.Limits[to]
+				if req, ok := c.Resources.Requests[to]; ok && hasLim && req.Cmp(lim) != 0 {
+					c.Resources.Requests[to] = lim.DeepCopy()
+					warn("container %q: request %s=%s set to its limit %s", c.Name, to, req.String(), lim.String())
+				}
 			}
 		}
-		for name, q := range c.Resources.Requests {
+		for _, name := range sortedResourceNames(c.Resources.Requests) {
+			q := c.Resources.Requests[name]
 			if !m.isGPU(name) {
 				continue
 			}
@@ -316,7 +334,9 @@ func nodeMismatch(pod *corev1.Pod, affinity nodeaffinity.RequiredNodeAffinity, n
 	}
 	for i := range n.Taints {
 		t := &n.Taints[i]
-		if t.Effect != corev1.TaintEffectNoSchedule && t.Effect != corev1.TaintEffectNoExecute {
+		// A pod bound by nodeName skips the scheduler, so only NoExecute
+		// (which the kubelet enforces) keeps it off the node.
+		if t.Effect != corev1.TaintEffectNoExecute && (t.Effect != corev1.TaintEffectNoSchedule || pod.Spec.NodeName != "") {
 			continue
 		}
 		if !corev1helpers.TolerationsTolerateTaint(klog.Background(), pod.Spec.Tolerations, t, false) {
@@ -324,6 +344,16 @@ func nodeMismatch(pod *corev1.Pod, affinity nodeaffinity.RequiredNodeAffinity, n
 		}
 	}
 	return ""
+}
+
+// selectorConflict finds a key the pod selects with another value.
+func selectorConflict(pod *corev1.Pod, sel map[string]string) (string, bool) {
+	for _, k := range sortedKeys(sel) {
+		if have, ok := pod.Spec.NodeSelector[k]; ok && have != sel[k] {
+			return k, true
+		}
+	}
+	return "", false
 }
 
 func hasRequiredAffinity(pod *corev1.Pod) bool {
@@ -372,10 +402,11 @@ func compareVersions(a, b string) int {
 	return 0
 }
 
-// volumeName is stable for a mount, so a second run finds its own volumes.
+// volumeName is stable for a mount, so a second run finds its own volumes;
+// 96 bits, so that a node cannot pick paths whose names collide.
 func volumeName(mt layout.Mount) string {
 	sum := sha256.Sum256([]byte(mt.HostPath + "\x00" + mt.ContainerPath))
-	return volumePrefix + hex.EncodeToString(sum[:5])
+	return volumePrefix + hex.EncodeToString(sum[:12])
 }
 
 func (m matcher) inject(pod *corev1.Pod, targets []*corev1.Container, l *Layout, warn func(string, ...any)) bool {
@@ -392,10 +423,10 @@ func (m matcher) inject(pod *corev1.Pod, targets []*corev1.Container, l *Layout,
 		// A user volume may hold our name by chance: find a free one.
 		for k := 2; ; k++ {
 			i, taken := volumes[name]
-			if !taken || apiequalHostPath(pod.Spec.Volumes[i], want) {
+			if (!taken || apiequalHostPath(pod.Spec.Volumes[i], want)) && !slices.Contains(names, name) {
 				break
 			}
-			name = fmt.Sprintf("%s%s-%d", volumePrefix, strings.TrimPrefix(volumeName(mt), volumePrefix), k)
+			name = fmt.Sprintf("%s-%d", volumeName(mt), k)
 		}
 		want.Name = name
 		ours = append(ours, want)
@@ -420,7 +451,7 @@ func (m matcher) inject(pod *corev1.Pod, targets []*corev1.Container, l *Layout,
 				}
 				continue
 			}
-			c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: name, MountPath: mt.ContainerPath, ReadOnly: true})
+			c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: name, MountPath: mt.ContainerPath, ReadOnly: true, RecursiveReadOnly: ptr.To(corev1.RecursiveReadOnlyIfPossible)})
 			used[name] = true
 			changed = true
 		}
@@ -440,6 +471,10 @@ func (m matcher) inject(pod *corev1.Pod, targets []*corev1.Container, l *Layout,
 		}
 		pod.Spec.Volumes = append(pod.Spec.Volumes, v)
 		volumes[v.Name] = len(pod.Spec.Volumes) - 1
+		changed = true
+	}
+
+	if forceReadOnly(pod, injected, warn) {
 		changed = true
 	}
 
@@ -475,6 +510,34 @@ func (m matcher) inject(pod *corev1.Pod, targets []*corev1.Container, l *Layout,
 		}
 		pod.Annotations[layout.AnnotationInjected] = marker
 		changed = true
+	}
+	return changed
+}
+
+// forceReadOnly makes every mount of an injected volume read-only, in every
+// kind of container: the names are predictable, and a hostPath volume has no
+// read-only flag of its own, so a mount the user (or another webhook) wrote
+// could otherwise reach the host's driver read-write.
+func forceReadOnly(pod *corev1.Pod, ours []string, warn func(string, ...any)) bool {
+	changed := false
+	fix := func(kind, name string, mounts []corev1.VolumeMount) {
+		for i := range mounts {
+			vm := &mounts[i]
+			if !slices.Contains(ours, vm.Name) || vm.ReadOnly {
+				continue
+			}
+			vm.ReadOnly, changed = true, true
+			warn("%s %q mounts the injected volume %q read-write at %s; made it read-only", kind, name, vm.Name, vm.MountPath)
+		}
+	}
+	for i := range pod.Spec.InitContainers {
+		fix("init container", pod.Spec.InitContainers[i].Name, pod.Spec.InitContainers[i].VolumeMounts)
+	}
+	for i := range pod.Spec.Containers {
+		fix("container", pod.Spec.Containers[i].Name, pod.Spec.Containers[i].VolumeMounts)
+	}
+	for i := range pod.Spec.EphemeralContainers {
+		fix("ephemeral container", pod.Spec.EphemeralContainers[i].Name, pod.Spec.EphemeralContainers[i].VolumeMounts)
 	}
 	return changed
 }
@@ -530,7 +593,19 @@ func (m matcher) mergeLDLibraryPath(c *corev1.Container, libs []string, warn fun
 		}
 	}
 	if idx < 0 {
-		c.Env = append(c.Env, corev1.EnvVar{Name: envLDLibraryPath, Value: strings.Join(libs, ":")})
+		value := strings.Join(libs, ":")
+		if len(c.EnvFrom) > 0 {
+			// env overrides envFrom: refer to the envFrom value, which the
+			// kubelet expands, so a value set there is kept, not replaced.
+			ref := "$(" + envLDLibraryPath + ")"
+			if m.cfg.LDLibraryPath == config.LDLibraryPathPrepend {
+				value += ":" + ref
+			} else {
+				value = ref + ":" + value
+			}
+			warn("container %q takes env from envFrom, which may set %s: set it to %q so the kubelet keeps that value", c.Name, envLDLibraryPath, value)
+		}
+		c.Env = append(c.Env, corev1.EnvVar{Name: envLDLibraryPath, Value: value})
 		return true
 	}
 	e := &c.Env[idx]
@@ -559,6 +634,15 @@ func (m matcher) mergeLDLibraryPath(c *corev1.Container, libs []string, warn fun
 	}
 	warn("container %q: %s %q merged with the driver's folders: %q", c.Name, envLDLibraryPath, old, e.Value)
 	return true
+}
+
+func sortedResourceNames(rl corev1.ResourceList) []corev1.ResourceName {
+	names := make([]corev1.ResourceName, 0, len(rl))
+	for n := range rl {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names
 }
 
 func sortedKeys(m map[string]string) []string {
