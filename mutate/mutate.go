@@ -13,10 +13,11 @@ import (
 	"os"
 	"strings"
 
+	jsonpatchv5 "github.com/evanphx/json-patch/v5"
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
+	"gomodules.xyz/jsonpatch/v2"
 	corev1 "k8s.io/api/core/v1"
-	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
@@ -264,26 +265,13 @@ func (m *mutator) object(u *unstructured.Unstructured) (bool, error) {
 		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, pod); err != nil {
 			return false, fmt.Errorf("invalid Pod %s: %w", u.GetName(), err)
 		}
-		pod.Namespace = ns
 		before := pod.DeepCopy()
-		if !m.pod(what, pod) || apiequality.Semantic.DeepEqual(before, pod) {
+		pod.Namespace = ns
+		if !m.pod(what, pod) {
 			return false, nil
 		}
-		pod.Namespace = u.GetNamespace()
-		out, err := runtime.DefaultUnstructuredConverter.ToUnstructured(pod)
-		if err != nil {
-			return false, err
-		}
-		clean(out)
-		merged := mergeKeep(u.Object, out)
-		// Replace the contents, not the map: a List's items hold this map.
-		for k := range u.Object {
-			delete(u.Object, k)
-		}
-		for k, v := range merged {
-			u.Object[k] = v
-		}
-		return true, nil
+		pod.Namespace = before.Namespace
+		return applyChanges(u.Object, before, pod)
 	}
 	tp, ok := templatePaths[u.GetKind()]
 	if !ok {
@@ -300,21 +288,73 @@ func (m *mutator) object(u *unstructured.Unstructured) (bool, error) {
 	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(tmpl, &pt); err != nil {
 		return false, fmt.Errorf("invalid pod template of %s: %w", what, err)
 	}
+	before := pt.DeepCopy()
 	pod := &corev1.Pod{ObjectMeta: pt.ObjectMeta, Spec: pt.Spec}
 	pod.Namespace = ns
-	before := pod.DeepCopy()
-	if !m.pod(what, pod) || apiequality.Semantic.DeepEqual(before, pod) {
+	if !m.pod(what, pod) {
 		return false, nil
 	}
 	pod.Namespace = pt.Namespace
-	pt.ObjectMeta, pt.Spec = pod.ObjectMeta, pod.Spec
-	out, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&pt)
+	after := &corev1.PodTemplateSpec{ObjectMeta: pod.ObjectMeta, Spec: pod.Spec}
+	if _, ok := tmpl["metadata"]; !ok {
+		tmpl["metadata"] = map[string]any{}
+	}
+	changed, err := applyChanges(tmpl, before, after)
+	if err != nil || !changed {
+		return changed, err
+	}
+	if err := unstructured.SetNestedMap(u.Object, tmpl, tp...); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// applyChanges applies to the document's own map the difference between the
+// typed object before and after the mutation, so that fields the typed round
+// trip does not know (a newer API's, a typo the API server would reject)
+// and the document's own spelling of values stay exactly as written.
+func applyChanges(doc map[string]any, before, after any) (bool, error) {
+	b, err := json.Marshal(before)
 	if err != nil {
 		return false, err
 	}
-	clean(out)
-	if err := unstructured.SetNestedMap(u.Object, out, tp...); err != nil {
+	a, err := json.Marshal(after)
+	if err != nil {
 		return false, err
+	}
+	ops, err := jsonpatch.CreatePatch(b, a)
+	if err != nil {
+		return false, fmt.Errorf("failed to diff the mutation: %w", err)
+	}
+	if len(ops) == 0 {
+		return false, nil
+	}
+	raw, err := json.Marshal(ops)
+	if err != nil {
+		return false, err
+	}
+	patch, err := jsonpatchv5.DecodePatch(raw)
+	if err != nil {
+		return false, fmt.Errorf("failed to decode the mutation's patch: %w", err)
+	}
+	orig, err := json.Marshal(doc)
+	if err != nil {
+		return false, err
+	}
+	out, err := patch.Apply(orig)
+	if err != nil {
+		return false, fmt.Errorf("failed to apply the mutation to the document: %w", err)
+	}
+	patched := map[string]any{}
+	if err := json.Unmarshal(out, &patched); err != nil {
+		return false, err
+	}
+	// Replace the contents, not the map: a List's items hold this map.
+	for k := range doc {
+		delete(doc, k)
+	}
+	for k, v := range patched {
+		doc[k] = v
 	}
 	return true, nil
 }
@@ -339,25 +379,6 @@ func (m *mutator) pod(what string, pod *corev1.Pod) bool {
 		fmt.Fprintf(m.stderr, "skipped: %s: %s\n", what, res.Reason)
 		return false
 	}
-}
-
-// clean drops the empty fields the typed round trip adds.
-func clean(o map[string]any) {
-	unstructured.RemoveNestedField(o, "metadata", "creationTimestamp")
-	if st, ok := o["status"].(map[string]any); ok && len(st) == 0 {
-		delete(o, "status")
-	}
-}
-
-// mergeKeep takes the typed result but keeps top-level fields the typed
-// round trip does not know, so nothing of the user's document is lost.
-func mergeKeep(orig, typed map[string]any) map[string]any {
-	for k, v := range orig {
-		if _, ok := typed[k]; !ok && k != "status" {
-			typed[k] = v
-		}
-	}
-	return typed
 }
 
 // ReadNodes reads Node objects from a YAML or JSON file, also a List such

@@ -202,3 +202,48 @@ func TestErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestKeepsWhatItDoesNotKnow: fields the typed round trip does not know stay
+// in the output, in pods and in templates alike.
+func TestKeepsWhatItDoesNotKnow(t *testing.T) {
+	in := `apiVersion: apps/v1
+kind: Deployment
+metadata: {name: d, namespace: ml}
+spec:
+  futureDeploymentField: 1
+  selector: {matchLabels: {app: d}}
+  template:
+    spec:
+      futureSpecField: {enabled: true}
+      containers:
+      - name: c
+        image: x
+        futureContainerField: keep
+        resources: {limits: {nvidia.com/gpu: 1}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: p, namespace: ml}
+spec:
+  futurePodField: keep
+  containers:
+  - name: c
+    image: x
+    resources: {limits: {nvidia.com/gpu: 1}}
+`
+	out, stderr, err := runMutate(t, in, "-f", "-", "--nodes", nodesFile)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, stderr)
+	}
+	for _, want := range []string{"futureDeploymentField: 1", "futureSpecField:", "futureContainerField: keep", "futurePodField: keep", "gpu-injector.io/layout-fingerprint"} {
+		if strings.Count(out, want) < 1 {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Count(out, "gpu-injector.io/layout-fingerprint") != 2 {
+		t.Errorf("want both documents injected:\n%s", out)
+	}
+	if strings.Contains(out, "creationTimestamp") {
+		t.Errorf("output gained creationTimestamp noise:\n%s", out)
+	}
+}
