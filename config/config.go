@@ -44,6 +44,10 @@ const (
 	LayoutPolicyMostGPUs = "MostGPUs"
 	// LayoutPolicyNewestDriver prefers the newest driver, then most GPUs.
 	LayoutPolicyNewestDriver = "NewestDriver"
+	// LayoutPolicySpread picks among the layouts that fit at random, weighted
+	// by their allocatable GPUs, so that pods without constraints use every
+	// pool instead of filling the largest first.
+	LayoutPolicySpread = "Spread"
 )
 
 // What to do when no layout fits a GPU pod.
@@ -285,7 +289,7 @@ func (c *Configuration) Validate() field.ErrorList {
 	}
 	errs = append(errs, oneOf(field.NewPath("ldLibraryPath"), c.LDLibraryPath, LDLibraryPathAppend, LDLibraryPathPrepend, LDLibraryPathOff)...)
 	errs = append(errs, oneOf(field.NewPath("containers"), c.Containers, ContainersGPU, ContainersAll)...)
-	errs = append(errs, oneOf(field.NewPath("layoutPolicy"), c.LayoutPolicy, LayoutPolicyMostGPUs, LayoutPolicyNewestDriver)...)
+	errs = append(errs, oneOf(field.NewPath("layoutPolicy"), c.LayoutPolicy, LayoutPolicyMostGPUs, LayoutPolicyNewestDriver, LayoutPolicySpread)...)
 	errs = append(errs, oneOf(field.NewPath("podSecurity"), c.PodSecurity, PodSecurityWarn, PodSecurityDeny)...)
 	np := field.NewPath("noLayout")
 	errs = append(errs, oneOf(np.Child("action"), c.NoLayout.Action, NoLayoutDeny, NoLayoutAllow, NoLayoutStatic)...)

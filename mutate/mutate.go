@@ -361,7 +361,7 @@ func applyChanges(doc map[string]any, before, after any) (bool, error) {
 
 // pod mutates and reports; false means leave the document as written.
 func (m *mutator) pod(what string, pod *corev1.Pod) bool {
-	res := webhook.Mutate(webhook.Input{Pod: pod, Layouts: m.layouts}, m.cfg)
+	res := webhook.Mutate(webhook.Input{Pod: pod, Layouts: m.layouts, Seed: webhook.Seed(pod.Namespace + "/" + what)}, m.cfg)
 	for _, w := range res.Warnings {
 		fmt.Fprintf(m.stderr, "warning: %s: %s\n", what, w)
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"hash/fnv"
 	"net/http"
 	"sync"
 
@@ -98,7 +99,7 @@ func (h *Handler) Handle(ctx context.Context, req admission.Request) admission.R
 		return admission.Errored(http.StatusInternalServerError, fmt.Errorf("failed to encode the pod: %w", err))
 	}
 	pod.Namespace = req.Namespace
-	res := Mutate(Input{Pod: pod, NamespaceLabels: nsLabels, Layouts: h.layouts.Layouts()}, h.cfg)
+	res := Mutate(Input{Pod: pod, NamespaceLabels: nsLabels, Layouts: h.layouts.Layouts(), Seed: Seed(string(req.UID))}, h.cfg)
 	pod.Namespace = origNamespace
 
 	log = log.WithValues("decision", res.Decision, "reason", res.Reason)
@@ -127,6 +128,14 @@ func (h *Handler) Handle(ctx context.Context, req admission.Request) admission.R
 		log.V(1).Info("skipped pod")
 		return admission.Allowed("").WithWarnings(res.Warnings...)
 	}
+}
+
+// Seed turns a request's UID (or, offline, a document's name) into the
+// Spread policy's seed.
+func Seed(s string) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(s))
+	return h.Sum64()
 }
 
 func podName(p *corev1.Pod) string {

@@ -68,7 +68,7 @@ func Mutate(in Input, cfg *config.Configuration) Result {
 	}
 
 	prev := previousInjection(pod)
-	chosen, whyNot := chooseLayout(pod, in.Layouts, cfg, prev)
+	chosen, whyNot := chooseLayout(pod, in.Layouts, cfg, prev, in.Seed)
 	if chosen == nil && prev != nil {
 		// Injected before, but that layout is gone: leave our earlier work alone
 		// rather than stack a second layout on top of it, and say what follows.
@@ -248,7 +248,7 @@ func previousInjection(pod *corev1.Pod) *layout.Injected {
 // taints), the one with the most allocatable GPUs in total, then the newest
 // driver, then the smallest fingerprint so that replicas agree. NewestDriver
 // swaps the first two keys. A pod injected before keeps its layout.
-func chooseLayout(pod *corev1.Pod, layouts []*Layout, cfg *config.Configuration, prev *layout.Injected) (*Layout, string) {
+func chooseLayout(pod *corev1.Pod, layouts []*Layout, cfg *config.Configuration, prev *layout.Injected, seed uint64) (*Layout, string) {
 	if prev != nil && prev.StaticLayout != "" {
 		if s, ok := cfg.Static(prev.StaticLayout); ok {
 			return &Layout{Static: s.Name, Plan: s.Plan, NodeSelector: s.NodeSelector}, ""
@@ -263,7 +263,11 @@ func chooseLayout(pod *corev1.Pod, layouts []*Layout, cfg *config.Configuration,
 	sort.SliceStable(order, func(i, j int) bool { return better(order[i], order[j], cfg.LayoutPolicy) })
 
 	affinity := nodeaffinity.GetRequiredNodeAffinity(pod)
+	spread := cfg.LayoutPolicy == config.LayoutPolicySpread && prev == nil
 	var reasons []string
+	var fits []*Layout
+	var weight uint64
+layouts:
 	for _, l := range order {
 		if prev != nil && l.Fingerprint != prev.Fingerprint {
 			continue
@@ -271,7 +275,12 @@ func chooseLayout(pod *corev1.Pod, layouts []*Layout, cfg *config.Configuration,
 		nodes, why := candidateNodes(pod, l)
 		for _, n := range nodes {
 			if why = nodeMismatch(pod, affinity, n); why == "" {
-				return l, ""
+				if !spread {
+					return l, ""
+				}
+				fits = append(fits, l)
+				weight += uint64(max(l.AllocatableGPUs, 1))
+				continue layouts
 			}
 		}
 		if why == "" {
@@ -279,6 +288,18 @@ func chooseLayout(pod *corev1.Pod, layouts []*Layout, cfg *config.Configuration,
 		}
 		if len(reasons) < 5 {
 			reasons = append(reasons, fmt.Sprintf("layout %s (driver %s, %d nodes): %s", l.Fingerprint, l.Plan.DriverVersion, len(l.Nodes), why))
+		}
+	}
+	if len(fits) > 0 {
+		// Weighted by GPUs, in the policy's order, so the same seed always
+		// picks the same layout.
+		pick := seed % weight
+		for _, l := range fits {
+			w := uint64(max(l.AllocatableGPUs, 1))
+			if pick < w {
+				return l, ""
+			}
+			pick -= w
 		}
 	}
 	if prev != nil {

@@ -311,11 +311,21 @@ func (idx *Index) nodeInfo(n *corev1.Node) *NodeInfo {
 	}
 	for name, q := range n.Status.Allocatable {
 		if IsGPUResource(idx.cfg, name) {
-			info.AllocatableGPUs += q.Value()
+			if v := q.Value(); v > 0 {
+				info.AllocatableGPUs += min(v, MaxNodeGPUs)
+			}
 		}
 	}
+	// The count comes from the node itself and weighs in the layout choice:
+	// bound it, so one node cannot outweigh a pool or overflow the sum.
+	info.AllocatableGPUs = min(info.AllocatableGPUs, MaxNodeGPUs)
 	return info
 }
+
+// MaxNodeGPUs caps what one node counts for in a layout's GPU total: above
+// any real node (8 GPUs x 7 MIG slices, or time-sliced replicas), far below
+// what could let one node pull every pod onto its layout.
+const MaxNodeGPUs = 256
 
 func infoEqual(a, b *NodeInfo) bool {
 	if a.AllocatableGPUs != b.AllocatableGPUs || len(a.Labels) != len(b.Labels) || len(a.Taints) != len(b.Taints) {

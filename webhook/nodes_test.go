@@ -529,3 +529,19 @@ func TestIndexManyNodes(t *testing.T) {
 		}
 	}
 }
+
+// TestIndexCapsNodeGPUs: a node reporting absurd capacity counts for
+// MaxNodeGPUs, and a total cannot overflow.
+func TestIndexCapsNodeGPUs(t *testing.T) {
+	idx := NewIndex(config.Default(), logr.Discard())
+	p := ixPlan("535.104.05")
+	idx.Add(ixNode("liar", p, 9223372036854775807, nil))
+	idx.Add(ixNode("liar-2", p, 1000000, nil))
+	ls := idx.Layouts()
+	if len(ls) != 1 {
+		t.Fatalf("got %d layouts", len(ls))
+	}
+	if got := ls[0].AllocatableGPUs; got != 2*MaxNodeGPUs {
+		t.Errorf("AllocatableGPUs = %d, want %d", got, 2*MaxNodeGPUs)
+	}
+}

@@ -94,6 +94,9 @@ type Input struct {
 	NamespaceLabels map[string]string
 	// Layouts are the ready probed layouts; the mutation adds static ones.
 	Layouts []*Layout
+	// Seed drives the Spread policy's weighted choice: the same seed gives
+	// the same layout, so the answer stays a function of the input.
+	Seed uint64
 }
 
 // Result is the mutation's answer; Input.Pod is changed in place.
