@@ -41,7 +41,7 @@ fuzz: ## run each fuzz target for FUZZTIME (default 30s)
 
 .PHONY: golden
 golden: ## rewrite the golden files from the current mutation
-	REFRESH_GOLDEN=true go test ./webhook/ ./nodeprobe/... -run 'Golden|Plan'
+	REFRESH_GOLDEN=true go test -count=1 ./webhook/ ./nodeprobe/...
 
 .PHONY: demo
 demo: ## a local cluster with simulated GPU nodes, gpu-injector installed, classic workloads, and a report
