@@ -164,19 +164,27 @@ func Discover(root string) (*Files, error) {
 func (h hostFS) expandFolders(patterns []string) []string {
 	var out []string
 	for _, p := range patterns {
-		var candidates []string
-		if dir, pat := path.Split(p); strings.ContainsAny(pat, "*?[") {
-			des, err := h.readDir(path.Clean(dir))
-			if err != nil {
-				continue
-			}
-			for _, de := range des {
-				if ok, _ := path.Match(pat, de.Name()); ok {
-					candidates = append(candidates, path.Join(dir, de.Name()))
+		// A pattern may sit in any element (/usr/lib/nvidia-*/bin), so expand
+		// element by element.
+		candidates := []string{"/"}
+		for _, el := range strings.Split(strings.Trim(p, "/"), "/") {
+			var next []string
+			for _, c := range candidates {
+				if !strings.ContainsAny(el, "*?[") {
+					next = append(next, path.Join(c, el))
+					continue
+				}
+				des, err := h.readDir(c)
+				if err != nil {
+					continue
+				}
+				for _, de := range des {
+					if ok, _ := path.Match(el, de.Name()); ok {
+						next = append(next, path.Join(c, de.Name()))
+					}
 				}
 			}
-		} else {
-			candidates = []string{p}
+			candidates = next
 		}
 		for _, c := range candidates {
 			real, fi, err := h.stat(c)

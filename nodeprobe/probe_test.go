@@ -351,3 +351,24 @@ func BenchmarkProbe(b *testing.B) {
 		})
 	}
 }
+
+// TestProbeFindsBinFolderBelowAPattern: the classic nvidia-384 package keeps
+// nvidia-smi only in /usr/lib/nvidia-384/bin (the /usr/bin link comes from
+// update-alternatives and may be absent); a pattern in a middle element of a
+// known folder (/usr/lib/nvidia-*/bin) must still find it.
+func TestProbeFindsBinFolderBelowAPattern(t *testing.T) {
+	root, l := buildRoot(t, "ubuntu1604-nvidia384")
+	if err := os.Remove(filepath.Join(root, "usr/bin/nvidia-smi")); err != nil {
+		t.Fatal(err)
+	}
+	res := probeRoot(t, root, openWith(fakeNVML(l.DriverVersion, 13000, h100, h100)))
+	if !res.Ready() {
+		t.Fatalf("condition %s: %s", res.Condition, res.Message)
+	}
+	for _, m := range res.Plan.Mounts {
+		if m.HostPath == "/usr/lib/nvidia-384/bin" && m.ContainerPath == "/usr/local/nvidia/bin" && m.Kind == layout.KindDirectory {
+			return
+		}
+	}
+	t.Errorf("no mount of /usr/lib/nvidia-384/bin at /usr/local/nvidia/bin: %+v", res.Plan.Mounts)
+}
