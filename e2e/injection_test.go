@@ -293,7 +293,7 @@ func TestProbesPublishLayouts(t *testing.T) {
 		hostPaths []string
 	}{
 		"GKE on the kubelet node": {node: testEnv.KubeletNode().Name, hostPaths: []string{"/home/kubernetes/bin/nvidia/bin", "/home/kubernetes/bin/nvidia/lib64"}},
-		"Ubuntu nvidia-384":       {node: "ubuntu-k80", hostPaths: []string{"/usr/lib/nvidia-384"}},
+		"Ubuntu nvidia-384":       {node: "ubuntu-k80", hostPaths: []string{"/usr/lib/nvidia-384/bin", "/usr/lib/nvidia-384"}},
 		"CentOS 7":                {node: "centos-p100", hostPaths: []string{"/usr/bin/nvidia-smi", "/usr/lib64/nvidia"}},
 	} {
 		t.Run(name, func(t *testing.T) {
