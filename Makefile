@@ -15,6 +15,10 @@ build: ## build bin/gpu-injector (cgo, for NVML) and bin/podsim (static)
 	CGO_ENABLED=1 go build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/gpu-injector .
 	CGO_ENABLED=0 go build -trimpath -o $(BIN)/podsim ./hack/podsim
 
+.PHONY: image
+image: ## the container image as a docker-archive tar, without Docker: _output/gpu-injector-image.tar
+	go run ./hack/image -o _output/gpu-injector-image.tar
+
 .PHONY: test
 test: ## everything CI runs: lint, unit, golden, chart and the e2e suite on a real local cluster
 	hack/test.sh

@@ -1,0 +1,131 @@
+// Command image builds gpu-injector's container image without a Docker
+// engine: the cgo binary, the glibc files it links (it loads the host's NVML
+// with dlopen), nothing else. The result is a docker-archive tar, which
+// `docker load`, `ctr images import`, `kind load image-archive` and
+// `crane push` all read.
+//
+//	go run ./hack/image -o _output/gpu-injector-image.tar
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+
+	"github.com/gpu-injector/gpu-injector/e2e/cluster"
+	"github.com/gpu-injector/gpu-injector/e2e/workloads"
+)
+
+const binaryPath = "/usr/local/bin/gpu-injector"
+
+// nvmlNeeds are the libraries libnvidia-ml.so.1 links besides libc.
+var nvmlNeeds = []string{"libpthread.so.0", "libdl.so.2", "libm.so.6", "librt.so.1"}
+
+// libcPath finds libc's path in the image, whose folder gets NVML's needs.
+func libcPath(files map[string]string) string {
+	for dest := range files {
+		if filepath.Base(dest) == "libc.so.6" {
+			return dest
+		}
+	}
+	return "/lib/x86_64-linux-gnu/libc.so.6"
+}
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintf(os.Stderr, "image: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	out := flag.String("o", "_output/gpu-injector-image.tar", "where to write the image tar")
+	ref := flag.String("ref", "", "image reference (default ghcr.io/gpu-injector/gpu-injector:<chart appVersion>)")
+	version := flag.String("version", "", "version stamped in the binary (default: the chart's appVersion)")
+	flag.Parse()
+
+	appVersion, err := chartAppVersion("charts/gpu-injector/Chart.yaml")
+	if err != nil {
+		return err
+	}
+	if *ref == "" {
+		*ref = "ghcr.io/gpu-injector/gpu-injector:" + appVersion
+	}
+	if *version == "" {
+		*version = "v" + appVersion
+	}
+	return Build(*out, *ref, *version)
+}
+
+// Build builds the binary and writes the image tar to out.
+func Build(out, ref, version string) error {
+	tmp, err := os.MkdirTemp("", "gpu-injector-image-")
+	if err != nil {
+		return fmt.Errorf("failed to create a temp folder: %w", err)
+	}
+	defer os.RemoveAll(tmp)
+
+	bin := filepath.Join(tmp, "gpu-injector")
+	fmt.Fprintf(os.Stderr, "image: building %s (cgo, %s)\n", binaryPath, version)
+	build := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w -X github.com/gpu-injector/gpu-injector/version.Version="+version, "-o", bin, ".")
+	build.Env = append(os.Environ(), "CGO_ENABLED=1")
+	if build.Dir, err = repoRoot(); err != nil {
+		return err
+	}
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		return fmt.Errorf("failed to build gpu-injector: %w", err)
+	}
+	runtime, err := workloads.RuntimeFiles(bin)
+	if err != nil {
+		return err
+	}
+	files := map[string]string{binaryPath: bin}
+	for _, f := range runtime {
+		files[f.Dest] = f.Source
+	}
+	// The probe dlopens the host's libnvidia-ml, which needs these besides
+	// libc; with glibc 2.34+ they are small stubs, but the loader still
+	// looks for the files.
+	libDir := filepath.Dir(files[libcPath(files)])
+	for _, name := range nvmlNeeds {
+		src := filepath.Join(libDir, name)
+		if _, err := os.Stat(src); err != nil {
+			return fmt.Errorf("failed to find %s, which NVML needs: %w", name, err)
+		}
+		files[filepath.Join(filepath.Dir(libcPath(files)), name)] = src
+	}
+	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
+		return fmt.Errorf("failed to create %s: %w", filepath.Dir(out), err)
+	}
+	if err := cluster.WriteImage(out, ref, files, cluster.ImageConfig{Entrypoint: []string{binaryPath}}); err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "image: wrote %s (%s, %d files)\n", out, ref, len(files))
+	return nil
+}
+
+// repoRoot is the module's folder, so Build works from any directory.
+func repoRoot() (string, error) {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil || strings.TrimSpace(string(out)) == "" {
+		return "", fmt.Errorf("failed to find the module root (go env GOMOD): %v", err)
+	}
+	return filepath.Dir(strings.TrimSpace(string(out))), nil
+}
+
+func chartAppVersion(file string) (string, error) {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return "", fmt.Errorf("failed to read %s: %w", file, err)
+	}
+	for _, l := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(l, "appVersion:"); ok {
+			return strings.Trim(strings.TrimSpace(v), `"`), nil
+		}
+	}
+	return "", fmt.Errorf("no appVersion in %s", file)
+}
