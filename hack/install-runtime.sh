@@ -2,7 +2,7 @@
 # Installs the node runtime the local cluster's kubelet drives: containerd, runc and
 # the reference CNI plugins (bridge, host-local, loopback), from Debian packages,
 # plus gcc and a static libc, which build the sandbox ("pause") image and the
-# test images. A no-op when they are already there. Needs root (apt-get).
+# test images, and iproute2, with which the launcher removes its bridge. A no-op when they are already there. Needs root (apt-get).
 set -euo pipefail
 
 log() { printf '[runtime] %s\n' "$*" >&2; }
@@ -14,10 +14,11 @@ command -v runc >/dev/null || missing+=(runc)
 [[ -x /usr/lib/cni/bridge && -x /usr/lib/cni/host-local && -x /usr/lib/cni/loopback ]] \
   || missing+=(containernetworking-plugins)
 command -v gcc >/dev/null || missing+=(gcc)
+command -v ip >/dev/null || missing+=(iproute2)
 [[ -f "/usr/lib/$(gcc -dumpmachine 2>/dev/null || echo x86_64-linux-gnu)/libc.a" ]] || missing+=(libc6-dev)
 
 if [[ ${#missing[@]} -eq 0 ]]; then
-  log "containerd $(containerd --version | awk '{print $3}'), runc, CNI plugins and gcc already installed"
+  log "containerd $(containerd --version | awk '{print $3}'), runc, CNI plugins, gcc and iproute2 already installed"
   exit 0
 fi
 
@@ -37,7 +38,13 @@ if ! apt-cache show "${pkgs[0]}" >/dev/null 2>&1; then
   apt-get update -qq
 fi
 log "installing ${pkgs[*]} (apt-get install)..."
-apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
+if ! apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null; then
+  # Stale package lists name versions the mirror no longer has (a security
+  # update replaced them): refresh and try once more.
+  log "install failed; refreshing package lists (apt-get update) and retrying..."
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
+fi
 # The package starts a system containerd where an init system runs; the cluster does
 # not use it (it runs its own containerd on a private socket), so leave it be.
 log "installed: containerd $(containerd --version | awk '{print $3}'), $(runc --version | head -1)"

@@ -6,6 +6,19 @@ cd "$(dirname "$0")/.."
 
 stage() { printf '\n==> %s\n' "$*"; }
 
+# cgo (go-nvml) needs a C compiler from the first stage on; a Go-only image
+# may lack one.
+need_gcc() {
+	if ! command -v gcc >/dev/null; then
+		stage "gcc (cgo needs it; Debian packages)"
+		if [[ ${EUID} -ne 0 ]] || ! command -v apt-get >/dev/null; then
+			echo "gcc is missing: install gcc (sudo apt-get install -y gcc libc6-dev)" >&2; exit 1
+		fi
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gcc libc6-dev >/dev/null ||
+			{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gcc libc6-dev >/dev/null; }
+	fi
+}
+
 lint() {
 	stage "gofmt"
 	unformatted=$(gofmt -l $(git ls-files '*.go'))
@@ -35,6 +48,7 @@ e2e() {
 	go test -count=1 -tags e2e -timeout 60m -v ./e2e/...
 }
 
+need_gcc
 case "${1:-all}" in
 	lint) lint ;;
 	unit) unit ;;

@@ -178,9 +178,12 @@ build_helm_locked() {
   trap 'rm -rf "${tmp}"' RETURN
   log "helm ${HELM_VERSION}: building (first time, ~2 min)..."
   # helm's own version stamp: without it `helm version` reports v3.x-dev-ish output
-  # and chart kubeVersion checks misbehave.
+  # and chart kubeVersion checks misbehave. The Kubernetes version helm assumes
+  # without a cluster (helm template/lint) is stamped too, as helm's release
+  # builds do (1.31 for helm 3.16); unstamped it is 1.20, below the chart's floor.
+  local k8s="helm.sh/helm/v3/pkg/chartutil" lint="helm.sh/helm/v3/pkg/lint/rules"
   GOBIN="${tmp}" go install -trimpath \
-    -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=${HELM_VERSION}" \
+    -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=${HELM_VERSION} -X ${k8s}.k8sVersionMajor=1 -X ${k8s}.k8sVersionMinor=31 -X ${lint}.k8sVersionMajor=1 -X ${lint}.k8sVersionMinor=31" \
     "helm.sh/helm/v3/cmd/helm@${HELM_VERSION}"
   mkdir -p "${dir}"
   mv -f "${tmp}/helm" "${dir}/helm"

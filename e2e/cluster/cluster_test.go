@@ -201,7 +201,10 @@ func TestStartFailureStopsEverything(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			tc.opts.ParentDir = t.TempDir()
 			before := clusterProcesses(t, tc.opts.ParentDir)
-			tc.opts.Timeout = time.Minute
+			// Generous: the failure is seen early anyway, and on two busy
+			// cores (the e2e suite's cluster starts beside this one) a short
+			// deadline would fail with a timeout instead of the cause.
+			tc.opts.Timeout = 3 * time.Minute
 			c, err := Start(t.Context(), tc.opts)
 			if err == nil {
 				c.Stop()
