@@ -26,7 +26,7 @@ const (
 	FieldManager = "gpu-injector-nodeprobe"
 )
 
-// Published is what the probe puts on its Node: only keys under layout.Prefix.
+// Published is what the probe puts on its Node: only keys in owned.
 type Published struct {
 	Labels      map[string]string
 	Annotations map[string]string
@@ -126,11 +126,22 @@ func labelValue(s string) string {
 	return v
 }
 
-// ours returns the entries of m under layout.Prefix.
+// owned are the keys this probe publishes, and so the only keys it removes.
+// Other keys under layout.Prefix belong to people (a label that a static
+// layout's nodeSelector uses, a test's marker) and must survive every write.
+var owned = map[string]bool{
+	layout.AnnotationLayout: true, layout.LabelFingerprint: true, layout.LabelState: true,
+	layout.AnnotationStateReason: true, layout.LabelDriverVersion: true, layout.LabelCUDADriverVersion: true,
+	layout.LabelGPUProduct: true, layout.LabelGPUCount: true, layout.LabelGPUMemoryMiB: true,
+	layout.LabelComputeCapability: true, layout.LabelMIGEnabled: true,
+	AnnotationVersionSource: true, AnnotationNVMLState: true,
+}
+
+// ours returns the entries of m that the probe owns.
 func ours(m map[string]string) map[string]string {
 	out := map[string]string{}
 	for k, v := range m {
-		if strings.HasPrefix(k, layout.Prefix) {
+		if owned[k] {
 			out[k] = v
 		}
 	}
@@ -138,7 +149,7 @@ func ours(m map[string]string) map[string]string {
 }
 
 // mergePatch sets what changed and nulls our keys that are no longer wanted;
-// nothing outside layout.Prefix is ever named.
+// current holds only owned keys, so no other key is ever named.
 func mergePatch(current, desired map[string]string) map[string]any {
 	patch := map[string]any{}
 	for k, v := range desired {

@@ -122,15 +122,19 @@ func TestPublish(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	foreign := map[string]string{"kubernetes.io/hostname": "gpu-1", "team": "ml"}
+	// Keys under our prefix that the probe does not publish are an admin's:
+	// a label a static layout's nodeSelector uses, the e2e marker.
+	foreign := map[string]string{"kubernetes.io/hostname": "gpu-1", "team": "ml", layout.Prefix + "pool": "a100"}
+	foreignAnn := map[string]string{"node.alpha.kubernetes.io/ttl": "0", layout.Prefix + "e2e": "api-only"}
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{
-		Name:        "gpu-1",
-		Labels:      map[string]string{"kubernetes.io/hostname": "gpu-1", "team": "ml", layout.Prefix + "stale": "x"},
-		Annotations: map[string]string{"node.alpha.kubernetes.io/ttl": "0"},
+		Name:   "gpu-1",
+		Labels: map[string]string{"kubernetes.io/hostname": "gpu-1", "team": "ml", layout.Prefix + "pool": "a100"},
+		// A reason left by an earlier error state is ours and stale.
+		Annotations: map[string]string{"node.alpha.kubernetes.io/ttl": "0", layout.Prefix + "e2e": "api-only", layout.AnnotationStateReason: "old"},
 	}}
 	c := fake.NewSimpleClientset(node)
 
-	// First publish: one patch, naming only our keys, removing the stale one.
+	// First publish: one patch, naming only owned keys, removing the stale one.
 	wrote, err := Publish(ctx, c, "gpu-1", readyPub)
 	if err != nil || !wrote {
 		t.Fatalf("first Publish = %v, %v; want a write", wrote, err)
@@ -147,10 +151,10 @@ func TestPublish(t *testing.T) {
 	}
 	for section, kv := range patch.Metadata {
 		for k, v := range kv {
-			if len(k) < len(layout.Prefix) || k[:len(layout.Prefix)] != layout.Prefix {
-				t.Errorf("patch %s names a foreign key %q", section, k)
+			if !owned[k] {
+				t.Errorf("patch %s names a key the probe does not own: %q", section, k)
 			}
-			if k == layout.Prefix+"stale" && v != nil {
+			if k == layout.AnnotationStateReason && v != nil {
 				t.Errorf("stale key not removed: %v", *v)
 			}
 		}
@@ -164,8 +168,13 @@ func TestPublish(t *testing.T) {
 			t.Errorf("foreign label %s = %q, want %q", k, got.Labels[k], v)
 		}
 	}
-	if got.Annotations["node.alpha.kubernetes.io/ttl"] != "0" {
-		t.Error("foreign annotation lost")
+	for k, v := range foreignAnn {
+		if got.Annotations[k] != v {
+			t.Errorf("foreign annotation %s = %q, want %q", k, got.Annotations[k], v)
+		}
+	}
+	if _, ok := got.Annotations[layout.AnnotationStateReason]; ok {
+		t.Error("stale state reason kept")
 	}
 	if !reflect.DeepEqual(ours(got.Labels), readyPub.Labels) || !reflect.DeepEqual(ours(got.Annotations), readyPub.Annotations) {
 		t.Errorf("node has %v %v, want %v %v", ours(got.Labels), ours(got.Annotations), readyPub.Labels, readyPub.Annotations)
@@ -200,8 +209,30 @@ func TestPublish(t *testing.T) {
 	if got.Labels[layout.LabelState] != layout.StateError || got.Annotations[layout.AnnotationStateReason] != "NoDevices: NVML sees no GPU" {
 		t.Errorf("state %q reason %q", got.Labels[layout.LabelState], got.Annotations[layout.AnnotationStateReason])
 	}
-	if got.Labels["team"] != "ml" {
-		t.Error("foreign label lost")
+	if got.Labels["team"] != "ml" || got.Labels[layout.Prefix+"pool"] != "a100" || got.Annotations[layout.Prefix+"e2e"] != "api-only" {
+		t.Errorf("foreign keys lost: %v %v", got.Labels, got.Annotations)
+	}
+}
+
+// TestOwnedKeysCoverDesired keeps owned in step with Desired: a key Desired
+// can write but owned lacks would never be removed again.
+func TestOwnedKeysCoverDesired(t *testing.T) {
+	a100mig := mockGPU{name: "NVIDIA A100-SXM4-40GB", memBytes: 40960 << 20, major: 8, minor: 0, mig: 0}
+	for name, res := range map[string]Result{
+		"ready": readyResult(t),
+		"error": {Condition: ConditionDriverLibraryVersionMismatch, Message: "x", NVML: NVMLResult{State: NVMLVersionMismatch, Message: "y", Facts: ReadNVML(fakeNVML("580.159.04", 12080, a100mig)).Facts}, DriverVersion: "580.159.04", VersionSource: SourceNVML},
+	} {
+		p, err := Desired(res)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range []map[string]string{p.Labels, p.Annotations} {
+			for k := range m {
+				if !owned[k] {
+					t.Errorf("%s: Desired writes %s, which owned lacks", name, k)
+				}
+			}
+		}
 	}
 }
 
