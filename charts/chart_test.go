@@ -39,8 +39,6 @@ const (
 	webhookSA   = "gpu-injector-webhook"
 	certSecret  = "gpu-injector-webhook-tls"
 	webhookSvc  = "gpu-injector-webhook"
-
-	vapAPI = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"
 )
 
 // helmBinary finds helm where the repository's tool cache puts it; a missing helm is
@@ -65,9 +63,10 @@ func helmBinary(t *testing.T) string {
 	return h
 }
 
+// renderOpts never carries --api-versions: helm template without a cluster knows no
+// served kinds, and the chart must render the same as it does for the user.
 type renderOpts struct {
 	kubeVersion string
-	apiVersions []string
 	set         []string
 }
 
@@ -79,9 +78,6 @@ type rendered struct {
 func helmTemplate(t *testing.T, o renderOpts) ([]byte, error) {
 	t.Helper()
 	args := []string{"template", releaseName, chartDir, "--namespace", namespace, "--kube-version", o.kubeVersion}
-	for _, a := range o.apiVersions {
-		args = append(args, "--api-versions", a)
-	}
 	for _, s := range o.set {
 		args = append(args, "--set", s)
 	}
@@ -205,7 +201,7 @@ func mutatingWebhook(t *testing.T, r rendered) admissionregistrationv1.MutatingW
 }
 
 var (
-	kube136 = renderOpts{kubeVersion: "1.36.3", apiVersions: []string{vapAPI}}
+	kube136 = renderOpts{kubeVersion: "1.36.3"}
 	kube129 = renderOpts{kubeVersion: "1.29.0"}
 )
 
@@ -424,15 +420,14 @@ func TestRender(t *testing.T) {
 				checkProbeRBAC(t, r)
 			},
 		},
-		"1.36 without the policy API served": {
-			opts: renderOpts{kubeVersion: "1.36.3"},
+		"defaults on 1.30": {
+			opts: renderOpts{kubeVersion: "1.30.0"},
 			check: func(t *testing.T, r rendered) {
-				if len(r.all("ValidatingAdmissionPolicy")) != 0 {
-					t.Errorf("ValidatingAdmissionPolicy rendered although the API server does not serve it")
-				}
 				if wh := mutatingWebhook(t, r); len(wh.MatchConditions) != 2 {
-					t.Errorf("matchConditions depend on the version only; got %d", len(wh.MatchConditions))
+					t.Errorf("matchConditions = %d, want 2 on 1.30", len(wh.MatchConditions))
 				}
+				checkNodeprobe(t, r)
+				checkProbeRBAC(t, r)
 			},
 		},
 		"1.36 with node restriction off": {
@@ -548,18 +543,13 @@ func TestRender(t *testing.T) {
 				}
 			},
 		},
-		"recursively read-only host root": {
-			opts: with(kube136, "nodeprobe.recursiveReadOnly=true"),
+		"host root with propagation instead of recursive read-only": {
+			opts: with(kube136, "nodeprobe.recursiveReadOnly=false"),
 			check: func(t *testing.T, r rendered) {
-				ds := mustGet[appsv1.DaemonSet](t, r, "DaemonSet", probeSA)
-				for _, m := range container(t, ds.Spec.Template, "nodeprobe").VolumeMounts {
-					if m.Name != "host-root" {
-						continue
-					}
-					// The API server refuses recursiveReadOnly with any propagation but None.
-					if ptrValue(m.RecursiveReadOnly) != corev1.RecursiveReadOnlyIfPossible || m.MountPropagation != nil {
-						t.Errorf("host root mount = %+v, want recursiveReadOnly IfPossible without propagation", m)
-					}
+				m := hostRootMount(t, r)
+				// The API server refuses recursiveReadOnly with any propagation but None.
+				if !m.ReadOnly || m.RecursiveReadOnly != nil || ptrValue(m.MountPropagation) != corev1.MountPropagationHostToContainer {
+					t.Errorf("host root mount = %+v, want read-only, HostToContainer, no recursiveReadOnly", m)
 				}
 			},
 		},
@@ -730,11 +720,24 @@ func checkNodeprobe(t *testing.T, r rendered) {
 	checkVolume(t, ds.Spec.Template, c, "host-root", "/host", func(v corev1.Volume) bool {
 		return v.HostPath != nil && v.HostPath.Path == "/"
 	})
-	for _, m := range c.VolumeMounts {
-		if m.Name == "host-root" && (m.MountPropagation == nil || *m.MountPropagation != corev1.MountPropagationHostToContainer) {
-			t.Errorf("host root propagation = %v, want HostToContainer", m.MountPropagation)
+	// By default the host's submounts (/run, /dev/shm, /tmp) are read-only too, which
+	// the API server allows only without propagation.
+	if m := hostRootMount(t, r); !m.ReadOnly || ptrValue(m.RecursiveReadOnly) != corev1.RecursiveReadOnlyIfPossible || m.MountPropagation != nil {
+		t.Errorf("host root mount = %+v, want read-only, recursiveReadOnly IfPossible, no propagation", m)
+	}
+}
+
+// hostRootMount is the probe's mount of the host root.
+func hostRootMount(t *testing.T, r rendered) corev1.VolumeMount {
+	t.Helper()
+	ds := mustGet[appsv1.DaemonSet](t, r, "DaemonSet", probeSA)
+	for _, m := range container(t, ds.Spec.Template, "nodeprobe").VolumeMounts {
+		if m.Name == "host-root" {
+			return m
 		}
 	}
+	t.Fatalf("probe has no host-root mount")
+	return corev1.VolumeMount{}
 }
 
 // checkWebhookRBAC: nodes and namespaces read-only, and in self cert mode only the
@@ -936,6 +939,122 @@ func TestConfigChecksum(t *testing.T) {
 			for wl, sum := range base {
 				if (got[wl] != sum) != tc.changed {
 					t.Errorf("%s checksum changed=%v, want %v", wl, got[wl] != sum, tc.changed)
+				}
+			}
+		})
+	}
+}
+
+// TestNodeRestrictionByVersion: the policy follows the Kubernetes version alone, so
+// helm template, which knows no served kinds, renders it as helm install does.
+func TestNodeRestrictionByVersion(t *testing.T) {
+	tests := map[string]struct {
+		opts       renderOpts
+		wantPolicy bool
+	}{
+		"1.29":                      {opts: kube129},
+		"1.30":                      {opts: renderOpts{kubeVersion: "1.30.0"}, wantPolicy: true},
+		"1.36":                      {opts: kube136, wantPolicy: true},
+		"1.36 restriction off":      {opts: with(kube136, "nodeprobe.nodeRestriction.enabled=false")},
+		"1.36 probe disabled":       {opts: with(kube136, "nodeprobe.enabled=false")},
+		"1.30 with a vendor suffix": {opts: renderOpts{kubeVersion: "1.30.0-eks-1"}, wantPolicy: true},
+		"1.29 with a vendor suffix": {opts: renderOpts{kubeVersion: "1.29.9-gke.1"}},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			r := render(t, tc.opts)
+			gotPolicy := r.get("ValidatingAdmissionPolicy", probeSA) != nil
+			gotBinding := r.get("ValidatingAdmissionPolicyBinding", probeSA) != nil
+			if gotPolicy != tc.wantPolicy || gotBinding != tc.wantPolicy {
+				t.Errorf("policy rendered = %v, binding = %v, want %v; have %v", gotPolicy, gotBinding, tc.wantPolicy, r.names())
+			}
+		})
+	}
+}
+
+// renderNotes renders templates/NOTES.txt, which helm template does not print: a copy
+// of the chart carries the notes as a named template inside a ConfigMap.
+func renderNotes(t *testing.T, o renderOpts) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), chartDir)
+	if err := os.CopyFS(dir, os.DirFS(chartDir)); err != nil {
+		t.Fatalf("failed to copy the chart: %v", err)
+	}
+	notesPath := filepath.Join(dir, "templates", "NOTES.txt")
+	notes, err := os.ReadFile(notesPath)
+	if err != nil {
+		t.Fatalf("failed to read NOTES.txt: %v", err)
+	}
+	if err := os.Remove(notesPath); err != nil {
+		t.Fatalf("failed to remove NOTES.txt: %v", err)
+	}
+	wrapped := `{{- define "test.notes" }}` + string(notes) + "{{- end }}\n" +
+		"apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: test-notes\ndata:\n  notes: {{ include \"test.notes\" . | toJson }}\n"
+	if err := os.WriteFile(filepath.Join(dir, "templates", "test-notes.yaml"), []byte(wrapped), 0o644); err != nil {
+		t.Fatalf("failed to write the notes template: %v", err)
+	}
+	args := []string{"template", releaseName, dir, "--namespace", namespace, "--kube-version", o.kubeVersion, "--show-only", "templates/test-notes.yaml"}
+	for _, s := range o.set {
+		args = append(args, "--set", s)
+	}
+	var stderr bytes.Buffer
+	cmd := exec.Command(helmBinary(t), args...)
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("failed to run helm %s: %v: %s", strings.Join(args, " "), err, stderr.String())
+	}
+	var cm corev1.ConfigMap
+	if err := utilyaml.Unmarshal(out, &cm); err != nil {
+		t.Fatalf("failed to parse the notes: %v\n%s", err, out)
+	}
+	if cm.Data["notes"] == "" {
+		t.Fatalf("notes rendered empty:\n%s", out)
+	}
+	return cm.Data["notes"]
+}
+
+func TestNotes(t *testing.T) {
+	const noRestriction = "WARNING: NO NODE RESTRICTION"
+	tests := map[string]struct {
+		opts    renderOpts
+		want    []string
+		notWant []string
+	}{
+		"1.29 warns that the probe can patch any node": {
+			opts:    kube129,
+			want:    []string{noRestriction, "patch EVERY Node"},
+			notWant: []string{"stay unready"},
+		},
+		"1.29 without node restriction does not claim it": {
+			opts:    with(kube129, "nodeprobe.nodeRestriction.enabled=false"),
+			notWant: []string{noRestriction},
+		},
+		"1.29 without the probe": {
+			opts:    with(kube129, "nodeprobe.enabled=false"),
+			notWant: []string{noRestriction},
+		},
+		"1.30 has the policy": {
+			opts:    renderOpts{kubeVersion: "1.30.0"},
+			notWant: []string{noRestriction, "older than 1.30"},
+		},
+		"unprivileged probe points at the node's state": {
+			opts:    kube136,
+			want:    []string{`{.metadata.labels.gpu-injector\.io/state}`, `{.metadata.annotations.gpu-injector\.io/state-reason}`, "nodeprobe.runtimeClassName=nvidia"},
+			notWant: []string{noRestriction, "stay unready"},
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			notes := renderNotes(t, tc.opts)
+			for _, w := range tc.want {
+				if !strings.Contains(notes, w) {
+					t.Errorf("notes lack %q:\n%s", w, notes)
+				}
+			}
+			for _, w := range tc.notWant {
+				if strings.Contains(notes, w) {
+					t.Errorf("notes contain %q:\n%s", w, notes)
 				}
 			}
 		})
