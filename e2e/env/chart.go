@@ -39,10 +39,8 @@ const FieldManager = "gpu-injector-e2e"
 func RenderChart(ctx context.Context, repoRoot, helm string, sets ...string) ([]*unstructured.Unstructured, error) {
 	args := []string{"template", Release, filepath.Join(repoRoot, "charts", "gpu-injector"),
 		"--namespace", Namespace,
+		// helm template does not ask a cluster; the chart decides on the version alone.
 		"--kube-version", strings.TrimPrefix(cluster.KubernetesVersion, "v"),
-		// helm template does not ask a cluster; say what 1.36 serves.
-		"--api-versions", "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy",
-		"--api-versions", "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicyBinding",
 	}
 	for _, s := range sets {
 		args = append(args, "--set", s)
