@@ -233,6 +233,10 @@ type daemon struct {
 	log     logr.Logger
 	metrics *metrics
 	ready   atomic.Bool
+	// now is the clock of the liveness check; nil means time.Now.
+	now func() time.Time
+	// started and lastProbe are UnixNano times for /healthz; 0 means never.
+	started, lastProbe atomic.Int64
 
 	// nvmlPath is the library loaded into this process. go-nvml binds the C
 	// symbols once per process, so a different file (a driver upgrade) can
@@ -261,7 +265,9 @@ func (d *daemon) openNVML(p string) (NVML, error) {
 func (d *daemon) run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	d.probe.OpenNVML = d.openNVML
+	if d.probe.OpenNVML == nil {
+		d.probe.OpenNVML = d.openNVML
+	}
 	errc := make(chan error, 2)
 	if err := d.serve(ctx, d.opts.healthAddr, d.healthMux(), errc); err != nil {
 		return err
@@ -272,6 +278,7 @@ func (d *daemon) run(ctx context.Context) error {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
+	d.started.Store(d.clock().UnixNano())
 	log := d.log.WithValues("node", d.opts.nodeName)
 	log.Info("node probe started", "hostRoot", d.opts.hostRoot, "interval", d.opts.interval.String())
 	timer := time.NewTimer(0)
@@ -308,6 +315,8 @@ func (d *daemon) run(ctx context.Context) error {
 // once probes and publishes. Readiness means the node carries the result of a
 // finished probe, ready or error state alike: the agent did its job.
 func (d *daemon) once(ctx context.Context, log logr.Logger) error {
+	// Finished, whatever the outcome: only a probe that never returns is a hang.
+	defer func() { d.lastProbe.Store(d.clock().UnixNano()) }()
 	start := time.Now()
 	res, err := Probe(d.probe)
 	d.metrics.duration.Observe(time.Since(start).Seconds())
@@ -336,7 +345,13 @@ func (d *daemon) once(ctx context.Context, log logr.Logger) error {
 
 func (d *daemon) healthMux() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") })
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		if age, limit, hung := d.hung(); hung {
+			http.Error(w, fmt.Sprintf("no probe finished for %s (limit %s)", age.Round(time.Second), limit), http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = io.WriteString(w, "ok")
+	})
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if !d.ready.Load() {
 			http.Error(w, "no probe published yet", http.StatusServiceUnavailable)
@@ -345,6 +360,33 @@ func (d *daemon) healthMux() http.Handler {
 		_, _ = io.WriteString(w, "ok")
 	})
 	return mux
+}
+
+func (d *daemon) clock() time.Time {
+	if d.now != nil {
+		return d.now()
+	}
+	return time.Now()
+}
+
+// hangLimit is how long the agent may go without finishing a probe: three
+// intervals, and never less than an interval plus two minutes, so a slow
+// probe or a short interval does not get a working agent restarted.
+func hangLimit(interval time.Duration) time.Duration {
+	return max(3*interval, interval+2*time.Minute)
+}
+
+// hung reports whether the started agent has finished no probe within
+// hangLimit: a probe stuck in nvmlInit (a wedged GPU) or in the API server
+// would otherwise keep stale keys on the node with a healthy pod. The kubelet's
+// liveness probe on /healthz then restarts the container.
+func (d *daemon) hung() (age, limit time.Duration, hung bool) {
+	since := max(d.started.Load(), d.lastProbe.Load())
+	if d.started.Load() == 0 || d.opts == nil {
+		return 0, 0, false
+	}
+	age, limit = d.clock().Sub(time.Unix(0, since)), hangLimit(d.opts.interval)
+	return age, limit, age > limit
 }
 
 // serve listens now, so a bad address fails Run at once, and serves until ctx ends.

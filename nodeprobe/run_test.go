@@ -10,6 +10,8 @@ import (
 	"net/http/httptest"
 	"os"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -204,5 +206,88 @@ func TestDaemonLoop(t *testing.T) {
 	}
 	if n := len(patches(c)); n != 1 {
 		t.Errorf("%d patches for two equal probes, want 1", n)
+	}
+}
+
+func TestHangLimit(t *testing.T) {
+	for interval, want := range map[time.Duration]time.Duration{
+		10 * time.Second: 2*time.Minute + 10*time.Second,
+		time.Minute:      3 * time.Minute,
+		5 * time.Minute:  15 * time.Minute,
+	} {
+		if got := hangLimit(interval); got != want {
+			t.Errorf("hangLimit(%s) = %s, want %s", interval, got, want)
+		}
+	}
+}
+
+// TestDaemonHealthzFailsWhenAProbeHangs runs the real loop with an NVML that
+// never returns from its open, as nvmlInit on a wedged GPU: /healthz must
+// fail once the hang limit passes, and recover when the probe finishes.
+func TestDaemonHealthzFailsWhenAProbeHangs(t *testing.T) {
+	root, l := buildRoot(t, "usr-local-nvidia")
+	c := fake.NewSimpleClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-1"}})
+	base := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	var offset atomic.Int64
+	entered, release := make(chan struct{}), make(chan struct{})
+	var hangOnce sync.Once
+	d := &daemon{
+		opts: &options{nodeName: "gpu-1", interval: time.Minute, healthAddr: "0", metricsAddr: "0", hostRoot: root},
+		probe: ProbeOptions{HostRoot: root, OpenNVML: func(string) (NVML, error) {
+			hangOnce.Do(func() {
+				close(entered)
+				<-release
+			})
+			return fakeNVML(l.DriverVersion, 13000, h100), nil
+		}},
+		client:  c,
+		log:     newLogger(io.Discard, 0),
+		metrics: newMetrics(),
+		now:     func() time.Time { return base.Add(time.Duration(offset.Load())) },
+	}
+	health := httptest.NewServer(d.healthMux())
+	defer health.Close()
+	get := func(p string) (int, string) {
+		resp, err := http.Get(health.URL + p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	if code, _ := get("/healthz"); code != 200 {
+		t.Fatalf("healthz before start = %d, want 200", code)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.run(ctx) }()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	<-entered
+	for at, want := range map[time.Duration]int{time.Minute: 200, 3 * time.Minute: 200, 3*time.Minute + time.Second: 503} {
+		offset.Store(int64(at))
+		if code, body := get("/healthz"); code != want {
+			t.Errorf("healthz %s into a hung probe = %d %q, want %d", at, code, body, want)
+		}
+	}
+	if code, _ := get("/readyz"); code != 503 {
+		t.Errorf("readyz during the first, hung probe = %d, want 503", code)
+	}
+	close(release)
+	deadline := time.Now().Add(10 * time.Second)
+	for !d.ready.Load() {
+		if time.Now().After(deadline) {
+			t.Fatal("timed out waiting for the released probe")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if code, body := get("/healthz"); code != 200 {
+		t.Errorf("healthz after the probe finished = %d %q, want 200", code, body)
+	}
+	if code, _ := get("/readyz"); code != 200 {
+		t.Errorf("readyz after the probe published = %d, want 200", code)
 	}
 }
