@@ -37,17 +37,21 @@ var DriverBinaries = []string{
 }
 
 // Known folders, in order of preference. A '*' matches one path element.
+// The NVIDIA GPU operator's driver container publishes its root at
+// /run/nvidia/driver; its folders come last, as the host's own driver wins.
 var (
 	libraryFolders = []string{
 		"/usr/local/nvidia/lib64", "/home/kubernetes/bin/nvidia/lib64",
 		"/usr/lib/nvidia-*", "/usr/lib/nvidia", "/usr/lib64/nvidia",
 		"/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib",
 		"/lib/x86_64-linux-gnu", "/lib/aarch64-linux-gnu", "/lib64", "/lib",
+		"/run/nvidia/driver/usr/lib/x86_64-linux-gnu", "/run/nvidia/driver/usr/lib64",
 	}
 	binaryFolders = []string{
 		"/usr/local/nvidia/bin", "/home/kubernetes/bin/nvidia/bin",
 		"/usr/lib/nvidia-*/bin", "/usr/lib/nvidia/bin", "/usr/lib64/nvidia/bin",
 		"/usr/bin", "/bin",
+		"/run/nvidia/driver/usr/bin",
 	}
 )
 

@@ -34,6 +34,7 @@ var expected = map[string]struct {
 	"hostile-escape":       {ConditionReady, ConditionReady, SourceFileNames, "/usr/local/nvidia/lib64", "/usr/local/nvidia/bin"},
 	"hostile-two-versions": {ConditionReady, ConditionReady, SourceLoaderCache, "/usr/lib/nvidia-390", "/usr/lib/nvidia-390/bin"},
 	"hostile-unversioned":  {ConditionReady, ConditionReady, SourceLoaderCache, "", ""},
+	"gpu-operator":         {ConditionReady, ConditionReady, SourceFileNames, "", ""},
 	"hostile-stubs-only":   {ConditionDriverFilesNotFound, ConditionDriverFilesNotFound, "", "", ""},
 	"no-driver":            {ConditionDriverFilesNotFound, ConditionDriverFilesNotFound, "", "", ""},
 }

@@ -30,6 +30,7 @@ const (
 	x8664LibDir   = "/usr/lib/x86_64-linux-gnu"
 	localNvidia   = "/usr/local/nvidia"
 	kubernetesCOS = "/home/kubernetes/bin/nvidia"
+	gpuOperator   = "/run/nvidia/driver"
 )
 
 // Layout describes one fake host root.
@@ -294,6 +295,19 @@ func Layouts() map[string]Layout {
 					link(x8664LibDir+"/libcuda.so", "libcuda.so.1"),
 					lib(x8664LibDir+"/libnvidia-ml.so.1", "libnvidia-ml.so.1"),
 				},
+			),
+		},
+		{
+			Name:          "gpu-operator",
+			Description:   "the NVIDIA GPU operator's driver container: its root, libc and all, at /run/nvidia/driver; nothing of the driver in the host's own folders or cache",
+			DriverVersion: Version550,
+			LDConf:        []string{x8664LibDir},
+			nodes: concat(
+				system(x8664LibDir, "/usr/bin"),
+				system(gpuOperator+x8664LibDir, gpuOperator+"/usr/bin"),
+				computeLibs(gpuOperator+x8664LibDir, Version550, 550),
+				graphicsLibs(gpuOperator+x8664LibDir, Version550),
+				binaries(gpuOperator+"/usr/bin"),
 			),
 		},
 		{
