@@ -11,6 +11,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
 	"os"
@@ -249,6 +250,11 @@ func (d *daemon) openNVML(p string) (NVML, error) {
 	d.nvmlMu.Lock()
 	defer d.nvmlMu.Unlock()
 	real, err := filepath.EvalSymlinks(p)
+	if errors.Is(err, fs.ErrNotExist) {
+		// Gone since discovery (a driver being upgraded): a state to publish,
+		// not an error that would leave the old layout up.
+		return nil, &nvmlUnusable{NVMLResult{State: NVMLLibraryNotFound, Message: err.Error()}}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("failed to resolve NVML library %q: %w", p, err)
 	}

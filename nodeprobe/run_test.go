@@ -291,3 +291,30 @@ func TestDaemonHealthzFailsWhenAProbeHangs(t *testing.T) {
 		t.Errorf("readyz after the probe published = %d, want 200", code)
 	}
 }
+
+// TestDaemonLibraryVanishes: a libnvidia-ml removed between discovery and
+// open yields a published state, not a probe error that keeps the old layout.
+func TestDaemonLibraryVanishes(t *testing.T) {
+	root, _ := buildRoot(t, "usr-local-nvidia")
+	d := &daemon{}
+	var opened string
+	res, err := Probe(ProbeOptions{HostRoot: root, OpenNVML: func(p string) (NVML, error) {
+		opened = p
+		if err := os.Remove(p); err != nil {
+			t.Fatal(err)
+		}
+		return d.openNVML(p)
+	}})
+	if err != nil {
+		t.Fatalf("Probe = %v, want a result", err)
+	}
+	if opened == "" || res.NVML.State != NVMLLibraryNotFound {
+		t.Errorf("NVML state %q (%s) after %q vanished, want %s", res.NVML.State, res.NVML.Message, opened, NVMLLibraryNotFound)
+	}
+	if d.nvmlPath != "" {
+		t.Errorf("a vanished library was pinned: %q", d.nvmlPath)
+	}
+	if _, err := Desired(res); err != nil {
+		t.Errorf("Desired: %v", err)
+	}
+}
