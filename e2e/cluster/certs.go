@@ -158,3 +158,25 @@ func writePEM(path, kind string, der []byte, mode os.FileMode) error {
 	}
 	return nil
 }
+
+// ServingCerts writes into dir a fresh test CA (ca.crt) and a serving
+// certificate for hosts signed by it (tls.crt, tls.key: the names
+// controller-runtime's webhook server reads), and returns the CA in PEM for
+// a webhook configuration's caBundle.
+func ServingCerts(dir string, hosts ...string) ([]byte, error) {
+	if len(hosts) == 0 {
+		return nil, fmt.Errorf("failed to issue a serving certificate: no host named")
+	}
+	p, err := newPKI(dir)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := p.issue("tls", hosts[0], nil, hosts); err != nil {
+		return nil, err
+	}
+	ca, err := os.ReadFile(p.CAFile)
+	if err != nil {
+		return nil, fmt.Errorf("failed to read %s: %w", p.CAFile, err)
+	}
+	return ca, nil
+}

@@ -378,7 +378,7 @@ func (e *Env) applyChart(ctx context.Context) error {
 		return fmt.Errorf("failed to create namespace %s: %w", Namespace, err)
 	}
 	certDir := filepath.Join(e.Dir, "webhook-certs")
-	ca, err := servingCerts(certDir)
+	ca, err := cluster.ServingCerts(certDir, "127.0.0.1", "localhost")
 	if err != nil {
 		return err
 	}
