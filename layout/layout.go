@@ -56,6 +56,20 @@ const (
 const (
 	StateReady = "ready"
 	StateError = "error"
+	// StateNoDriver is a node with no NVIDIA device and no driver: not a
+	// failure, so the probe can run on every node and say so cheaply.
+	StateNoDriver = "no-driver"
+)
+
+// Runtime injection: the node's container runtime already puts the driver into
+// GPU containers, so the webhook must pin pods there without adding mounts (two
+// mounts at one path break the container).
+const (
+	// RuntimeToolkit is the NVIDIA container toolkit as the default runtime.
+	RuntimeToolkit = "toolkit"
+	// RuntimeCDI is a CDI spec for nvidia.com/gpu (written by the toolkit's
+	// generator or by a DRA driver) that the runtime applies.
+	RuntimeCDI = "cdi"
 )
 
 // SchemaVersion is the only Plan schema this code reads and writes.
@@ -89,6 +103,9 @@ type Plan struct {
 	Mounts            []Mount `json:"mounts"`
 	// LibraryPaths are container folders to add to LD_LIBRARY_PATH, in order.
 	LibraryPaths []string `json:"libraryPaths"`
+	// RuntimeInjection is RuntimeToolkit or RuntimeCDI when the node's runtime
+	// injects the driver itself; such a plan has no mounts and no library paths.
+	RuntimeInjection string `json:"runtimeInjection,omitempty"`
 }
 
 // Normalize sorts mounts by container path so that two probes that found the
@@ -189,8 +206,17 @@ func (p Plan) Validate(r Rules) field.ErrorList {
 			errs = append(errs, field.Invalid(root.Child(name), truncate(v, 64), "must be a version like 580.159.04: digits, letters, '.', '-' or '_', at most 63 characters"))
 		}
 	}
-	if len(p.Mounts) == 0 {
-		errs = append(errs, field.Required(root.Child("mounts"), "at least one mount"))
+	switch p.RuntimeInjection {
+	case "":
+		if len(p.Mounts) == 0 {
+			errs = append(errs, field.Required(root.Child("mounts"), "at least one mount"))
+		}
+	case RuntimeToolkit, RuntimeCDI:
+		if len(p.Mounts) != 0 || len(p.LibraryPaths) != 0 {
+			errs = append(errs, field.Forbidden(root.Child("mounts"), "a node whose runtime injects the driver publishes no mounts and no library paths"))
+		}
+	default:
+		errs = append(errs, field.NotSupported(root.Child("runtimeInjection"), truncate(p.RuntimeInjection, 64), []string{RuntimeToolkit, RuntimeCDI}))
 	}
 	if len(p.Mounts) > MaxMounts {
 		errs = append(errs, field.TooMany(root.Child("mounts"), len(p.Mounts), MaxMounts))
