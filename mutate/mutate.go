@@ -265,13 +265,12 @@ func (m *mutator) object(u *unstructured.Unstructured) (bool, error) {
 		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, pod); err != nil {
 			return false, fmt.Errorf("invalid Pod %s: %w", u.GetName(), err)
 		}
-		before := pod.DeepCopy()
 		pod.Namespace = ns
-		if !m.pod(what, pod) {
+		ops, ok := m.pod(what, pod)
+		if !ok {
 			return false, nil
 		}
-		pod.Namespace = before.Namespace
-		return applyChanges(u.Object, before, pod)
+		return true, applyOps(u.Object, ops)
 	}
 	tp, ok := templatePaths[u.GetKind()]
 	if !ok {
@@ -288,20 +287,16 @@ func (m *mutator) object(u *unstructured.Unstructured) (bool, error) {
 	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(tmpl, &pt); err != nil {
 		return false, fmt.Errorf("invalid pod template of %s: %w", what, err)
 	}
-	before := pt.DeepCopy()
 	pod := &corev1.Pod{ObjectMeta: pt.ObjectMeta, Spec: pt.Spec}
 	pod.Namespace = ns
-	if !m.pod(what, pod) {
+	ops, ok := m.pod(what, pod)
+	if !ok {
 		return false, nil
 	}
-	pod.Namespace = pt.Namespace
-	after := &corev1.PodTemplateSpec{ObjectMeta: pod.ObjectMeta, Spec: pod.Spec}
-	if _, ok := tmpl["metadata"]; !ok {
-		tmpl["metadata"] = map[string]any{}
-	}
-	changed, err := applyChanges(tmpl, before, after)
-	if err != nil || !changed {
-		return changed, err
+	// A template's metadata and spec sit where a pod's do, so the webhook's
+	// operations apply to it as they are.
+	if err := applyOps(tmpl, ops); err != nil {
+		return false, err
 	}
 	if err := unstructured.SetNestedMap(u.Object, tmpl, tp...); err != nil {
 		return false, err
@@ -309,45 +304,34 @@ func (m *mutator) object(u *unstructured.Unstructured) (bool, error) {
 	return true, nil
 }
 
-// applyChanges applies to the document's own map the difference between the
-// typed object before and after the mutation, so that fields the typed round
-// trip does not know (a newer API's, a typo the API server would reject)
-// and the document's own spelling of values stay exactly as written.
-func applyChanges(doc map[string]any, before, after any) (bool, error) {
-	b, err := json.Marshal(before)
-	if err != nil {
-		return false, err
-	}
-	a, err := json.Marshal(after)
-	if err != nil {
-		return false, err
-	}
-	ops, err := jsonpatch.CreatePatch(b, a)
-	if err != nil {
-		return false, fmt.Errorf("failed to diff the mutation: %w", err)
-	}
-	if len(ops) == 0 {
-		return false, nil
+// applyOps applies the webhook's JSON Patch to the document's own map, so
+// that fields the typed pod does not know (a newer API's, a typo the API
+// server would reject) and the document's own spelling of values stay
+// exactly as written.
+func applyOps(doc map[string]any, ops []jsonpatch.Operation) error {
+	if _, ok := doc["metadata"].(map[string]any); !ok {
+		// Every patch records the injection in the annotations.
+		doc["metadata"] = map[string]any{}
 	}
 	raw, err := json.Marshal(ops)
 	if err != nil {
-		return false, err
+		return err
 	}
 	patch, err := jsonpatchv5.DecodePatch(raw)
 	if err != nil {
-		return false, fmt.Errorf("failed to decode the mutation's patch: %w", err)
+		return fmt.Errorf("failed to decode the mutation's patch: %w", err)
 	}
 	orig, err := json.Marshal(doc)
 	if err != nil {
-		return false, err
+		return err
 	}
 	out, err := patch.Apply(orig)
 	if err != nil {
-		return false, fmt.Errorf("failed to apply the mutation to the document: %w", err)
+		return fmt.Errorf("failed to apply the mutation to the document: %w", err)
 	}
 	patched := map[string]any{}
 	if err := json.Unmarshal(out, &patched); err != nil {
-		return false, err
+		return err
 	}
 	// Replace the contents, not the map: a List's items hold this map.
 	for k := range doc {
@@ -356,11 +340,12 @@ func applyChanges(doc map[string]any, before, after any) (bool, error) {
 	for k, v := range patched {
 		doc[k] = v
 	}
-	return true, nil
+	return nil
 }
 
-// pod mutates and reports; false means leave the document as written.
-func (m *mutator) pod(what string, pod *corev1.Pod) bool {
+// pod mutates and reports, and returns the patch; false means leave the
+// document as written.
+func (m *mutator) pod(what string, pod *corev1.Pod) ([]jsonpatch.Operation, bool) {
 	res := webhook.Mutate(webhook.Input{Pod: pod, Layouts: m.layouts, Seed: webhook.Seed(pod.Namespace + "/" + what)}, m.cfg)
 	for _, w := range res.Warnings {
 		fmt.Fprintf(m.stderr, "warning: %s: %s\n", what, w)
@@ -369,15 +354,15 @@ func (m *mutator) pod(what string, pod *corev1.Pod) bool {
 	case webhook.DecisionDenied:
 		m.denied++
 		fmt.Fprintf(m.stderr, "denied: %s: %s\n", what, res.Reason)
-		return false
+		return nil, false
 	case webhook.DecisionInjected:
 		if res.Layout != nil {
 			fmt.Fprintf(m.stderr, "injected: %s: layout %s%s (driver %s)\n", what, res.Layout.Fingerprint, res.Layout.Static, res.Layout.Plan.DriverVersion)
 		}
-		return true
+		return res.Patch, true
 	default:
 		fmt.Fprintf(m.stderr, "skipped: %s: %s\n", what, res.Reason)
-		return false
+		return nil, false
 	}
 }
 

@@ -3,6 +3,7 @@ package webhook
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
 	"errors"
 	"io"
 	"os"
@@ -11,10 +12,13 @@ import (
 	"strings"
 	"testing"
 
+	jsonpatchv5 "github.com/evanphx/json-patch/v5"
 	"github.com/go-logr/logr"
+	"gomodules.xyz/jsonpatch/v2"
 	corev1 "k8s.io/api/core/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	kjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
 
 	"github.com/gpu-injector/gpu-injector/config"
@@ -33,11 +37,13 @@ type goldenCase struct {
 
 // goldenResult is what testdata/X.golden holds.
 type goldenResult struct {
-	Decision Decision    `json:"decision"`
-	Reason   string      `json:"reason,omitempty"`
-	Layout   string      `json:"layout,omitempty"`
-	Warnings []string    `json:"warnings,omitempty"`
-	Pod      *corev1.Pod `json:"pod"`
+	Decision Decision `json:"decision"`
+	Reason   string   `json:"reason,omitempty"`
+	Layout   string   `json:"layout,omitempty"`
+	Warnings []string `json:"warnings,omitempty"`
+	// Patch is what the webhook answers; Pod is the input with it applied.
+	Patch []jsonpatch.Operation `json:"patch,omitempty"`
+	Pod   *corev1.Pod           `json:"pod"`
 }
 
 func splitDocs(t testing.TB, data []byte) [][]byte {
@@ -146,14 +152,94 @@ func layoutsOf(cfg *config.Configuration, nodes []corev1.Node) []*Layout {
 }
 
 // TestGolden runs every testdata/*.yaml through Mutate and compares with its
-// .golden twin (REFRESH_GOLDEN=true rewrites them), then runs Mutate again on
-// the result to prove a reinvocation changes nothing.
+// .golden twin (REFRESH_GOLDEN=true rewrites them): the decision, the JSON
+// Patch and the pod that patch makes of the input's JSON. It checks that the
+// patch makes the same pod as the edits make on the typed pod, that it
+// leaves fields this build does not know alone, and runs Mutate again on the
+// result to prove a reinvocation changes nothing.
 func TestGolden(t *testing.T) {
+	refresh := os.Getenv("REFRESH_GOLDEN") == "true"
+	forEachGolden(t, func(t *testing.T, base string, gc goldenCase) {
+		layouts := layoutsOf(gc.cfg, gc.nodes)
+		pod := gc.pod.DeepCopy()
+		res := Mutate(Input{Pod: pod, NamespaceLabels: gc.nsLabels, Layouts: layouts}, gc.cfg)
+		if res.Decision != DecisionInjected && len(res.Patch) > 0 {
+			t.Errorf("decision %s carries a patch", res.Decision)
+		}
+		if res.Decision == DecisionInjected && len(res.Patch) == 0 {
+			t.Errorf("decision Injected without a patch")
+		}
+		patched := applyOps(t, gc.pod, res.Patch)
+		if !apiequality.Semantic.DeepEqual(patched, pod) {
+			t.Errorf("the patch and the edits disagree:\n%s", lineDiff(mustYAML(t, pod), mustYAML(t, patched)))
+		}
+		assertKeepsUnknownFields(t, gc.pod, res.Patch)
+
+		got := goldenResult{Decision: res.Decision, Reason: res.Reason, Warnings: res.Warnings, Patch: res.Patch, Pod: patched}
+		if res.Layout != nil {
+			got.Layout = res.Layout.Fingerprint + res.Layout.Static
+		}
+		if res.Decision == DecisionDenied && !apiequality.Semantic.DeepEqual(pod, gc.pod) {
+			t.Errorf("a denied pod must not be changed")
+		}
+		out, err := yaml.Marshal(got)
+		if err != nil {
+			t.Fatal(err)
+		}
+		goldenFile := filepath.Join("testdata", base+".golden")
+		if refresh {
+			if err := os.WriteFile(goldenFile, out, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		want, err := os.ReadFile(goldenFile)
+		if err != nil {
+			t.Fatalf("failed to read golden file (run with REFRESH_GOLDEN=true to create it): %v", err)
+		}
+		if !bytes.Equal(out, want) {
+			t.Errorf("mutation differs from %s (REFRESH_GOLDEN=true to accept):\n%s", goldenFile, lineDiff(string(want), string(out)))
+		}
+		assertHostPathsSafe(t, patched)
+
+		again := patched.DeepCopy()
+		res2 := Mutate(Input{Pod: again, NamespaceLabels: gc.nsLabels, Layouts: layouts}, gc.cfg)
+		if !apiequality.Semantic.DeepEqual(again, patched) || len(res2.Patch) > 0 {
+			t.Errorf("second run changed the pod (patch %v):\n%s", res2.Patch, lineDiff(mustYAML(t, patched), mustYAML(t, again)))
+		}
+		if res.Decision == DecisionInjected && res.Layout != nil && (res2.Decision != DecisionSkipped || res2.Reason != ReasonAlreadyInjected) {
+			t.Errorf("second run: decision %s/%s, want Skipped/%s", res2.Decision, res2.Reason, ReasonAlreadyInjected)
+		}
+	})
+}
+
+// TestDecodePodMatchesFullDecode runs every golden case as the webhook does,
+// from decodePod's partial pod, and as the offline command does, from the
+// whole pod: a field Mutate reads that decodePod skips shows up here.
+func TestDecodePodMatchesFullDecode(t *testing.T) {
+	forEachGolden(t, func(t *testing.T, _ string, gc goldenCase) {
+		layouts := layoutsOf(gc.cfg, gc.nodes)
+		raw, err := json.Marshal(gc.pod)
+		if err != nil {
+			t.Fatal(err)
+		}
+		slim, err := decodePod(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		full := Mutate(Input{Pod: gc.pod.DeepCopy(), NamespaceLabels: gc.nsLabels, Layouts: layouts, Seed: 7}, gc.cfg)
+		part := Mutate(Input{Pod: slim, NamespaceLabels: gc.nsLabels, Layouts: layouts, Seed: 7}, gc.cfg)
+		a, b := mustJSON(t, full.Patch), mustJSON(t, part.Patch)
+		if full.Decision != part.Decision || full.Reason != part.Reason || !slices.Equal(full.Warnings, part.Warnings) || a != b {
+			t.Errorf("decoded in part: %s/%s %q\n%s\nwhole pod: %s/%s %q\n%s", part.Decision, part.Reason, part.Warnings, b, full.Decision, full.Reason, full.Warnings, a)
+		}
+	})
+}
+
+func forEachGolden(t *testing.T, run func(t *testing.T, base string, gc goldenCase)) {
 	inputs, err := filepath.Glob("testdata/*.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
-	refresh := os.Getenv("REFRESH_GOLDEN") == "true"
 	seen := map[string]bool{}
 	for _, in := range inputs {
 		base := strings.TrimSuffix(filepath.Base(in), ".yaml")
@@ -161,46 +247,7 @@ func TestGolden(t *testing.T) {
 			continue
 		}
 		seen[base] = true
-		t.Run(base, func(t *testing.T) {
-			gc := loadCase(t, in)
-			layouts := layoutsOf(gc.cfg, gc.nodes)
-			pod := gc.pod.DeepCopy()
-			res := Mutate(Input{Pod: pod, NamespaceLabels: gc.nsLabels, Layouts: layouts}, gc.cfg)
-			got := goldenResult{Decision: res.Decision, Reason: res.Reason, Warnings: res.Warnings, Pod: pod}
-			if res.Layout != nil {
-				got.Layout = res.Layout.Fingerprint + res.Layout.Static
-			}
-			if res.Decision == DecisionDenied && !apiequality.Semantic.DeepEqual(pod, gc.pod) {
-				t.Errorf("a denied pod must not be changed")
-			}
-			out, err := yaml.Marshal(got)
-			if err != nil {
-				t.Fatal(err)
-			}
-			goldenFile := filepath.Join("testdata", base+".golden")
-			if refresh {
-				if err := os.WriteFile(goldenFile, out, 0o644); err != nil {
-					t.Fatal(err)
-				}
-			}
-			want, err := os.ReadFile(goldenFile)
-			if err != nil {
-				t.Fatalf("failed to read golden file (run with REFRESH_GOLDEN=true to create it): %v", err)
-			}
-			if !bytes.Equal(out, want) {
-				t.Errorf("mutation differs from %s (REFRESH_GOLDEN=true to accept):\n%s", goldenFile, lineDiff(string(want), string(out)))
-			}
-			assertHostPathsSafe(t, pod)
-
-			again := pod.DeepCopy()
-			res2 := Mutate(Input{Pod: again, NamespaceLabels: gc.nsLabels, Layouts: layouts}, gc.cfg)
-			if !apiequality.Semantic.DeepEqual(again, pod) {
-				t.Errorf("second run changed the pod:\n%s", lineDiff(mustYAML(t, pod), mustYAML(t, again)))
-			}
-			if res.Decision == DecisionInjected && res.Layout != nil && (res2.Decision != DecisionSkipped || res2.Reason != ReasonAlreadyInjected) {
-				t.Errorf("second run: decision %s/%s, want Skipped/%s", res2.Decision, res2.Reason, ReasonAlreadyInjected)
-			}
-		})
+		t.Run(base, func(t *testing.T) { run(t, base, loadCase(t, in)) })
 	}
 	goldens, _ := filepath.Glob("testdata/*.golden")
 	for _, g := range goldens {
@@ -208,6 +255,86 @@ func TestGolden(t *testing.T) {
 			t.Errorf("%s has no input %s.yaml: delete it or restore the input", g, base)
 		}
 	}
+}
+
+// applyOps applies a patch to the pod's JSON, as the API server does.
+func applyOps(t *testing.T, pod *corev1.Pod, ops []jsonpatch.Operation) *corev1.Pod {
+	t.Helper()
+	raw, err := json.Marshal(pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ops) > 0 {
+		patch, err := jsonpatchv5.DecodePatch([]byte(mustJSON(t, ops)))
+		if err != nil {
+			t.Fatalf("patch does not decode: %v", err)
+		}
+		if raw, err = patch.Apply(raw); err != nil {
+			t.Fatalf("patch does not apply: %v\n%s", err, mustJSON(t, ops))
+		}
+	}
+	out := &corev1.Pod{}
+	if err := kjson.UnmarshalCaseSensitivePreserveInts(raw, out); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// assertKeepsUnknownFields applies the patch to the pod's JSON with a field
+// this build does not know in the spec, every container and the metadata,
+// as a newer API server may send: each must come through untouched.
+func assertKeepsUnknownFields(t *testing.T, pod *corev1.Pod, ops []jsonpatch.Operation) {
+	t.Helper()
+	if len(ops) == 0 {
+		return
+	}
+	raw, err := json.Marshal(pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var obj map[string]any
+	if err := json.Unmarshal(raw, &obj); err != nil {
+		t.Fatal(err)
+	}
+	obj["metadata"].(map[string]any)["futureMeta"] = "m"
+	spec := obj["spec"].(map[string]any)
+	spec["futureField"] = map[string]any{"enabled": true}
+	n := 0
+	for _, list := range []string{"initContainers", "containers", "ephemeralContainers"} {
+		cs, _ := spec[list].([]any)
+		for _, c := range cs {
+			c.(map[string]any)["futureContainerField"] = list
+			n++
+		}
+	}
+	if raw, err = json.Marshal(obj); err != nil {
+		t.Fatal(err)
+	}
+	patch, err := jsonpatchv5.DecodePatch([]byte(mustJSON(t, ops)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := patch.Apply(raw)
+	if err != nil {
+		t.Fatalf("patch does not apply with unknown fields: %v", err)
+	}
+	for _, want := range []string{`"futureMeta":"m"`, `"futureField":{"enabled":true}`} {
+		if !bytes.Contains(out, []byte(want)) {
+			t.Errorf("patched pod lost %s", want)
+		}
+	}
+	if got := bytes.Count(out, []byte(`"futureContainerField"`)); got != n {
+		t.Errorf("patched pod keeps %d of %d unknown container fields", got, n)
+	}
+}
+
+func mustJSON(t *testing.T, v any) string {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }
 
 // assertHostPathsSafe checks the invariants every injected pod must keep,

@@ -12,7 +12,6 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
@@ -39,7 +38,6 @@ type Handler struct {
 	cfg        *config.Configuration
 	layouts    LayoutSource
 	namespaces NamespaceLabeler
-	decoder    admission.Decoder
 }
 
 var _ admission.Handler = &Handler{}
@@ -47,7 +45,7 @@ var _ admission.Handler = &Handler{}
 // NewHandler returns a handler; namespaces may be nil, then Pod Security
 // levels are not checked.
 func NewHandler(cfg *config.Configuration, layouts LayoutSource, namespaces NamespaceLabeler) *Handler {
-	return &Handler{cfg: cfg, layouts: layouts, namespaces: namespaces, decoder: admission.NewDecoder(clientgoscheme.Scheme)}
+	return &Handler{cfg: cfg, layouts: layouts, namespaces: namespaces}
 }
 
 var podKind = metav1.GroupVersionKind{Group: "", Version: "v1", Kind: "Pod"}
@@ -67,20 +65,18 @@ func (h *Handler) Handle(ctx context.Context, req admission.Request) admission.R
 	if req.Kind.Group != podKind.Group || req.Kind.Kind != podKind.Kind {
 		return admission.Errored(http.StatusBadRequest, fmt.Errorf("expected a Pod, got kind %q in group %q: the webhook configuration must select only pods", req.Kind.Kind, req.Kind.Group))
 	}
-	pod := &corev1.Pod{}
-	if err := h.decoder.DecodeRaw(req.Object, pod); err != nil {
+	pod, err := decodePod(req.Object.Raw)
+	if err != nil {
 		return admission.Errored(http.StatusBadRequest, fmt.Errorf("failed to decode the pod: %w", err))
 	}
 	// At CREATE the pod's namespace may be unset; the request's is the truth.
-	// The original goes back before the diff so the patch does not carry it.
-	origNamespace := pod.Namespace
+	// No edit touches it, so the patch never carries it.
 	pod.Namespace = req.Namespace
 	// controller-runtime's request logger already carries namespace, user and requestID.
 	log := logf.FromContext(ctx).WithValues("pod", podName(pod))
 
 	var nsLabels map[string]string
 	if h.namespaces != nil {
-		var err error
 		if nsLabels, err = h.namespaces.NamespaceLabels(ctx, req.Namespace); err != nil {
 			// The API server's own Pod Security admission still enforces the
 			// level; only our early warning is lost.
@@ -88,19 +84,10 @@ func (h *Handler) Handle(ctx context.Context, req admission.Request) admission.R
 		}
 	}
 
-	// The patch is the diff of the typed pod before and after Mutate, not of
-	// the raw request: a field this build's API types do not know (a newer
-	// API server's) is absent from both sides, so the patch never removes it.
-	// managedFields are large and never ours: left out of both (istio does too).
-	pod.ManagedFields = nil
-	pod.Namespace = origNamespace
-	before, err := json.Marshal(pod)
-	if err != nil {
-		return admission.Errored(http.StatusInternalServerError, fmt.Errorf("failed to encode the pod: %w", err))
-	}
-	pod.Namespace = req.Namespace
+	// The patch is the mutation's own operations, each at a path it names:
+	// no diff of the pod, and a field this build's API types do not know (a
+	// newer API server's) is never in a patch, so it is never removed.
 	res := Mutate(Input{Pod: pod, NamespaceLabels: nsLabels, Layouts: h.layouts.Layouts(), Seed: Seed(string(req.UID))}, h.cfg)
-	pod.Namespace = origNamespace
 
 	log = log.WithValues("decision", res.Decision, "reason", res.Reason)
 	if res.Layout != nil {
@@ -112,17 +99,9 @@ func (h *Handler) Handle(ctx context.Context, req admission.Request) admission.R
 		log.Info("denied pod")
 		return admission.Denied(res.Reason).WithWarnings(res.Warnings...)
 	case DecisionInjected:
-		current, err := json.Marshal(pod)
-		if err != nil {
-			return admission.Errored(http.StatusInternalServerError, fmt.Errorf("failed to encode the mutated pod: %w", err))
-		}
-		resp := admission.PatchResponseFromRaw(before, current)
-		if !resp.Allowed {
-			return resp
-		}
 		podsInjected.Inc()
 		log.Info("injected pod")
-		return resp.WithWarnings(res.Warnings...)
+		return admission.Patched("", res.Patch...).WithWarnings(res.Warnings...)
 	default:
 		podsSkipped.WithLabelValues(res.Reason).Inc()
 		log.V(1).Info("skipped pod")

@@ -404,3 +404,74 @@ func TestHandlerKeepsUnknownFields(t *testing.T) {
 		}
 	}
 }
+
+// TestHandlerPatchesNullAndEmpty: a client or another webhook may write a
+// list or map as null, as [] or {}, or leave it out; each operation must
+// apply to each spelling, as the API server applies it to the raw object.
+func TestHandlerPatchesNullAndEmpty(t *testing.T) {
+	srv, plan := testServer(t, config.Default())
+	for name, object := range map[string]string{
+		"null":   `{"metadata":{"generateName":"x-","annotations":null},"spec":{"nodeSelector":null,"volumes":null,"containers":[{"name":"c","env":null,"volumeMounts":null,"resources":{"limits":{"nvidia.com/gpu":"1"}}}]}}`,
+		"empty":  `{"metadata":{"generateName":"x-","annotations":{}},"spec":{"nodeSelector":{},"volumes":[],"containers":[{"name":"c","env":[],"volumeMounts":[],"resources":{"limits":{"nvidia.com/gpu":"1"}}}]}}`,
+		"absent": `{"metadata":{"generateName":"x-"},"spec":{"containers":[{"name":"c","resources":{"limits":{"nvidia.com/gpu":"1"}}}]}}`,
+		"requests only, limits null": `{"metadata":{},"spec":{"containers":[{"name":"c","resources":{"limits":null,"requests":{"nvidia.com/gpu":"1"}}}]}}`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			body := review(t, admissionv1.Create, "ml", hPod("", nil), podKind)
+			var ar admissionv1.AdmissionReview
+			if err := json.Unmarshal(body, &ar); err != nil {
+				t.Fatal(err)
+			}
+			ar.Request.Object.Raw = []byte(object)
+			body, err := json.Marshal(ar)
+			if err != nil {
+				t.Fatal(err)
+			}
+			code, resp, text := post(t, srv.URL, "application/json", body)
+			if code != http.StatusOK || !resp.Response.Allowed || len(resp.Response.Patch) == 0 {
+				t.Fatalf("got HTTP %d %s, want an allowed patch", code, text)
+			}
+			patch, err := jsonpatch.DecodePatch(resp.Response.Patch)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out, err := patch.Apply([]byte(object))
+			if err != nil {
+				t.Fatalf("patch does not apply: %v: %s", err, resp.Response.Patch)
+			}
+			var p corev1.Pod
+			if err := json.Unmarshal(out, &p); err != nil {
+				t.Fatal(err)
+			}
+			c := p.Spec.Containers[0]
+			if len(p.Spec.Volumes) != len(plan.Mounts) || len(c.VolumeMounts) != len(plan.Mounts) || len(c.Env) != 1 ||
+				p.Spec.NodeSelector[layout.LabelFingerprint] == "" || p.Annotations[layout.AnnotationInjected] == "" || c.Resources.Limits.Name("nvidia.com/gpu", "").IsZero() {
+				t.Errorf("patched pod lacks part of the injection: %s", out)
+			}
+		})
+	}
+}
+
+// TestHandlerNoObject: an object that is absent, null or no pod at all is
+// the caller's error, not an empty pod to admit.
+func TestHandlerNoObject(t *testing.T) {
+	srv, _ := testServer(t, config.Default())
+	for name, object := range map[string]string{"null": `null`, "no spec": `{"metadata":{"name":"x"}}`, "no metadata": `{"spec":{"containers":[]}}`, "null container": `{"metadata":{},"spec":{"containers":[null]}}`} {
+		t.Run(name, func(t *testing.T) {
+			body := review(t, admissionv1.Create, "ml", hPod("", nil), podKind)
+			var ar admissionv1.AdmissionReview
+			if err := json.Unmarshal(body, &ar); err != nil {
+				t.Fatal(err)
+			}
+			ar.Request.Object.Raw = []byte(object)
+			body, err := json.Marshal(ar)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, resp, text := post(t, srv.URL, "application/json", body)
+			if resp.Response.Allowed || resp.Response.Result == nil || resp.Response.Result.Code != http.StatusBadRequest {
+				t.Errorf("got %s, want a 400", text)
+			}
+		})
+	}
+}

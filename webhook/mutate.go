@@ -29,15 +29,27 @@ const (
 	labelPodSecurityEnforce = "pod-security.kubernetes.io/enforce"
 )
 
-// Mutate injects a driver layout into in.Pod, in place, and says what it did.
-// It is pure (no API calls, no logging) so that the webhook and the offline
-// `gpu-injector mutate` give the same answer, and so that running it on its
-// own output changes nothing.
+// Mutate injects a driver layout into in.Pod, in place, and says what it did:
+// Result.Edits are the changes and Result.Patch the JSON Patch operations
+// that make them on the pod's JSON. It is pure (no API calls, no logging) so
+// that the webhook and the offline `gpu-injector mutate` give the same
+// answer, and so that running it on its own output changes nothing.
 func Mutate(in Input, cfg *config.Configuration) Result {
 	pod := in.Pod
 	var res Result
 	warn := func(format string, args ...any) {
 		res.Warnings = append(res.Warnings, warnPrefix+fmt.Sprintf(format, args...))
+	}
+	ed := &editor{pod: pod}
+	// done answers with the edits made so far: a pod whose only change is a
+	// renamed resource is still Injected.
+	done := func(reason string) Result {
+		res.Decision, res.Reason = DecisionSkipped, reason
+		if ed.changed() {
+			res.Decision = DecisionInjected
+		}
+		res.Edits, res.Patch = ed.edits, ed.patch
+		return res
 	}
 
 	if slices.Contains(cfg.ExcludedNamespaces, pod.Namespace) {
@@ -48,15 +60,11 @@ func Mutate(in Input, cfg *config.Configuration) Result {
 	}
 
 	m := matcher{cfg: cfg}
-	changed := m.fixResources(pod, warn)
+	m.fixResources(ed, warn)
 
 	targets := m.targetContainers(pod)
 	if len(targets) == 0 {
-		res.Decision, res.Reason = DecisionSkipped, ReasonNoGPU
-		if changed {
-			res.Decision = DecisionInjected
-		}
-		return res
+		return done(ReasonNoGPU)
 	}
 
 	if level := in.NamespaceLabels[labelPodSecurityEnforce]; level == "baseline" || level == "restricted" {
@@ -74,11 +82,7 @@ func Mutate(in Input, cfg *config.Configuration) Result {
 		// rather than stack a second layout on top of it, and say what follows.
 		warn("the pod carries %s for layout %s%s (driver %s), which no ready node publishes now; its nodeSelector keeps it Pending until one does. Remove the annotation, the %s* volumes and mounts and the %s selector to have the current layout injected",
 			layout.AnnotationInjected, prev.Fingerprint, prev.StaticLayout, prev.DriverVersion, volumePrefix, layout.LabelFingerprint)
-		res.Decision, res.Reason = DecisionSkipped, ReasonAlreadyInjected
-		if changed {
-			res.Decision = DecisionInjected
-		}
-		return res
+		return done(ReasonAlreadyInjected)
 	}
 	if chosen == nil {
 		switch cfg.NoLayout.Action {
@@ -95,11 +99,7 @@ func Mutate(in Input, cfg *config.Configuration) Result {
 			warn("no ready GPU node layout fits this pod (%s); using static layout %q from the configuration", whyNot, s.Name)
 		case config.NoLayoutAllow:
 			warn("no ready GPU node layout fits this pod (%s); admitted without the NVIDIA driver", whyNot)
-			res.Decision, res.Reason = DecisionSkipped, ReasonNoLayout
-			if changed {
-				res.Decision = DecisionInjected
-			}
-			return res
+			return done(ReasonNoLayout)
 		default:
 			return Result{
 				Decision: DecisionDenied,
@@ -109,13 +109,10 @@ func Mutate(in Input, cfg *config.Configuration) Result {
 		}
 	}
 
-	if m.inject(pod, targets, chosen, warn) {
-		changed = true
-	}
-	if changed {
-		res.Decision = DecisionInjected
-	} else {
-		res.Decision, res.Reason = DecisionSkipped, ReasonAlreadyInjected
+	m.inject(ed, targets, chosen, warn)
+	res = done(ReasonAlreadyInjected)
+	if res.Decision == DecisionInjected {
+		res.Reason = ""
 	}
 	res.Layout = chosen
 	return res
@@ -154,36 +151,33 @@ func (m matcher) wantsGPU(c *corev1.Container) bool {
 // allContainers lists init containers first, as the kubelet runs them.
 func allContainers(pod *corev1.Pod) []*corev1.Container {
 	out := make([]*corev1.Container, 0, len(pod.Spec.InitContainers)+len(pod.Spec.Containers))
-	for i := range pod.Spec.InitContainers {
-		out = append(out, &pod.Spec.InitContainers[i])
-	}
-	for i := range pod.Spec.Containers {
-		out = append(out, &pod.Spec.Containers[i])
+	for _, r := range containerRefs(pod) {
+		out = append(out, r.get(pod))
 	}
 	return out
 }
 
 // fixResources renames legacy GPU resources and copies request-only GPU
 // resources to limits, which the API server would otherwise reject.
-func (m matcher) fixResources(pod *corev1.Pod, warn func(string, ...any)) bool {
-	changed := false
+func (m matcher) fixResources(ed *editor, warn func(string, ...any)) {
 	to := corev1.ResourceName(m.cfg.Resources.RenameTo)
-	for _, c := range allContainers(pod) {
+	for _, ref := range containerRefs(ed.pod) {
+		c := ref.get(ed.pod)
 		for _, legacy := range m.cfg.Resources.Legacy {
 			from := corev1.ResourceName(legacy)
 			renamed := false
-			for _, rl := range []corev1.ResourceList{c.Resources.Limits, c.Resources.Requests} {
+			for _, list := range []resourceList{limits, requests} {
+				rl := list.of(c)
 				q, ok := rl[from]
 				if !ok {
 					continue
 				}
-				delete(rl, from)
-				if have, ok := rl[to]; ok && have.Cmp(q) != 0 {
+				have, keep := rl[to]
+				if keep && have.Cmp(q) != 0 {
 					warn("container %q sets both %s=%s and %s=%s; kept %s=%s", c.Name, from, q.String(), to, have.String(), to, have.String())
-				} else {
-					rl[to] = q
 				}
-				renamed, changed = true, true
+				ed.do(renameResource{container: ref, list: list, from: from, to: to, quantity: q, keep: keep})
+				renamed = true
 			}
 			if renamed {
 				warn("container %q: resource %s renamed to %s (no node offers the legacy name, so the pod would stay Pending forever)", c.Name, from, to)
@@ -191,7 +185,7 @@ func (m matcher) fixResources(pod *corev1.Pod, warn func(string, ...any)) bool {
 				// an existing, different value must not break that.
 				lim, hasLim := c.Resources.Limits[to]
 				if req, ok := c.Resources.Requests[to]; ok && hasLim && req.Cmp(lim) != 0 {
-					c.Resources.Requests[to] = lim.DeepCopy()
+					ed.do(setResource{container: ref, list: requests, name: to, quantity: lim})
 					warn("container %q: request %s=%s set to its limit %s", c.Name, to, req.String(), lim.String())
 				}
 			}
@@ -204,28 +198,24 @@ func (m matcher) fixResources(pod *corev1.Pod, warn func(string, ...any)) bool {
 			if _, ok := c.Resources.Limits[name]; ok {
 				continue
 			}
-			if c.Resources.Limits == nil {
-				c.Resources.Limits = corev1.ResourceList{}
-			}
-			c.Resources.Limits[name] = q.DeepCopy()
-			changed = true
+			ed.do(setResource{container: ref, list: limits, name: name, quantity: q})
 			warn("container %q requests %s=%s without a limit; copied it to limits (GPUs cannot be overcommitted, so the API server requires a limit)", c.Name, name, q.String())
 		}
 	}
-	return changed
 }
 
-func (m matcher) targetContainers(pod *corev1.Pod) []*corev1.Container {
-	var gpu []*corev1.Container
-	for _, c := range allContainers(pod) {
-		if m.wantsGPU(c) {
-			gpu = append(gpu, c)
+func (m matcher) targetContainers(pod *corev1.Pod) []containerRef {
+	var gpu []containerRef
+	all := containerRefs(pod)
+	for _, r := range all {
+		if m.wantsGPU(r.get(pod)) {
+			gpu = append(gpu, r)
 		}
 	}
 	if len(gpu) == 0 || m.cfg.Containers != config.ContainersAll {
 		return gpu
 	}
-	return allContainers(pod)
+	return all
 }
 
 func previousInjection(pod *corev1.Pod) *layout.Injected {
@@ -430,8 +420,8 @@ func volumeName(mt layout.Mount) string {
 	return volumePrefix + hex.EncodeToString(sum[:12])
 }
 
-func (m matcher) inject(pod *corev1.Pod, targets []*corev1.Container, l *Layout, warn func(string, ...any)) bool {
-	changed := false
+func (m matcher) inject(ed *editor, targets []containerRef, l *Layout, warn func(string, ...any)) {
+	pod := ed.pod
 	volumes := make(map[string]int, len(pod.Spec.Volumes))
 	for i, v := range pod.Spec.Volumes {
 		volumes[v.Name] = i
@@ -456,7 +446,8 @@ func (m matcher) inject(pod *corev1.Pod, targets []*corev1.Container, l *Layout,
 
 	used := make(map[string]bool, len(ours))
 	var containerNames []string
-	for _, c := range targets {
+	for _, ref := range targets {
+		c := ref.get(pod)
 		containerNames = append(containerNames, c.Name)
 		for i, mt := range l.Plan.Mounts {
 			name := ours[i].Name
@@ -472,13 +463,10 @@ func (m matcher) inject(pod *corev1.Pod, targets []*corev1.Container, l *Layout,
 				}
 				continue
 			}
-			c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: name, MountPath: mt.ContainerPath, ReadOnly: true, RecursiveReadOnly: ptr.To(corev1.RecursiveReadOnlyIfPossible)})
+			ed.do(addMount{container: ref, mount: corev1.VolumeMount{Name: name, MountPath: mt.ContainerPath, ReadOnly: true, RecursiveReadOnly: ptr.To(corev1.RecursiveReadOnlyIfPossible)}})
 			used[name] = true
-			changed = true
 		}
-		if m.mergeLDLibraryPath(c, l.Plan.LibraryPaths, warn) {
-			changed = true
-		}
+		m.mergeLDLibraryPath(ed, ref, l.Plan.LibraryPaths, warn)
 	}
 
 	var injected []string
@@ -490,14 +478,11 @@ func (m matcher) inject(pod *corev1.Pod, targets []*corev1.Container, l *Layout,
 		if _, ok := volumes[v.Name]; ok {
 			continue
 		}
-		pod.Spec.Volumes = append(pod.Spec.Volumes, v)
+		ed.do(addVolume{volume: v})
 		volumes[v.Name] = len(pod.Spec.Volumes) - 1
-		changed = true
 	}
 
-	if forceReadOnly(pod, injected, warn) {
-		changed = true
-	}
+	forceReadOnly(ed, injected, warn)
 
 	selector := l.NodeSelector
 	if l.Static == "" {
@@ -511,11 +496,7 @@ func (m matcher) inject(pod *corev1.Pod, targets []*corev1.Container, l *Layout,
 			}
 			continue
 		}
-		if pod.Spec.NodeSelector == nil {
-			pod.Spec.NodeSelector = map[string]string{}
-		}
-		pod.Spec.NodeSelector[k] = v
-		changed = true
+		ed.do(addNodeSelector{key: k, value: v})
 	}
 
 	marker := layout.Injected{
@@ -526,41 +507,36 @@ func (m matcher) inject(pod *corev1.Pod, targets []*corev1.Container, l *Layout,
 		Volumes:       injected,
 	}.String()
 	if pod.Annotations[layout.AnnotationInjected] != marker {
-		if pod.Annotations == nil {
-			pod.Annotations = map[string]string{}
-		}
-		pod.Annotations[layout.AnnotationInjected] = marker
-		changed = true
+		ed.do(setAnnotation{key: layout.AnnotationInjected, value: marker})
 	}
-	return changed
 }
 
 // forceReadOnly makes every mount of an injected volume read-only, in every
 // kind of container: the names are predictable, and a hostPath volume has no
 // read-only flag of its own, so a mount the user (or another webhook) wrote
 // could otherwise reach the host's driver read-write.
-func forceReadOnly(pod *corev1.Pod, ours []string, warn func(string, ...any)) bool {
-	changed := false
-	fix := func(kind, name string, mounts []corev1.VolumeMount) {
-		for i := range mounts {
-			vm := &mounts[i]
+func forceReadOnly(ed *editor, ours []string, warn func(string, ...any)) {
+	pod := ed.pod
+	fix := func(kind string, ref containerRef) {
+		c := ref.get(pod)
+		for i := range c.VolumeMounts {
+			vm := &c.VolumeMounts[i]
 			if !slices.Contains(ours, vm.Name) || vm.ReadOnly {
 				continue
 			}
-			vm.ReadOnly, changed = true, true
-			warn("%s %q mounts the injected volume %q read-write at %s; made it read-only", kind, name, vm.Name, vm.MountPath)
+			ed.do(readOnlyMount{container: ref, index: i})
+			warn("%s %q mounts the injected volume %q read-write at %s; made it read-only", kind, c.Name, vm.Name, vm.MountPath)
 		}
 	}
 	for i := range pod.Spec.InitContainers {
-		fix("init container", pod.Spec.InitContainers[i].Name, pod.Spec.InitContainers[i].VolumeMounts)
+		fix("init container", containerRef{initContainers, i})
 	}
 	for i := range pod.Spec.Containers {
-		fix("container", pod.Spec.Containers[i].Name, pod.Spec.Containers[i].VolumeMounts)
+		fix("container", containerRef{appContainers, i})
 	}
 	for i := range pod.Spec.EphemeralContainers {
-		fix("ephemeral container", pod.Spec.EphemeralContainers[i].Name, pod.Spec.EphemeralContainers[i].VolumeMounts)
+		fix("ephemeral container", containerRef{ephemeralContainers, i})
 	}
-	return changed
 }
 
 func hostPathVolume(mt layout.Mount) corev1.Volume {
@@ -603,10 +579,11 @@ func shadowingMount(c *corev1.Container, p string, ours []string) *corev1.Volume
 
 // mergeLDLibraryPath adds the layout's library folders to the container's
 // LD_LIBRARY_PATH without dropping what the spec already sets.
-func (m matcher) mergeLDLibraryPath(c *corev1.Container, libs []string, warn func(string, ...any)) bool {
+func (m matcher) mergeLDLibraryPath(ed *editor, ref containerRef, libs []string, warn func(string, ...any)) {
 	if m.cfg.LDLibraryPath == config.LDLibraryPathOff || len(libs) == 0 {
-		return false
+		return
 	}
+	c := ref.get(ed.pod)
 	idx := -1
 	for i, e := range c.Env {
 		if e.Name == envLDLibraryPath {
@@ -618,21 +595,21 @@ func (m matcher) mergeLDLibraryPath(c *corev1.Container, libs []string, warn fun
 		if len(c.EnvFrom) > 0 {
 			// env overrides envFrom: refer to the envFrom value, which the
 			// kubelet expands, so a value set there is kept, not replaced.
-			ref := "$(" + envLDLibraryPath + ")"
+			fromEnv := "$(" + envLDLibraryPath + ")"
 			if m.cfg.LDLibraryPath == config.LDLibraryPathPrepend {
-				value += ":" + ref
+				value += ":" + fromEnv
 			} else {
-				value = ref + ":" + value
+				value = fromEnv + ":" + value
 			}
 			warn("container %q takes env from envFrom, which may set %s: set it to %q so the kubelet keeps that value", c.Name, envLDLibraryPath, value)
 		}
-		c.Env = append(c.Env, corev1.EnvVar{Name: envLDLibraryPath, Value: value})
-		return true
+		ed.do(addEnv{container: ref, env: corev1.EnvVar{Name: envLDLibraryPath, Value: value}})
+		return
 	}
 	e := &c.Env[idx]
 	if e.ValueFrom != nil {
 		warn("container %q takes %s from a reference; left as is, add %s to it yourself", c.Name, envLDLibraryPath, strings.Join(libs, ":"))
-		return false
+		return
 	}
 	have := strings.Split(e.Value, ":")
 	var missing []string
@@ -642,19 +619,19 @@ func (m matcher) mergeLDLibraryPath(c *corev1.Container, libs []string, warn fun
 		}
 	}
 	if len(missing) == 0 {
-		return false
+		return
 	}
-	old := e.Value
+	old, value := e.Value, ""
 	switch {
 	case old == "":
-		e.Value = strings.Join(missing, ":")
+		value = strings.Join(missing, ":")
 	case m.cfg.LDLibraryPath == config.LDLibraryPathPrepend:
-		e.Value = strings.Join(missing, ":") + ":" + old
+		value = strings.Join(missing, ":") + ":" + old
 	default:
-		e.Value = old + ":" + strings.Join(missing, ":")
+		value = old + ":" + strings.Join(missing, ":")
 	}
-	warn("container %q: %s %q merged with the driver's folders: %q", c.Name, envLDLibraryPath, old, e.Value)
-	return true
+	ed.do(setEnvValue{container: ref, index: idx, value: value})
+	warn("container %q: %s %q merged with the driver's folders: %q", c.Name, envLDLibraryPath, old, value)
 }
 
 func sortedResourceNames(rl corev1.ResourceList) []corev1.ResourceName {

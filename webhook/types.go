@@ -7,6 +7,7 @@ package webhook
 import (
 	"sync"
 
+	"gomodules.xyz/jsonpatch/v2"
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/gpu-injector/gpu-injector/layout"
@@ -101,6 +102,12 @@ type Input struct {
 
 // Result is the mutation's answer; Input.Pod is changed in place.
 type Result struct {
+	// Edits are the changes made to the pod, in order; Patch holds the JSON
+	// Patch operations that make them on the pod's JSON. Both are empty
+	// unless Decision is Injected.
+	Edits []Edit
+	Patch []jsonpatch.Operation
+
 	Decision Decision
 	// Reason is a skip reason constant, or the denial message.
 	Reason   string
