@@ -8,7 +8,9 @@ import (
 	"os"
 	"path"
 	"strings"
+	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"sigs.k8s.io/yaml"
@@ -79,6 +81,39 @@ type Configuration struct {
 	// ExcludedNamespaces are never mutated, whatever their labels say.
 	ExcludedNamespaces []string `json:"excludedNamespaces"`
 	PodSecurity        string   `json:"podSecurity"`
+	Pinning            Pinning  `json:"pinning"`
+}
+
+// Pinning says how an injected pod is kept on nodes that have its layout.
+type Pinning struct {
+	// NodeLabels, when set, pin pods by the values of these node labels (a
+	// pool) instead of the layout fingerprint label, which only the probe sets
+	// and no autoscaler knows. A node belongs to a pool only when it carries
+	// every one of them; list exactly the labels that decide a node's driver
+	// (node pool, instance type, image).
+	NodeLabels []string `json:"nodeLabels,omitempty"`
+	// RememberFor is how long a pool's last layout stays usable after its
+	// last node left, so that a pod for a pool scaled to zero is injected and
+	// can trigger the scale-up. 0s forgets a pool as soon as it is empty.
+	RememberFor *metav1.Duration `json:"rememberFor,omitempty"`
+}
+
+// DefaultRememberFor outlasts a weekend of an idle pool at zero.
+const DefaultRememberFor = 7 * 24 * time.Hour
+
+// MaxPinningLabels bounds the pool key: every label is a nodeSelector term
+// and a ConfigMap key part.
+const MaxPinningLabels = 8
+
+// ByPool reports whether pods are pinned by pool labels.
+func (p Pinning) ByPool() bool { return len(p.NodeLabels) > 0 }
+
+// Remember is how long an empty pool's layout stays usable.
+func (p Pinning) Remember() time.Duration {
+	if p.RememberFor == nil {
+		return DefaultRememberFor
+	}
+	return p.RememberFor.Duration
 }
 
 // Resources says which extended resources make a container a GPU container.
@@ -171,6 +206,9 @@ func SetDefaults(c *Configuration) {
 	}
 	if c.PodSecurity == "" {
 		c.PodSecurity = PodSecurityWarn
+	}
+	if c.Pinning.RememberFor == nil {
+		c.Pinning.RememberFor = &metav1.Duration{Duration: DefaultRememberFor}
 	}
 	for i := range c.StaticLayouts {
 		if c.StaticLayouts[i].SchemaVersion == "" {
@@ -325,10 +363,37 @@ func (c *Configuration) Validate() field.ErrorList {
 			}
 		}
 	}
+	errs = append(errs, c.Pinning.validate(field.NewPath("pinning"))...)
 	for i, ns := range c.ExcludedNamespaces {
 		if msgs := validation.IsDNS1123Label(ns); len(msgs) > 0 {
 			errs = append(errs, field.Invalid(field.NewPath("excludedNamespaces").Index(i), ns, strings.Join(msgs, "; ")))
 		}
+	}
+	return errs
+}
+
+func (p Pinning) validate(fp *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	if len(p.NodeLabels) > MaxPinningLabels {
+		errs = append(errs, field.TooMany(fp.Child("nodeLabels"), len(p.NodeLabels), MaxPinningLabels))
+	}
+	seen := map[string]bool{}
+	for i, k := range p.NodeLabels {
+		ip := fp.Child("nodeLabels").Index(i)
+		switch {
+		case len(validation.IsQualifiedName(k)) > 0:
+			errs = append(errs, field.Invalid(ip, k, strings.Join(validation.IsQualifiedName(k), "; ")))
+		case strings.HasPrefix(k, layout.Prefix):
+			// The probe sets these after a node joined: no autoscaler can
+			// know them for a node it has yet to create.
+			errs = append(errs, field.Forbidden(ip, fmt.Sprintf("%s labels are set by the probe, which no autoscaler knows; name a label the autoscaler puts on new nodes, such as karpenter.sh/nodepool", layout.Prefix)))
+		case seen[k]:
+			errs = append(errs, field.Duplicate(ip, k))
+		}
+		seen[k] = true
+	}
+	if p.RememberFor != nil && p.RememberFor.Duration < 0 {
+		errs = append(errs, field.Invalid(fp.Child("rememberFor"), p.RememberFor.Duration.String(), "must not be negative; 0s forgets a pool as soon as its last node leaves"))
 	}
 	return errs
 }

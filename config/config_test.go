@@ -20,6 +20,20 @@ func TestDefaultsValidate(t *testing.T) {
 	}
 }
 
+func TestPinning(t *testing.T) {
+	c := Default()
+	if c.Pinning.ByPool() || c.Pinning.Remember() != DefaultRememberFor {
+		t.Errorf("default pinning = %+v, want by fingerprint, remembered %s", c.Pinning, DefaultRememberFor)
+	}
+	c, err := Parse([]byte("pinning: {nodeLabels: [karpenter.sh/nodepool, node.kubernetes.io/instance-type], rememberFor: 0s}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.Pinning.ByPool() || c.Pinning.Remember() != 0 {
+		t.Errorf("pinning = %+v, want by pool, never remembered", c.Pinning)
+	}
+}
+
 func TestParseNamesEachBadField(t *testing.T) {
 	head := "apiVersion: " + APIVersion + "\nkind: " + Kind + "\n"
 	tests := map[string]struct {
@@ -41,6 +55,9 @@ func TestParseNamesEachBadField(t *testing.T) {
 		"resource names":        {head + "resources: {names: [gpu], renameTo: 'not valid!'}\n", []string{"resources.names[0]", "resources.renameTo"}},
 		"container path":        {head + "containerPaths: {libraryDir: lib}\n", []string{"containerPaths.libraryDir"}},
 		"excluded namespace":    {head + "excludedNamespaces: [Kube_System]\n", []string{"excludedNamespaces[0]"}},
+		"pinning": {head + "pinning: {nodeLabels: ['karpenter.sh/nodepool', 'karpenter.sh/nodepool', 'gpu-injector.io/layout-fingerprint', 'bad label!'], rememberFor: -1h}\n",
+			[]string{"pinning.nodeLabels[1]: Duplicate", "pinning.nodeLabels[2]: Forbidden", "pinning.nodeLabels[3]: Invalid", "pinning.rememberFor: Invalid"}},
+		"pinning duration": {head + "pinning: {rememberFor: three days}\n", []string{`invalid duration "three days"`}},
 		"bad static layout": {head + `noLayout: {action: Static, staticLayout: s}
 staticLayouts:
 - name: s
