@@ -10,6 +10,8 @@ const (
 	RejectDecode      = "decode"
 	RejectInvalid     = "invalid"
 	RejectFingerprint = "fingerprint"
+	// RejectMemory: a remembered pool layout in the memory ConfigMap.
+	RejectMemory = "memory"
 )
 
 // The domain metrics sit on controller-runtime's registry so that one scrape
@@ -29,7 +31,7 @@ var (
 	})
 	layoutsRejected = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "gpu_injector_layouts_rejected_total",
-		Help: "Node layout annotations ignored, by reason (decode, invalid, fingerprint); counted once per change of a node's layout.",
+		Help: "Node layout annotations ignored, by reason (decode, invalid, fingerprint), and remembered pool layouts ignored (memory); counted once per change of a node's layout.",
 	}, []string{"reason"})
 	layoutsKnown = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "gpu_injector_layouts",
@@ -39,6 +41,10 @@ var (
 		Name: "gpu_injector_layout_nodes",
 		Help: "Ready, schedulable nodes publishing each layout, by fingerprint.",
 	}, []string{"fingerprint"})
+	poolLayouts = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "gpu_injector_pools",
+		Help: "GPU pools (with pinning.nodeLabels), by pool and state: live (every ready node publishes one layout; pods are pinned by the pool's labels), mixed (pinned by fingerprint) or remembered (no node; the last layout serves until it expires). Always 1.",
+	}, []string{"pool", "state"})
 	buildInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "gpu_injector_build_info",
 		Help: "Always 1; the label says which build runs.",
@@ -46,9 +52,9 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(podsInjected, podsSkipped, podsDenied, layoutsRejected, layoutsKnown, layoutNodes, buildInfo)
+	metrics.Registry.MustRegister(podsInjected, podsSkipped, podsDenied, layoutsRejected, layoutsKnown, layoutNodes, poolLayouts, buildInfo)
 	// Pre-create the label values so dashboards see zeros, not gaps.
-	for _, r := range []string{RejectDecode, RejectInvalid, RejectFingerprint} {
+	for _, r := range []string{RejectDecode, RejectInvalid, RejectFingerprint, RejectMemory} {
 		layoutsRejected.WithLabelValues(r)
 	}
 	for _, r := range []string{ReasonNoGPU, ReasonOptOut, ReasonExcludedNamespace, ReasonAlreadyInjected, ReasonNoLayout} {

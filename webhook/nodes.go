@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
@@ -30,9 +31,16 @@ type Index struct {
 	mu      sync.Mutex
 	nodes   map[string]*nodeState
 	layouts map[string]*layoutState
+	// pools and memory are the pool view, with pinning.nodeLabels only.
+	pools  map[string]*poolState
+	memory map[string]PoolMemory
+	now    func() time.Time
 
 	snapshot atomic.Pointer[[]*Layout]
 	synced   atomic.Pointer[func() bool]
+	// expires is when a remembered layout in the snapshot expires (Unix
+	// nanoseconds, 0 for none): the next reader after it publishes anew.
+	expires atomic.Int64
 }
 
 // nodeState is what the index remembers of one Node between events.
@@ -45,6 +53,11 @@ type nodeState struct {
 	source layoutSource
 	// rejection is the reason the source was rejected, if it was.
 	rejection string
+	// pool is the node's pool key; member its value in the pool view, when
+	// isMember (it is ready and probed).
+	pool     string
+	member   string
+	isMember bool
 }
 
 // layoutSource is what a node publishes about its layout. Its strings are
@@ -71,6 +84,8 @@ func NewIndex(cfg *config.Configuration, log logr.Logger) *Index {
 		log:     log,
 		nodes:   map[string]*nodeState{},
 		layouts: map[string]*layoutState{},
+		pools:   map[string]*poolState{},
+		now:     time.Now,
 	}
 	empty := []*Layout{}
 	idx.snapshot.Store(&empty)
@@ -80,6 +95,13 @@ func NewIndex(cfg *config.Configuration, log logr.Logger) *Index {
 // Layouts returns the current candidate layouts, sorted by fingerprint. The
 // slice and everything it points to are shared and must not be changed.
 func (idx *Index) Layouts() []*Layout {
+	if exp := idx.expires.Load(); exp != 0 && idx.now().UnixNano() >= exp {
+		idx.mu.Lock()
+		if exp := idx.expires.Load(); exp != 0 && idx.now().UnixNano() >= exp {
+			idx.publish(nil)
+		}
+		idx.mu.Unlock()
+	}
 	return *idx.snapshot.Load()
 }
 
@@ -158,6 +180,7 @@ func (idx *Index) Update(n *corev1.Node) {
 		}
 	}
 	idx.nodes[n.Name] = st
+	poolChanged := idx.setPoolMember(n.Name, old, st, n)
 
 	oldFP := ""
 	if old != nil {
@@ -166,6 +189,9 @@ func (idx *Index) Update(n *corev1.Node) {
 			// Keep the published NodeInfo, which owns its label map.
 			if oldFP != "" {
 				st.info = old.info
+			}
+			if poolChanged {
+				idx.publish(nil)
 			}
 			return
 		}
@@ -193,9 +219,12 @@ func (idx *Index) Delete(name string) {
 		return
 	}
 	delete(idx.nodes, name)
+	poolChanged := idx.setPoolMember(name, old, nil, nil)
 	if old.fingerprint != "" {
 		idx.removeNode(old.fingerprint, name)
 		idx.publish([]string{old.fingerprint})
+	} else if poolChanged {
+		idx.publish(nil)
 	}
 }
 
@@ -285,8 +314,18 @@ func (idx *Index) publish(changed []string) {
 		snap = append(snap, ls.latest)
 	}
 	slices.SortFunc(snap, func(a, b *Layout) int { return strings.Compare(a.Fingerprint, b.Fingerprint) })
+	known := len(snap)
+	var expires int64
+	if idx.cfg.Pinning.ByPool() {
+		var next time.Time
+		snap, next = idx.withPools(snap, idx.now())
+		if !next.IsZero() {
+			expires = next.UnixNano()
+		}
+	}
+	idx.expires.Store(expires)
 	idx.snapshot.Store(&snap)
-	layoutsKnown.Set(float64(len(snap)))
+	layoutsKnown.Set(float64(known))
 }
 
 // nodeEligible: only a node that could run a pod now may lend its layout.

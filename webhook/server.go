@@ -42,6 +42,7 @@ type options struct {
 	logLevel          string
 	logFormat         string
 	webhookConfigName string
+	poolMemory        string
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
@@ -65,6 +66,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	})
 	fs.StringVar(&o.certs.namespace, "namespace", os.Getenv("POD_NAMESPACE"), "the webhook's own namespace (default $POD_NAMESPACE); never mutated")
 	fs.StringVar(&o.webhookConfigName, "webhook-configuration-name", "gpu-injector", "MutatingWebhookConfiguration whose caBundle self mode keeps current")
+	fs.StringVar(&o.poolMemory, "pool-memory-name", "gpu-injector-pools", "ConfigMap (and leader election Lease) in --namespace that remembers each pool's layout, with config pinning.nodeLabels; empty: no memory")
 	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8080", "address of the Prometheus metrics endpoint; 0 disables it")
 	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz")
 	fs.StringVar(&o.logLevel, "log-level", "info", "info or debug")
@@ -130,7 +132,8 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 	SetBuildInfo(version.Version)
 	log.Info("starting the webhook", "version", version.String(), "certMode", o.certs.mode, "namespace", o.certs.namespace,
-		"excludedNamespaces", cfg.ExcludedNamespaces, "layoutPolicy", cfg.LayoutPolicy, "noLayout", cfg.NoLayout.Action)
+		"excludedNamespaces", cfg.ExcludedNamespaces, "layoutPolicy", cfg.LayoutPolicy, "noLayout", cfg.NoLayout.Action,
+		"pinningNodeLabels", cfg.Pinning.NodeLabels, "rememberFor", cfg.Pinning.Remember().String())
 
 	idx := NewIndex(cfg, log.WithName("nodes"))
 	byObject := map[client.Object]cache.ByObject{&corev1.Node{}: idx.CacheByObject()}
@@ -141,11 +144,20 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			Field:      fields.OneTermEqualSelector("metadata.name", o.certs.secretName),
 		}
 	}
+	var memory *Memory
+	if cfg.Pinning.ByPool() && cfg.Pinning.Remember() > 0 && o.poolMemory != "" && o.certs.namespace != "" {
+		memory = NewMemory(cfg, idx, nil, o.certs.namespace, o.poolMemory, log.WithName("pools"))
+		byObject[&corev1.ConfigMap{}] = memory.CacheByObject()
+	}
 	server := webhook.NewServer(webhook.Options{Port: o.port, CertDir: o.certs.dir, CertName: certFile, KeyName: keyFile})
 	mgr, err := manager.New(restCfg, manager.Options{
 		Scheme:                 clientgoscheme.Scheme,
 		Logger:                 log,
-		LeaderElection:         false,
+		// Only the memory's writer is elected; every replica serves.
+		LeaderElection:                memory != nil,
+		LeaderElectionID:              o.poolMemory,
+		LeaderElectionNamespace:       o.certs.namespace,
+		LeaderElectionReleaseOnCancel: true,
 		Metrics:                metricsserver.Options{BindAddress: o.metricsAddr},
 		HealthProbeBindAddress: o.probeAddr,
 		WebhookServer:          server,
@@ -167,6 +179,15 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	namespaces, err := WatchNamespaces(ctx, mgr.GetCache())
 	if err != nil {
 		return err
+	}
+	if memory != nil {
+		memory.client = mgr.GetClient()
+		if err := memory.Watch(ctx, mgr.GetCache()); err != nil {
+			return err
+		}
+		if err := mgr.Add(memory); err != nil {
+			return fmt.Errorf("failed to add the pool memory writer: %w", err)
+		}
 	}
 	certsReady, err := setupCerts(mgr, o.certs, log.WithName("certs"))
 	if err != nil {

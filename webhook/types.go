@@ -35,6 +35,18 @@ type Layout struct {
 	AllocatableGPUs int64
 	Nodes           []*NodeInfo
 
+	// Pool is set when pods are pinned by pool labels (config pinning.nodeLabels)
+	// and every ready node of the pool publishes this layout: NodeSelector then
+	// holds the pool's labels, which the autoscaler knows.
+	Pool string
+	// Remembered is set on the layout a pool published last, kept while the
+	// pool has no node; Nodes then holds one node that stands for the pool's
+	// next one (the labels and taints every node of the pool had).
+	Remembered *Remembered
+	// MixedPools are pools whose ready nodes publish more than one layout (an
+	// upgrade under way): their nodes of this layout are pinned by fingerprint.
+	MixedPools []string
+
 	// lookup is built on first use from Nodes, which never change once a
 	// Layout is published: the index publishes a new Layout instead.
 	lookupOnce sync.Once

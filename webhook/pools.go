@@ -1,0 +1,285 @@
+package webhook
+
+import (
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/gpu-injector/gpu-injector/layout"
+)
+
+// Remembered says when a pool's remembered layout was last seen on a node.
+type Remembered struct {
+	LastSeen time.Time
+	// Until is when the memory expires (LastSeen + pinning.rememberFor).
+	Until time.Time
+}
+
+// PoolMemory is what is remembered of one pool: the layout its ready nodes
+// published, and the labels and taints every one of them had, so that a pod
+// for the pool at zero is matched against its next node as the scheduler and
+// the autoscaler will.
+type PoolMemory struct {
+	// Pool is the pool's key, PoolKey of Labels.
+	Pool string
+	// Labels are the pinning labels and their values.
+	Labels map[string]string
+	// NodeLabels are the labels every node of the pool had (the pinning labels
+	// among them), less the per-node ones.
+	NodeLabels map[string]string
+	// Taints are the NoSchedule and NoExecute taints every node of the pool had.
+	Taints   []corev1.Taint
+	Plan     layout.Plan
+	LastSeen time.Time
+}
+
+// poolState is the pool view of the index: each member node's fingerprint,
+// or a rejectedMember value when the node is ready but its layout is not.
+type poolState struct {
+	labels  map[string]string
+	members map[string]string
+}
+
+// rejectedMember marks a ready node whose probe failed or whose layout was
+// rejected: a pod pinned by the pool could land there, so the pool is mixed.
+const rejectedMember = "!"
+
+// uniform returns the one fingerprint every member publishes.
+func (ps *poolState) uniform() (string, bool) {
+	fp := ""
+	for _, v := range ps.members {
+		if v == rejectedMember || (fp != "" && v != fp) {
+			return "", false
+		}
+		fp = v
+	}
+	return fp, fp != ""
+}
+
+// perNodeLabels differ from node to node by design, so they never describe a
+// pool; the project's own keys are the probe's, set after a node joined.
+var perNodeLabels = []string{corev1.LabelHostname, "kubernetes.io/hostname", "node.kubernetes.io/instance-id", "karpenter.sh/nodeclaim"}
+
+// PoolKey is the pool of a node with these labels: "k1=v1,k2=v2" in the order
+// of keys, or "" when a label is missing (the node is in no pool).
+func PoolKey(labels map[string]string, keys []string) string {
+	if len(keys) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	for i, k := range keys {
+		v, ok := labels[k]
+		if !ok {
+			return ""
+		}
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(k)
+		b.WriteByte('=')
+		b.WriteString(v)
+	}
+	return b.String()
+}
+
+// poolMember is a node's value in its pool, and whether it is a member.
+func poolMember(n *corev1.Node, st *nodeState) (string, bool) {
+	if !nodeReady(n) || n.Spec.Unschedulable {
+		return "", false
+	}
+	switch {
+	case n.Labels[layout.LabelState] == "":
+		// Not probed yet: a node that just joined. It says nothing either way.
+		return "", false
+	case st.fingerprint != "":
+		return st.fingerprint, true
+	default:
+		return rejectedMember, true
+	}
+}
+
+// setPoolMember records a node's place in the pool view; it reports whether
+// the view changed.
+func (idx *Index) setPoolMember(name string, old, st *nodeState, n *corev1.Node) bool {
+	if !idx.cfg.Pinning.ByPool() {
+		return false
+	}
+	if n != nil {
+		st.pool = PoolKey(n.Labels, idx.cfg.Pinning.NodeLabels)
+		st.member, st.isMember = poolMember(n, st)
+	}
+	if old != nil && st != nil && old.pool == st.pool && old.isMember == st.isMember && old.member == st.member {
+		return false
+	}
+	if old != nil && old.pool != "" && old.isMember {
+		ps := idx.pools[old.pool]
+		delete(ps.members, name)
+		if len(ps.members) == 0 {
+			delete(idx.pools, old.pool)
+		}
+	}
+	if st != nil && st.pool != "" && st.isMember {
+		ps := idx.pools[st.pool]
+		if ps == nil {
+			labels := make(map[string]string, len(idx.cfg.Pinning.NodeLabels))
+			for _, k := range idx.cfg.Pinning.NodeLabels {
+				labels[k] = n.Labels[k]
+			}
+			ps = &poolState{labels: labels, members: map[string]string{}}
+			idx.pools[st.pool] = ps
+		}
+		ps.members[name] = st.member
+	}
+	return (old != nil && old.isMember) || (st != nil && st.isMember)
+}
+
+func nodeReady(n *corev1.Node) bool {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// SetMemory replaces the remembered pool layouts (already validated) and
+// publishes a new snapshot.
+func (idx *Index) SetMemory(mem []PoolMemory) {
+	m := make(map[string]PoolMemory, len(mem))
+	for _, e := range mem {
+		m[e.Pool] = e
+	}
+	idx.mu.Lock()
+	defer idx.mu.Unlock()
+	idx.memory = m
+	idx.publish(nil)
+}
+
+// withPools turns the fingerprint layouts into the pool view: the nodes of a
+// uniform pool become a layout pinned by the pool's labels, the others stay
+// pinned by fingerprint, and a pool with no member node is served from
+// memory until it expires. It returns the earliest expiry it relied on.
+func (idx *Index) withPools(byFP []*Layout, now time.Time) ([]*Layout, time.Time) {
+	uniform := map[string]string{}
+	mixed := map[string]bool{}
+	for key, ps := range idx.pools {
+		if fp, ok := ps.uniform(); ok {
+			uniform[key] = fp
+		} else {
+			mixed[key] = true
+		}
+	}
+	keys := idx.cfg.Pinning.NodeLabels
+	out := make([]*Layout, 0, len(byFP)+len(uniform)+len(idx.memory))
+	for _, l := range byFP {
+		byPool := map[string][]*NodeInfo{}
+		var rest []*NodeInfo
+		var restGPUs int64
+		var mixedHere []string
+		for _, n := range l.Nodes {
+			key := PoolKey(n.Labels, keys)
+			if key != "" && uniform[key] == l.Fingerprint {
+				byPool[key] = append(byPool[key], n)
+				continue
+			}
+			rest = append(rest, n)
+			restGPUs += n.AllocatableGPUs
+			if mixed[key] && !slices.Contains(mixedHere, key) {
+				mixedHere = append(mixedHere, key)
+			}
+		}
+		if len(rest) > 0 {
+			slices.Sort(mixedHere)
+			out = append(out, &Layout{Fingerprint: l.Fingerprint, Plan: l.Plan, AllocatableGPUs: restGPUs, Nodes: rest, MixedPools: mixedHere})
+		}
+		for key, nodes := range byPool {
+			var gpus int64
+			for _, n := range nodes {
+				gpus += n.AllocatableGPUs
+			}
+			out = append(out, &Layout{Fingerprint: l.Fingerprint, Plan: l.Plan, AllocatableGPUs: gpus, Nodes: nodes,
+				Pool: key, NodeSelector: idx.pools[key].labels})
+		}
+	}
+	var next time.Time
+	remember := idx.cfg.Pinning.Remember()
+	for key, m := range idx.memory {
+		if _, live := idx.pools[key]; live {
+			continue
+		}
+		until := m.LastSeen.Add(remember)
+		if !now.Before(until) {
+			continue
+		}
+		if next.IsZero() || until.Before(next) {
+			next = until
+		}
+		stand := &NodeInfo{Labels: m.NodeLabels, Taints: m.Taints}
+		out = append(out, &Layout{Fingerprint: m.Plan.Fingerprint(), Plan: m.Plan, Nodes: []*NodeInfo{stand},
+			Pool: key, NodeSelector: m.Labels, Remembered: &Remembered{LastSeen: m.LastSeen, Until: until}})
+	}
+	poolLayouts.Reset()
+	for key := range idx.pools {
+		state := "live"
+		if mixed[key] {
+			state = "mixed"
+		}
+		poolLayouts.WithLabelValues(key, state).Set(1)
+	}
+	for _, l := range out {
+		if l.Remembered != nil {
+			poolLayouts.WithLabelValues(l.Pool, "remembered").Set(1)
+		}
+	}
+	slices.SortFunc(out, func(a, b *Layout) int {
+		if c := strings.Compare(a.Fingerprint, b.Fingerprint); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Pool, b.Pool)
+	})
+	return out, next
+}
+
+// LivePools returns what the memory should hold of each pool whose ready
+// nodes all publish one layout now, as seen at now.
+func (idx *Index) LivePools(now time.Time) []PoolMemory {
+	idx.mu.Lock()
+	defer idx.mu.Unlock()
+	var out []PoolMemory
+	for key, ps := range idx.pools {
+		fp, ok := ps.uniform()
+		if !ok {
+			continue
+		}
+		ls := idx.layouts[fp]
+		if ls == nil {
+			continue
+		}
+		var common map[string]string
+		var taints []corev1.Taint
+		first := true
+		for name := range ps.members {
+			info := idx.nodes[name].info
+			if first {
+				common = maps.Clone(info.Labels)
+				taints = slices.Clone(info.Taints)
+				first = false
+				continue
+			}
+			maps.DeleteFunc(common, func(k, v string) bool { w, ok := info.Labels[k]; return !ok || w != v })
+			taints = slices.DeleteFunc(taints, func(t corev1.Taint) bool {
+				return !slices.ContainsFunc(info.Taints, func(u corev1.Taint) bool { return t.MatchTaint(&u) && t.Value == u.Value })
+			})
+		}
+		maps.DeleteFunc(common, func(k, _ string) bool { return slices.Contains(perNodeLabels, k) || strings.HasPrefix(k, layout.Prefix) })
+		for i := range taints {
+			taints[i].TimeAdded = nil
+		}
+		out = append(out, PoolMemory{Pool: key, Labels: maps.Clone(ps.labels), NodeLabels: common, Taints: taints, Plan: ls.plan, LastSeen: now})
+	}
+	slices.SortFunc(out, func(a, b PoolMemory) int { return strings.Compare(a.Pool, b.Pool) })
+	return out
+}
