@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
@@ -881,6 +882,14 @@ func TestConfigValues(t *testing.T) {
 				}
 			},
 		},
+		"pinning by pool": {
+			set: []string{"config.pinning.nodeLabels={karpenter.sh/nodepool,node.kubernetes.io/instance-type}", "config.pinning.rememberFor=72h"},
+			check: func(t *testing.T, c *config.Configuration) {
+				if !reflect.DeepEqual(c.Pinning.NodeLabels, []string{"karpenter.sh/nodepool", "node.kubernetes.io/instance-type"}) || c.Pinning.Remember() != 72*time.Hour {
+					t.Errorf("pinning = %+v", c.Pinning)
+				}
+			},
+		},
 		"no layout allows": {
 			set:   []string{"config.noLayout.action=Allow", "config.ldLibraryPath=Prepend", "config.containers=All", "config.podSecurity=Deny"},
 			check: func(t *testing.T, c *config.Configuration) { eq(t, c.NoLayout.Action, config.NoLayoutAllow) },
@@ -1061,6 +1070,47 @@ func TestNotes(t *testing.T) {
 	}
 }
 
+// TestPoolRBAC: pinning by pool adds only the memory's one ConfigMap and Lease (by
+// name, create aside) and the read of pods and write of Events the mismatch check needs.
+func TestPoolRBAC(t *testing.T) {
+	if r := render(t, kube136); r.get("Role", webhookSA+"-pools") != nil {
+		t.Errorf("pool memory Role rendered without config.pinning.nodeLabels")
+	}
+	r := render(t, with(kube136, "config.pinning.nodeLabels={karpenter.sh/nodepool}"))
+	memory := fullname + "-pools"
+	rl := mustGet[rbacv1.Role](t, r, "Role", webhookSA+"-pools")
+	want := []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"configmaps"}, ResourceNames: []string{memory}, Verbs: []string{"get", "list", "watch", "update"}},
+		{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"create"}},
+		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, ResourceNames: []string{memory}, Verbs: []string{"get", "update"}},
+		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"create"}},
+	}
+	if !reflect.DeepEqual(rl.Rules, want) || rl.Namespace != namespace {
+		t.Errorf("pool Role in %q:\n got %+v\nwant %+v", rl.Namespace, rl.Rules, want)
+	}
+	rb := mustGet[rbacv1.RoleBinding](t, r, "RoleBinding", webhookSA+"-pools")
+	if rb.RoleRef.Name != rl.Name || len(rb.Subjects) != 1 || rb.Subjects[0].Name != webhookSA {
+		t.Errorf("RoleBinding = %+v", rb)
+	}
+	cr := mustGet[rbacv1.ClusterRole](t, r, "ClusterRole", webhookSA)
+	tail := cr.Rules[len(cr.Rules)-2:]
+	wantTail := []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list", "watch"}},
+		{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}},
+	}
+	if !reflect.DeepEqual(tail, wantTail) {
+		t.Errorf("webhook ClusterRole with pools ends with %+v, want %+v", tail, wantTail)
+	}
+	spec := r.podSpecs(t)
+	for _, s := range spec {
+		for _, c := range s.Spec.Containers {
+			if c.Name == "webhook" && !slices.Contains(c.Args, "--pool-memory-name="+memory) {
+				t.Errorf("webhook args %v lack --pool-memory-name=%s", c.Args, memory)
+			}
+		}
+	}
+}
+
 // TestSchemaRejects: values.schema.json stops bad values before anything renders.
 func TestSchemaRejects(t *testing.T) {
 	tests := map[string]string{
@@ -1075,6 +1125,9 @@ func TestSchemaRejects(t *testing.T) {
 		"pull policy":        "image.pullPolicy=Sometimes",
 		"issuer kind":        "certManager.issuerRef.kind=Vault",
 		"relative allowlist": "config.hostPaths.allowlist[0].path=usr/lib",
+		"pinning by probe":   "config.pinning.nodeLabels={gpu-injector.io/layout-fingerprint}",
+		"pinning label":      "config.pinning.nodeLabels={not a label}",
+		"remember for":       "config.pinning.rememberFor=3days",
 	}
 	for name, set := range tests {
 		t.Run(name, func(t *testing.T) {

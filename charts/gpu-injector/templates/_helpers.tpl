@@ -114,6 +114,13 @@ The configuration file, rendered from .Values.config with the fixed apiVersion a
 Both the ConfigMap and the checksum annotation of the pods use this one definition, so a
 change of any config value rolls the pods.
 */}}
+{{/*
+The ConfigMap and Lease of the remembered pool layouts.
+*/}}
+{{- define "gpu-injector.poolMemoryName" -}}
+{{- printf "%s-pools" (include "gpu-injector.fullname" .) }}
+{{- end }}
+
 {{- define "gpu-injector.configYAML" -}}
 {{- $c := deepCopy .Values.config }}
 {{- $_ := set $c "apiVersion" "config.gpu-injector.io/v1alpha1" }}
