@@ -50,6 +50,10 @@ const (
 	// AnnotationInjected marks a pod the webhook changed; its value is an
 	// Injected record, so a reinvocation can tell its own work apart.
 	AnnotationInjected = Prefix + "injected"
+	// LabelPinnedLayout on a Pod pinned by its pool's labels (not by the
+	// fingerprint) holds the fingerprint injected, so that a pod that landed on
+	// a node of the pool with another layout can be found and told.
+	LabelPinnedLayout = Prefix + "pinned-layout"
 )
 
 // Node states.
@@ -343,6 +347,12 @@ type Injected struct {
 	DriverVersion string   `json:"driverVersion"`
 	Containers    []string `json:"containers"`
 	Volumes       []string `json:"volumes,omitempty"`
+
+	// Pool is the pool the pod is pinned to (its labels, k=v,...), when pinned
+	// by pool; Remembered says the pool had no node and the layout came from
+	// memory.
+	Pool       string `json:"pool,omitempty"`
+	Remembered bool   `json:"remembered,omitempty"`
 }
 
 // String encodes the record compactly and deterministically.

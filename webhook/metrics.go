@@ -45,6 +45,10 @@ var (
 		Name: "gpu_injector_pools",
 		Help: "GPU pools (with pinning.nodeLabels), by pool and state: live (every ready node publishes one layout; pods are pinned by the pool's labels), mixed (pinned by fingerprint) or remembered (no node; the last layout serves until it expires). Always 1.",
 	}, []string{"pool", "state"})
+	mismatches = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "gpu_injector_layout_mismatches_total",
+		Help: "Pods pinned by pool that landed on a node publishing another layout (each got a LayoutMismatch Event).",
+	})
 	buildInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "gpu_injector_build_info",
 		Help: "Always 1; the label says which build runs.",
@@ -52,7 +56,7 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(podsInjected, podsSkipped, podsDenied, layoutsRejected, layoutsKnown, layoutNodes, poolLayouts, buildInfo)
+	metrics.Registry.MustRegister(podsInjected, podsSkipped, podsDenied, layoutsRejected, layoutsKnown, layoutNodes, poolLayouts, mismatches, buildInfo)
 	// Pre-create the label values so dashboards see zeros, not gaps.
 	for _, r := range []string{RejectDecode, RejectInvalid, RejectFingerprint, RejectMemory} {
 		layoutsRejected.WithLabelValues(r)

@@ -7,6 +7,8 @@ import (
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/record"
 
 	"github.com/gpu-injector/gpu-injector/config"
 	"github.com/gpu-injector/gpu-injector/layout"
@@ -258,5 +260,45 @@ func TestNextMemory(t *testing.T) {
 	// After refresh, lastSeen is renewed.
 	if _, changed := NextMemory(next, live[:1], now.Add(2*time.Hour), 48*time.Hour, time.Hour); !changed {
 		t.Fatal("lastSeen must be renewed after refresh")
+	}
+}
+
+func TestMismatchEvent(t *testing.T) {
+	cfg := poolConfig(t, "")
+	old, neu := ixPlan("535.104.05"), ixPlan("580.65.06")
+	idx := NewIndex(cfg, logr.Discard())
+	idx.Update(ixNode("a1", neu, 4, inPool("a")))
+	idx.Update(ixNode("fresh", neu, 4, func(n *corev1.Node) {
+		inPool("a")(n)
+		delete(n.Labels, layout.LabelFingerprint)
+		delete(n.Annotations, layout.AnnotationLayout)
+		delete(n.Labels, layout.LabelState)
+	}))
+	rec := record.NewFakeRecorder(10)
+	m := NewMismatches(idx, rec, logr.Discard())
+	pod := func(uid, node, fp string) *corev1.Pod {
+		p := &corev1.Pod{}
+		p.Name, p.Namespace, p.UID, p.Spec.NodeName = "train-"+uid, "ml", types.UID(uid), node
+		p.Labels = map[string]string{layout.LabelPinnedLayout: fp}
+		p.Annotations = map[string]string{layout.AnnotationInjected: layout.Injected{Fingerprint: fp, DriverVersion: "535.104.05", Pool: "karpenter.sh/nodepool=a", Remembered: true}.String()}
+		return p
+	}
+	m.Check(pod("1", "a1", neu.Fingerprint()))    // same layout: nothing
+	m.Check(pod("2", "", old.Fingerprint()))      // not bound yet
+	m.Check(pod("3", "fresh", old.Fingerprint())) // node not probed yet
+	if len(rec.Events) != 0 {
+		t.Fatalf("unexpected event: %s", <-rec.Events)
+	}
+	p := pod("4", "a1", old.Fingerprint())
+	m.Check(p)
+	m.Check(p) // once per pod
+	if len(rec.Events) != 1 {
+		t.Fatalf("want one event, got %d", len(rec.Events))
+	}
+	ev := <-rec.Events
+	for _, want := range []string{"Warning", ReasonLayoutMismatch, old.Fingerprint(), "driver 535.104.05", "memory", "node a1 of pool karpenter.sh/nodepool=a", neu.Fingerprint(), "driver 580.65.06", "Delete the pod"} {
+		if !strings.Contains(ev, want) {
+			t.Errorf("event %q lacks %q", ev, want)
+		}
 	}
 }

@@ -144,17 +144,26 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			Field:      fields.OneTermEqualSelector("metadata.name", o.certs.secretName),
 		}
 	}
+	// Pinning by pool elects one replica (a Lease named like the memory) to
+	// write the memory and to tell pods that landed on another layout.
+	elect := cfg.Pinning.ByPool() && o.poolMemory != "" && o.certs.namespace != ""
+	if cfg.Pinning.ByPool() && !elect {
+		log.Info("pinning by pool without --namespace or --pool-memory-name: no memory of pools at zero and no mismatch Events")
+	}
 	var memory *Memory
-	if cfg.Pinning.ByPool() && cfg.Pinning.Remember() > 0 && o.poolMemory != "" && o.certs.namespace != "" {
+	if elect && cfg.Pinning.Remember() > 0 {
 		memory = NewMemory(cfg, idx, nil, o.certs.namespace, o.poolMemory, log.WithName("pools"))
 		byObject[&corev1.ConfigMap{}] = memory.CacheByObject()
+	}
+	if elect {
+		byObject[&corev1.Pod{}] = PodCacheByObject()
 	}
 	server := webhook.NewServer(webhook.Options{Port: o.port, CertDir: o.certs.dir, CertName: certFile, KeyName: keyFile})
 	mgr, err := manager.New(restCfg, manager.Options{
 		Scheme:                 clientgoscheme.Scheme,
 		Logger:                 log,
 		// Only the memory's writer is elected; every replica serves.
-		LeaderElection:                memory != nil,
+		LeaderElection:                elect,
 		LeaderElectionID:              o.poolMemory,
 		LeaderElectionNamespace:       o.certs.namespace,
 		LeaderElectionReleaseOnCancel: true,
@@ -187,6 +196,12 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		if err := mgr.Add(memory); err != nil {
 			return fmt.Errorf("failed to add the pool memory writer: %w", err)
+		}
+	}
+	if elect {
+		m := NewMismatches(idx, mgr.GetEventRecorderFor("gpu-injector-webhook"), log.WithName("mismatch"))
+		if err := mgr.Add(mismatchRunner{m: m, c: mgr.GetCache()}); err != nil {
+			return fmt.Errorf("failed to add the layout mismatch check: %w", err)
 		}
 	}
 	certsReady, err := setupCerts(mgr, o.certs, log.WithName("certs"))
