@@ -3,6 +3,7 @@ module github.com/gpu-injector/gpu-injector
 go 1.26.8
 
 require (
+	github.com/BurntSushi/toml v1.5.0
 	github.com/NVIDIA/go-nvml v0.13.0-1
 	github.com/evanphx/json-patch/v5 v5.9.11
 	github.com/go-logr/logr v1.4.3

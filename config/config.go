@@ -407,6 +407,17 @@ var sensitiveFolders = []string{
 	"/var/run", "/etc/kubernetes", "/var/log", "/opt", "/srv", "/tmp",
 }
 
+// IsSystemFolder reports whether p is one of the folders that must never be
+// mounted whole, whatever the allowlist says.
+func IsSystemFolder(p string) bool {
+	for _, s := range sensitiveFolders {
+		if p == s {
+			return true
+		}
+	}
+	return false
+}
+
 // sensitiveOverlap returns a sensitive folder that an allowlist entry (a path
 // whose last element may be a pattern) matches, lies above, or lies inside
 // /etc, /proc, /sys, /dev, /root or the kubelet's state.

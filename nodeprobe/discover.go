@@ -36,21 +36,28 @@ var DriverBinaries = []string{
 	"nvidia-cuda-mps-control", "nvidia-cuda-mps-server",
 }
 
-// Known folders, in order of preference. A '*' matches one path element.
-// The NVIDIA GPU operator's driver container publishes its root at
-// /run/nvidia/driver; its folders come last, as the host's own driver wins.
+// Known folders, in order of preference, a fallback behind the evidence (see
+// Discover). A '*' matches one path element. The NVIDIA GPU operator's driver
+// container publishes its root at /run/nvidia/driver; its folders come last,
+// as the host's own driver wins.
 var (
 	libraryFolders = []string{
 		"/usr/local/nvidia/lib64", "/home/kubernetes/bin/nvidia/lib64",
 		"/usr/lib/nvidia-*", "/usr/lib/nvidia", "/usr/lib64/nvidia",
+		"/usr/lib/x86_64-linux-gnu/nvidia/current", "/usr/lib/aarch64-linux-gnu/nvidia/current",
+		"/usr/lib/nvidia/tesla", "/opt/nvidia/current/lib64", "/run/opengl-driver/lib",
 		"/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib",
 		"/lib/x86_64-linux-gnu", "/lib/aarch64-linux-gnu", "/lib64", "/lib",
-		"/run/nvidia/driver/usr/lib/x86_64-linux-gnu", "/run/nvidia/driver/usr/lib64",
+		"/usr/local/lib64", "/usr/local/lib",
+		"/run/nvidia/driver/usr/lib/x86_64-linux-gnu", "/run/nvidia/driver/usr/lib/aarch64-linux-gnu",
+		"/run/nvidia/driver/usr/lib64",
 	}
 	binaryFolders = []string{
 		"/usr/local/nvidia/bin", "/home/kubernetes/bin/nvidia/bin",
 		"/usr/lib/nvidia-*/bin", "/usr/lib/nvidia/bin", "/usr/lib64/nvidia/bin",
-		"/usr/bin", "/bin",
+		"/usr/libexec/nvidia/tesla/bin", "/opt/nvidia/current/bin",
+		"/usr/bin", "/usr/sbin", "/bin", "/sbin", "/opt/bin", "/usr/local/bin",
+		"/run/current-system/sw/bin",
 		"/run/nvidia/driver/usr/bin",
 	}
 )
@@ -85,6 +92,14 @@ type Files struct {
 	Cache *ldcache.Cache `json:"-"`
 	// Skipped are names that looked like driver files but were not used, with why.
 	Skipped []string `json:"skipped,omitempty"`
+	// Evidence says which folders the host itself points at, and how: the
+	// loader cache's entries and the links behind them.
+	Evidence []string `json:"evidence,omitempty"`
+
+	h        hostFS
+	libDirs  []string
+	seenLib  map[string]bool
+	evidence map[string]bool
 }
 
 // Versions returns the driver versions the libraries carry, sorted.
@@ -122,6 +137,12 @@ func isDriverLibrary(base string) bool {
 
 // Discover finds the driver files under a host root. It reads only, follows
 // links only inside the root, and fails only when the root itself is unusable.
+//
+// Where the driver lives is what the host says first: every ld.so.cache entry
+// of a driver library for the host's own architecture, and every folder on
+// the chain of links behind it (alternatives, "current" links, a Nix profile)
+// are listed before the known folders, which stay a fallback for hosts whose
+// driver is not in the loader's cache (GKE, the GPU operator).
 func Discover(root string) (*Files, error) {
 	h := hostFS{root: root}
 	if fi, err := os.Stat(root); err != nil {
@@ -129,7 +150,7 @@ func Discover(root string) (*Files, error) {
 	} else if !fi.IsDir() {
 		return nil, fmt.Errorf("failed to read host root %q: not a folder", root)
 	}
-	f := &Files{}
+	f := &Files{h: h, seenLib: map[string]bool{}, evidence: map[string]bool{}}
 	if data, err := h.readFile("/etc/ld.so.cache"); err == nil {
 		c, err := ldcache.Parse(data)
 		if err != nil {
@@ -141,26 +162,77 @@ func Discover(root string) (*Files, error) {
 		f.Skipped = append(f.Skipped, fmt.Sprintf("/etc/ld.so.cache: %v", err))
 	}
 
-	libDirs := h.expandFolders(libraryFolders)
+	var dirs []string
 	if f.Cache != nil {
-		// Folders from ld.so.conf that no list knows, such as /opt/nvidia/lib.
-		var extra []string
+		arch := hostArch(f.Cache)
 		for _, e := range f.Cache.Entries {
-			if base, _, _ := strings.Cut(e.Key, ".so"); isDriverLibrary(base) && path.IsAbs(e.Value) {
-				extra = append(extra, path.Dir(e.Value))
+			base, _, _ := strings.Cut(e.Key, ".so")
+			if !isDriverLibrary(base) || !path.IsAbs(e.Value) {
+				continue
+			}
+			if e.Flags&ldcache.FlagTypeMask != ldcache.FlagELFLibc6 || e.Flags&ldcache.FlagRequiredMask != arch {
+				// 32-bit compatibility copies (/usr/lib/i386-linux-gnu) and
+				// foreign architectures are not what the node's programs load.
+				continue
+			}
+			chain := h.linkChain(e.Value)
+			f.Evidence = append(f.Evidence, "ld.so.cache: "+e.Key+" => "+strings.Join(chain, " -> "))
+			for _, p := range chain {
+				// Only folders that hold a driver library by name: not
+				// /etc/alternatives, whose names are the alternatives'.
+				if b, _, _ := strings.Cut(path.Base(p), ".so"); isDriverLibrary(b) {
+					dirs = appendNew(dirs, path.Dir(p))
+				}
 			}
 		}
-		libDirs = appendNew(libDirs, h.expandFolders(extra)...)
 	}
-	seenLib := map[string]bool{}
-	for _, d := range libDirs {
-		f.scanLibraries(h, d, seenLib)
+	for _, d := range h.expandFolders(dirs) {
+		f.evidence[d] = true
+	}
+	for _, d := range appendNew(h.expandFolders(dirs), h.expandFolders(libraryFolders)...) {
+		f.scanFolder(d)
 	}
 	seenBin := map[string]bool{}
 	for _, d := range h.expandFolders(binaryFolders) {
 		f.scanBinaries(h, d, seenBin)
 	}
 	return f, nil
+}
+
+// AddEvidence scans one more host folder that the host points at, such as
+// the folder of the libnvidia-ml that NVML was loaded from.
+func (f *Files) AddEvidence(dir, why string) {
+	for _, d := range f.h.expandFolders([]string{dir}) {
+		f.Evidence = append(f.Evidence, why+": "+d)
+		f.evidence[d] = true
+		f.scanFolder(d)
+	}
+}
+
+func (f *Files) scanFolder(d string) {
+	for _, x := range f.libDirs {
+		if x == d {
+			return
+		}
+	}
+	f.libDirs = append(f.libDirs, d)
+	f.scanLibraries(f.h, d, f.seenLib)
+}
+
+// hostArch is the architecture field of the cache entries the host's own
+// programs use: that of libc.so.6 among 64-bit entries.
+func hostArch(c *ldcache.Cache) int32 {
+	for _, e := range c.Lookup("libc.so.6") {
+		if a := e.Flags & ldcache.FlagRequiredMask; a == ldcache.FlagX8664Lib64 || a == ldcache.FlagAArch64Lib64 {
+			return a
+		}
+	}
+	for _, e := range c.Entries {
+		if a := e.Flags & ldcache.FlagRequiredMask; a == ldcache.FlagX8664Lib64 || a == ldcache.FlagAArch64Lib64 {
+			return a
+		}
+	}
+	return 0
 }
 
 // expandFolders resolves patterns and links into real host folders, without
@@ -342,4 +414,48 @@ func (f *Files) cacheTarget(h hostFS, soname string) (Library, bool) {
 		}
 	}
 	return Library{}, false
+}
+
+// namesDriverLibrary reports whether the loader cache knows any driver
+// library name at all, versioned or not (a CUDA toolkit's stubs): a node
+// that was meant to have a driver.
+func (f *Files) namesDriverLibrary() bool {
+	if f.Cache == nil {
+		return false
+	}
+	for _, e := range f.Cache.Entries {
+		if b, _, _ := strings.Cut(e.Key, ".so"); isDriverLibrary(b) {
+			return true
+		}
+	}
+	return false
+}
+
+// nvidiaDevice names evidence of NVIDIA hardware or a driver's kernel side
+// that needs no device access: the device nodes, the driver's /proc folder,
+// or a PCI device of vendor 0x10de that is a display or 3D controller. ""
+// when there is none (or /sys is not visible).
+func nvidiaDevice(h hostFS) string {
+	for _, p := range []string{"/dev/nvidiactl", "/proc/driver/nvidia"} {
+		if _, _, err := h.stat(p); err == nil {
+			return p + " exists"
+		}
+	}
+	des, err := h.readDir("/sys/bus/pci/devices")
+	if err != nil {
+		return ""
+	}
+	for _, de := range des {
+		dev := path.Join("/sys/bus/pci/devices", de.Name())
+		vendor, err := h.readFile(dev + "/vendor")
+		if err != nil || strings.TrimSpace(string(vendor)) != "0x10de" {
+			continue
+		}
+		// Class 0x03xxxx: VGA, 3D or display controller; NVSwitches and
+		// audio functions of the same vendor are not GPUs.
+		if class, err := h.readFile(dev + "/class"); err == nil && strings.HasPrefix(strings.TrimSpace(string(class)), "0x03") {
+			return "an NVIDIA GPU at PCI " + de.Name()
+		}
+	}
+	return ""
 }

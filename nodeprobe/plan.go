@@ -38,6 +38,86 @@ func classify(rules layout.Rules, dir, sample string) folderKind {
 	return folderForbidden
 }
 
+// maxDedicatedEntries bounds a folder that may be mounted whole: a driver's own
+// folder holds a few dozen files, a system folder thousands.
+const maxDedicatedEntries = 400
+
+// driverOnly reports whether a folder holds nothing but this driver version's
+// files, so that mounting it whole gives a container nothing else of the
+// host; why names the first file that says otherwise. It looks one level of
+// subfolders deep (xorg/, vdpau/, tls/ of a driver folder) and judges names
+// and file modes only:
+//
+//   - a versioned NVIDIA library of another driver version (a leftover of an
+//     upgrade, a second driver) makes the folder mixed;
+//   - so does any shared library or program not named for NVIDIA or CUDA
+//     (libc, libz, ls), except the few loaders the driver's installer ships
+//     beside its own libraries (libOpenCL, libGL*, libEGL*, libGLES*,
+//     libOpenGL, libvdpau);
+//   - data files (README, .json, .bin firmware, man pages) and links are fine:
+//     a link in a mounted folder resolves inside the container, not the host.
+func driverOnly(h hostFS, dir, version string, depth int) (ok bool, why string) {
+	if config.IsSystemFolder(dir) {
+		return false, dir + " is a system folder"
+	}
+	des, err := h.readDir(dir)
+	if err != nil {
+		return false, err.Error()
+	}
+	if len(des) > maxDedicatedEntries {
+		return false, fmt.Sprintf("%s holds %d entries", dir, len(des))
+	}
+	for _, de := range des {
+		name, p := de.Name(), path.Join(dir, de.Name())
+		switch {
+		case de.IsDir():
+			if depth > 0 {
+				return false, p + " is a folder below a subfolder"
+			}
+			if ok, why := driverOnly(h, p, version, depth+1); !ok {
+				return false, why
+			}
+			continue
+		case !de.Type().IsRegular():
+			continue
+		}
+		if base, v, found := strings.Cut(name, ".so."); found && versionRE.MatchString(v) && nvidiaName(base) && driverVersionLike(v) && v != version {
+			return false, fmt.Sprintf("%s is of driver %s", p, v)
+		}
+		if strings.Contains(name, ".so") && !nvidiaName(name) && !bundledLoader(name) {
+			return false, p + " is not the driver's"
+		}
+		if info, err := de.Info(); err == nil && info.Mode()&0o111 != 0 && !strings.Contains(name, ".so") && !nvidiaName(name) {
+			return false, p + " is a program that is not the driver's"
+		}
+	}
+	return true, ""
+}
+
+// nvidiaName is a file name of NVIDIA's driver: libcuda*, libnv*, *nvidia*.
+func nvidiaName(name string) bool {
+	l := strings.ToLower(name)
+	return strings.Contains(l, "nvidia") || strings.HasPrefix(l, "libcuda") || strings.HasPrefix(l, "libnv") || strings.HasPrefix(l, "nv")
+}
+
+// bundledLoader is a vendor-neutral loader that NVIDIA's installer puts beside
+// its libraries in a folder of its own.
+func bundledLoader(name string) bool {
+	for _, p := range []string{"libOpenCL.so", "libGL.so", "libGLX.so", "libGLdispatch.so", "libEGL.so", "libGLESv1_CM.so", "libGLESv2.so", "libOpenGL.so", "libvdpau"} {
+		if strings.HasPrefix(name, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// driverVersionLike: NVIDIA driver versions start at 3 digits (384.130);
+// libnvidia-egl-wayland.so.1.1.13 carries its own, small version.
+func driverVersionLike(v string) bool {
+	major, _, _ := strings.Cut(v, ".")
+	return len(major) >= 3
+}
+
 // PlanError is a discovery outcome that yields no usable plan.
 type PlanError struct {
 	Condition Condition
@@ -66,6 +146,14 @@ func BuildPlan(files *Files, version, cudaVersion string, cfg *config.Configurat
 		k, ok := kinds[d]
 		if !ok {
 			k = classify(rules, d, path.Base(p))
+			// The allowlist says a folder may be mounted whole; its content
+			// says whether it should: only if it holds this driver alone.
+			if k == folderDedicated {
+				if only, why := driverOnly(files.h, d, version, 0); !only {
+					notes = append(notes, fmt.Sprintf("%s: mounted file by file, as %s", d, why))
+					k = folderShared
+				}
+			}
 			kinds[d] = k
 		}
 		return k
@@ -98,6 +186,15 @@ func BuildPlan(files *Files, version, cudaVersion string, cfg *config.Configurat
 	}
 	sort.Strings(names)
 	if len(names) == 0 {
+		var outside []string
+		for _, l := range files.Libraries {
+			if l.Version == version {
+				outside = appendNew(outside, path.Dir(l.Path))
+			}
+		}
+		if len(outside) > 0 {
+			return plan, notes, &PlanError{ConditionDriverFilesNotAllowed, fmt.Sprintf("the driver %s is in %s, outside the host path allowlist (hostPaths.allowlist); add the folder to serve this node", version, strings.Join(outside, ", "))}
+		}
 		return plan, notes, &PlanError{ConditionDriverFilesNotFound, fmt.Sprintf("no driver library of version %s under the host root", version)}
 	}
 	for _, base := range RequiredLibraries {
@@ -130,7 +227,13 @@ func BuildPlan(files *Files, version, cudaVersion string, cfg *config.Configurat
 	// Binaries: a dedicated folder counts only if libraries of this version
 	// sit beside it (D/bin next to D, D/lib64 or D/lib), so that nvidia-384/bin
 	// is never paired with the 390 libraries.
+	onlyVersion := len(files.Versions()) == 1
 	ownBinFolder := func(d string) bool {
+		// Nothing else to pair it with, or the folder names the version
+		// (/opt/nvidia/570.181/bin, a Nix store path).
+		if onlyVersion || strings.Contains(d, version) {
+			return true
+		}
 		parent := path.Dir(d)
 		for _, l := range files.Libraries {
 			if l.Version != version {

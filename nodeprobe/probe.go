@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path"
 	"sort"
 	"strings"
 
@@ -18,6 +19,9 @@ type Condition string
 
 const (
 	ConditionReady Condition = "Ready"
+	// ConditionNoDriver: no NVIDIA device, kernel module or driver library:
+	// not a GPU node. Published as the no-driver state, not an error.
+	ConditionNoDriver Condition = "NoDriver"
 	// ConditionHostRootUnreadable: the host root folder cannot be read.
 	ConditionHostRootUnreadable Condition = "HostRootUnreadable"
 	// ConditionDriverNotLoaded: NVML says no kernel module, and none is visible.
@@ -31,6 +35,9 @@ const (
 	ConditionNVMLError Condition = "NVMLError"
 	// ConditionDriverFilesNotFound: no versioned driver library at all.
 	ConditionDriverFilesNotFound Condition = "DriverFilesNotFound"
+	// ConditionDriverFilesNotAllowed: the driver's files are in folders the
+	// host path allowlist does not cover.
+	ConditionDriverFilesNotAllowed Condition = "DriverFilesNotAllowed"
 	// ConditionDriverVersionAmbiguous: several versions on disk, nothing says which runs.
 	ConditionDriverVersionAmbiguous Condition = "DriverVersionAmbiguous"
 	// ConditionDriverVersionMismatch: the running driver's files are not on disk.
@@ -64,6 +71,9 @@ type ProbeOptions struct {
 	// OpenNVML binds NVML to a library file; nil means go-nvml. It may
 	// return an error to refuse a library (see Run).
 	OpenNVML func(path string) (NVML, error)
+	// IgnoreRuntimeInjection plans mounts even where the container runtime
+	// injects the driver itself.
+	IgnoreRuntimeInjection bool
 }
 
 // Result is what a probe found.
@@ -73,10 +83,13 @@ type Result struct {
 	DriverVersion string        `json:"driverVersion,omitempty"`
 	VersionSource VersionSource `json:"versionSource,omitempty"`
 	// NVMLLibrary is the library file NVML was loaded from, on this machine.
-	NVMLLibrary string       `json:"nvmlLibrary,omitempty"`
-	NVML        NVMLResult   `json:"nvml"`
-	Plan        *layout.Plan `json:"plan,omitempty"`
-	Notes       []string     `json:"notes,omitempty"`
+	NVMLLibrary string     `json:"nvmlLibrary,omitempty"`
+	NVML        NVMLResult `json:"nvml"`
+	// Evidence is where the host pointed the probe: loader cache entries and
+	// the links behind them, the NVML library's folder, runtime settings.
+	Evidence []string     `json:"evidence,omitempty"`
+	Plan     *layout.Plan `json:"plan,omitempty"`
+	Notes    []string     `json:"notes,omitempty"`
 }
 
 // Ready reports whether the result carries a usable plan.
@@ -97,7 +110,7 @@ var ErrNVMLReload = errors.New("the NVML library changed")
 // Probe reads NVML and the host's files and builds the plan. The error is
 // only for conditions the caller cannot publish (ErrNVMLReload); every node
 // problem is a Condition in the result.
-func Probe(opts ProbeOptions) (Result, error) {
+func Probe(opts ProbeOptions) (out Result, err error) {
 	cfg := opts.Config
 	if cfg == nil {
 		cfg = config.Default()
@@ -108,6 +121,7 @@ func Probe(opts ProbeOptions) (Result, error) {
 		return Result{Condition: ConditionHostRootUnreadable, Message: err.Error()}, nil
 	}
 	res := Result{Notes: append([]string(nil), files.Skipped...)}
+	defer func() { out.Evidence = files.Evidence }()
 
 	// NVML, from the library the host's loader would pick.
 	res.NVMLLibrary = opts.NVMLLibrary
@@ -122,6 +136,9 @@ func Probe(opts ProbeOptions) (Result, error) {
 				}
 			}
 		}
+	}
+	if rel, ok := strings.CutPrefix(res.NVMLLibrary, strings.TrimSuffix(opts.HostRoot, "/")+"/"); ok && opts.NVMLLibrary != "" {
+		files.AddEvidence(path.Dir("/"+rel), "NVML library")
 	}
 	if res.NVMLLibrary == "" {
 		res.NVML = NVMLResult{State: NVMLLibraryNotFound, Message: "no libnvidia-ml.so.1 under the host root"}
@@ -150,6 +167,14 @@ func Probe(opts ProbeOptions) (Result, error) {
 	}
 
 	kernel := kernelModuleVersion(h)
+	if len(files.Libraries) == 0 && kernel == "" && (res.NVML.State == NVMLLibraryNotFound || res.NVML.State == NVMLLibraryInvalid) {
+		if dev := nvidiaDevice(h); dev != "" {
+			return res.fail(ConditionDriverFilesNotFound, "%s, but no versioned driver library (%s.so.<version>) under the host root", dev, strings.Join(RequiredLibraries, ".so.<version>, "))
+		}
+		if !files.namesDriverLibrary() {
+			return res.fail(ConditionNoDriver, "no NVIDIA device, kernel module or driver library on this node")
+		}
+	}
 	switch res.NVML.State {
 	case NVMLOK:
 		res.DriverVersion, res.VersionSource = res.NVML.Facts.DriverVersion, SourceNVML
@@ -181,15 +206,30 @@ func Probe(opts ProbeOptions) (Result, error) {
 			return res.fail(ConditionDriverVersionAmbiguous, "driver files of versions %s and nothing tells which one runs (NVML: %s)", strings.Join(versions, ", "), res.NVML.State)
 		}
 	}
+	cuda := ""
+	if res.NVML.Facts != nil {
+		cuda = res.NVML.Facts.CUDADriverVersion
+	}
+	if !opts.IgnoreRuntimeInjection {
+		if ri := DetectRuntimeInjection(opts.HostRoot); ri.Kind != "" {
+			// The runtime finds the files itself: mounting them again at
+			// the same paths would break the container.
+			files.Evidence = append(files.Evidence, ri.Evidence...)
+			res.Notes = append(res.Notes, ri.Notes...)
+			plan := layout.Plan{SchemaVersion: layout.SchemaVersion, DriverVersion: res.DriverVersion, CUDADriverVersion: cuda, RuntimeInjection: ri.Kind, Mounts: []layout.Mount{}, LibraryPaths: []string{}}
+			if errs := plan.Validate(cfg.Rules()); len(errs) > 0 {
+				return res.fail(ConditionPlanInvalid, "%v", errs.ToAggregate())
+			}
+			sort.Strings(res.Notes)
+			res.Condition, res.Plan = ConditionReady, &plan
+			return res, nil
+		}
+	}
 	if v := files.Versions(); !contains(v, res.DriverVersion) {
 		if len(v) == 0 {
 			return res.fail(ConditionDriverFilesNotFound, "the driver %s (from %s) has no library files under the host root", res.DriverVersion, res.VersionSource)
 		}
 		return res.fail(ConditionDriverVersionMismatch, "%s reports driver %s but the files under the host root are of %s", res.VersionSource, res.DriverVersion, strings.Join(v, ", "))
-	}
-	cuda := ""
-	if res.NVML.Facts != nil {
-		cuda = res.NVML.Facts.CUDADriverVersion
 	}
 	plan, notes, err := BuildPlan(files, res.DriverVersion, cuda, cfg)
 	res.Notes = append(res.Notes, notes...)

@@ -48,6 +48,10 @@ func Desired(r Result) (Published, error) {
 		p.Labels[layout.LabelState] = layout.StateReady
 		p.Labels[layout.LabelFingerprint] = r.Plan.Fingerprint()
 		p.Annotations[layout.AnnotationLayout] = enc
+	} else if r.Condition == ConditionNoDriver {
+		// Not a failure: a node without a GPU, where the probe idles.
+		p.Labels[layout.LabelState] = layout.StateNoDriver
+		p.Annotations[layout.AnnotationStateReason] = r.Reason()
 	} else {
 		p.Labels[layout.LabelState] = layout.StateError
 		p.Annotations[layout.AnnotationStateReason] = r.Reason()

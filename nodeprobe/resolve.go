@@ -116,3 +116,35 @@ func bare(err error) error {
 	}
 	return err
 }
+
+// linkChain lists p and every path its links lead to, in order, each with its
+// folders resolved, ending at the real file (or where the chain broke): the
+// way from /usr/lib/x86_64-linux-gnu/libcuda.so.1 through
+// /etc/alternatives/... to /usr/lib/x86_64-linux-gnu/nvidia/current/libcuda.so.1
+// and on to the versioned file.
+func (h hostFS) linkChain(p string) []string {
+	chain := []string{p}
+	current := p
+	for range maxSymlinks {
+		dir, err := h.resolve(path.Dir(current))
+		if err != nil {
+			break
+		}
+		current = path.Join(dir, path.Base(current))
+		chain[len(chain)-1] = current
+		fi, err := os.Lstat(h.osPath(current))
+		if err != nil || fi.Mode()&fs.ModeSymlink == 0 {
+			break
+		}
+		target, err := os.Readlink(h.osPath(current))
+		if err != nil {
+			break
+		}
+		if !path.IsAbs(target) {
+			target = path.Join(dir, target)
+		}
+		current = path.Clean(target)
+		chain = append(chain, current)
+	}
+	return chain
+}

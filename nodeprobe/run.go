@@ -172,14 +172,18 @@ func runOnce(o *options, popts ProbeOptions, log logr.Logger, stdout io.Writer) 
 func logResult(log logr.Logger, res Result, v int) {
 	kv := []any{"condition", res.Condition, "driverVersion", res.DriverVersion, "versionSource", res.VersionSource,
 		"nvmlState", res.NVML.State, "nvmlLibrary", res.NVMLLibrary}
-	if res.Ready() {
-		kv = append(kv, "fingerprint", res.Plan.Fingerprint(), "mounts", len(res.Plan.Mounts))
+	switch {
+	case res.Ready():
+		kv = append(kv, "fingerprint", res.Plan.Fingerprint(), "mounts", len(res.Plan.Mounts), "runtimeInjection", res.Plan.RuntimeInjection)
 		log.V(v).Info("probe found a driver layout", kv...)
-	} else {
+	case res.Condition == ConditionNoDriver:
+		// Every probe of a CPU node says the same: log it once per start.
+		log.V(v).Info("probe found no NVIDIA driver or device", kv...)
+	default:
 		log.Info("probe found no usable driver layout", append(kv, "reason", res.Reason())...)
 	}
-	if len(res.Notes) > 0 {
-		log.V(1).Info("probe notes", "notes", res.Notes)
+	if len(res.Notes) > 0 || len(res.Evidence) > 0 {
+		log.V(1).Info("probe notes", "notes", res.Notes, "evidence", res.Evidence)
 	}
 }
 
@@ -329,7 +333,7 @@ func (d *daemon) once(ctx context.Context, log logr.Logger) error {
 	if err != nil {
 		return err
 	}
-	if !res.Ready() {
+	if !res.Ready() && res.Condition != ConditionNoDriver {
 		d.metrics.errors.WithLabelValues(string(res.Condition)).Inc()
 	}
 	logResult(log, res, 1)

@@ -66,11 +66,11 @@ func TestRunOnceNotReady(t *testing.T) {
 	root, _ := buildRoot(t, "no-driver")
 	var stdout, stderr bytes.Buffer
 	err := Run(context.Background(), []string{"--once", "--host-root", root, "--node-name", "cpu-1"}, &stdout, &stderr)
-	if !errors.Is(err, ErrNotReady) || !strings.Contains(err.Error(), string(ConditionDriverFilesNotFound)) {
+	if !errors.Is(err, ErrNotReady) || !strings.Contains(err.Error(), string(ConditionNoDriver)) {
 		t.Fatalf("Run = %v, want ErrNotReady naming the condition", err)
 	}
-	if !strings.Contains(stdout.String(), "gpu-injector.io/state: error") {
-		t.Errorf("the error state is not printed:\n%s", stdout.String())
+	if !strings.Contains(stdout.String(), "gpu-injector.io/state: no-driver") {
+		t.Errorf("the no-driver state is not printed:\n%s", stdout.String())
 	}
 }
 
