@@ -221,22 +221,37 @@ func SetDefaults(c *Configuration) {
 // installers; shared system folders allow only driver files, one by one.
 func DefaultAllowlist() []layout.AllowedPath {
 	return []layout.AllowedPath{
+		// Folders that only a driver installation creates, whose content the
+		// probe still checks before mounting one whole.
 		{Path: "/usr/local/nvidia"},
 		{Path: "/usr/lib/nvidia"},
 		{Path: "/usr/lib/nvidia-*"},
 		{Path: "/usr/lib64/nvidia"},
+		// Debian's nvidia/current (and legacy/tesla flavours) beside the system's libraries.
+		{Path: "/usr/lib/x86_64-linux-gnu/nvidia"},
+		{Path: "/usr/lib/aarch64-linux-gnu/nvidia"},
+		// Bottlerocket's driver programs.
+		{Path: "/usr/libexec/nvidia"},
 		{Path: "/home/kubernetes/bin/nvidia"},
 		{Path: "/opt/nvidia"},
+		// NixOS: the driver package's store paths, immutable and root-owned.
+		{Path: "/nix/store/*-nvidia-x11-*"},
 		// The GPU operator's driver container binds the host's / at
 		// /run/nvidia/driver, so only its driver files are allowed there.
 		{Path: "/run/nvidia/driver/usr/lib/x86_64-linux-gnu", FilesOnly: true},
+		{Path: "/run/nvidia/driver/usr/lib/aarch64-linux-gnu", FilesOnly: true},
 		{Path: "/run/nvidia/driver/usr/lib64", FilesOnly: true},
 		{Path: "/run/nvidia/driver/usr/bin", FilesOnly: true},
 		{Path: "/usr/lib/x86_64-linux-gnu", FilesOnly: true},
 		{Path: "/usr/lib/aarch64-linux-gnu", FilesOnly: true},
 		{Path: "/usr/lib64", FilesOnly: true},
 		{Path: "/usr/lib", FilesOnly: true},
+		{Path: "/usr/local/lib", FilesOnly: true},
+		{Path: "/usr/local/lib64", FilesOnly: true},
 		{Path: "/usr/bin", FilesOnly: true},
+		{Path: "/usr/sbin", FilesOnly: true},
+		{Path: "/usr/local/bin", FilesOnly: true},
+		{Path: "/opt/bin", FilesOnly: true},
 	}
 }
 

@@ -96,7 +96,9 @@ type Files struct {
 	// loader cache's entries and the links behind them.
 	Evidence []string `json:"evidence,omitempty"`
 
-	h        hostFS
+	h hostFS
+	// machine is the host's ELF machine, from its loader cache; 0 when unknown.
+	machine  elf.Machine
 	libDirs  []string
 	seenLib  map[string]bool
 	evidence map[string]bool
@@ -165,6 +167,12 @@ func Discover(root string) (*Files, error) {
 	var dirs []string
 	if f.Cache != nil {
 		arch := hostArch(f.Cache)
+		switch arch {
+		case ldcache.FlagX8664Lib64:
+			f.machine = elf.EM_X86_64
+		case ldcache.FlagAArch64Lib64:
+			f.machine = elf.EM_AARCH64
+		}
 		for _, e := range f.Cache.Entries {
 			base, _, _ := strings.Cut(e.Key, ".so")
 			if !isDriverLibrary(base) || !path.IsAbs(e.Value) {
@@ -339,7 +347,15 @@ func (f *Files) scanLibraries(h hostFS, dir string, seen map[string]bool) {
 	}
 	for _, fl := range libs {
 		l := fl.lib
-		if so := readSONAME(h.osPath(l.Path)); so != "" {
+		so, class, machine := readELF(h.osPath(l.Path))
+		if class == elf.ELFCLASS32 || (machine != 0 && f.machine != 0 && machine != f.machine) {
+			// A 32-bit compatibility copy (SUSE and RHEL keep them in
+			// /usr/lib) or another architecture's: not what the node's
+			// programs load, whatever its name says.
+			f.Skipped = append(f.Skipped, fmt.Sprintf("%s: ELF %s %s, not this host's", l.Path, class, machine))
+			continue
+		}
+		if so != "" {
 			if so != l.Name {
 				l.SONAMEs = []string{so}
 			}
@@ -378,19 +394,19 @@ func (f *Files) scanBinaries(h hostFS, dir string, seen map[string]bool) {
 	}
 }
 
-// readSONAME returns the DT_SONAME of an ELF file, or "" when it has none or
-// is not ELF.
-func readSONAME(file string) string {
+// readELF returns the DT_SONAME, class and machine of an ELF file; "" and
+// zeros when it is not ELF.
+func readELF(file string) (string, elf.Class, elf.Machine) {
 	e, err := elf.Open(file)
 	if err != nil {
-		return ""
+		return "", 0, 0
 	}
 	defer e.Close()
 	names, err := e.DynString(elf.DT_SONAME)
 	if err != nil || len(names) == 0 {
-		return ""
+		return "", e.Class, e.Machine
 	}
-	return names[0]
+	return names[0], e.Class, e.Machine
 }
 
 // cacheTarget returns the library the host's loader would load for soname,

@@ -25,18 +25,37 @@ var expected = map[string]struct {
 	source                VersionSource // without NVML
 	libDirMount           string        // the Directory mount at the library folder, or "" for file by file
 	binDirMount           string
+	runtime               string // the plan's runtimeInjection
 }{
-	"ubuntu1604-nvidia384": {ConditionReady, ConditionReady, SourceFileNames, "", "/usr/lib/nvidia-384/bin"},
-	"centos7":              {ConditionReady, ConditionReady, SourceFileNames, "", ""},
-	"gke-cos":              {ConditionReady, ConditionReady, SourceFileNames, "/home/kubernetes/bin/nvidia/lib64", "/home/kubernetes/bin/nvidia/bin"},
-	"ubuntu2204-packages":  {ConditionReady, ConditionReady, SourceFileNames, "", ""},
-	"usr-local-nvidia":     {ConditionReady, ConditionReady, SourceFileNames, "/usr/local/nvidia/lib64", "/usr/local/nvidia/bin"},
-	"hostile-escape":       {ConditionReady, ConditionReady, SourceFileNames, "/usr/local/nvidia/lib64", "/usr/local/nvidia/bin"},
-	"hostile-two-versions": {ConditionReady, ConditionReady, SourceLoaderCache, "/usr/lib/nvidia-390", "/usr/lib/nvidia-390/bin"},
-	"hostile-unversioned":  {ConditionReady, ConditionReady, SourceLoaderCache, "", ""},
-	"gpu-operator":         {ConditionReady, ConditionReady, SourceFileNames, "", ""},
-	"hostile-stubs-only":   {ConditionDriverFilesNotFound, ConditionDriverFilesNotFound, "", "", ""},
-	"no-driver":            {ConditionNoDriver, ConditionNoDriver, "", "", ""},
+	"ubuntu1604-nvidia384": {ConditionReady, ConditionReady, SourceFileNames, "", "/usr/lib/nvidia-384/bin", ""},
+	"centos7":              {ConditionReady, ConditionReady, SourceFileNames, "", "", ""},
+	"gke-cos":              {ConditionReady, ConditionReady, SourceFileNames, "/home/kubernetes/bin/nvidia/lib64", "/home/kubernetes/bin/nvidia/bin", ""},
+	"ubuntu2204-packages":  {ConditionReady, ConditionReady, SourceFileNames, "", "", ""},
+	"usr-local-nvidia":     {ConditionReady, ConditionReady, SourceFileNames, "/usr/local/nvidia/lib64", "/usr/local/nvidia/bin", ""},
+	"hostile-escape":       {ConditionReady, ConditionReady, SourceFileNames, "/usr/local/nvidia/lib64", "/usr/local/nvidia/bin", ""},
+	"hostile-two-versions": {ConditionReady, ConditionReady, SourceLoaderCache, "/usr/lib/nvidia-390", "/usr/lib/nvidia-390/bin", ""},
+	"hostile-unversioned":  {ConditionReady, ConditionReady, SourceLoaderCache, "", "", ""},
+	"gpu-operator":         {ConditionReady, ConditionReady, SourceFileNames, "", "", ""},
+	"hostile-stubs-only":   {ConditionDriverFilesNotFound, ConditionDriverFilesNotFound, "", "", "", ""},
+	"no-driver":            {ConditionNoDriver, ConditionNoDriver, "", "", "", ""},
+
+	"ubuntu2404-nvidia-driver-570":        {ConditionReady, ConditionReady, SourceFileNames, "", "", ""},
+	"ubuntu2204-nvidia-driver-535-server": {ConditionReady, ConditionReady, SourceFileNames, "", "", ""},
+	"debian12-nvidia-driver":              {ConditionReady, ConditionReady, SourceFileNames, "/usr/lib/x86_64-linux-gnu/nvidia/current", "", ""},
+	"rhel9-nvidia-repo":                   {ConditionReady, ConditionReady, SourceLoaderCache, "", "", ""},
+	"sles15-nvidia-compute-g06":           {ConditionReady, ConditionReady, SourceFileNames, "", "", ""},
+	"flatcar-nvidia":                      {ConditionReady, ConditionReady, SourceFileNames, "/opt/nvidia/570.181/lib64", "/opt/nvidia/570.181/bin", ""},
+	"nixos":                               {ConditionReady, ConditionReady, SourceFileNames, "/nix/store/1b7l2m3k4j5h6g7f8d9s0a1q2w3e4r5t-nvidia-x11-565.77-6.6.63/lib", "/nix/store/6y7u8i9o0p1a2s3d4f5g6h7j8k9l0z1x-nvidia-x11-565.77-6.6.63-bin/bin", ""},
+	"ubuntu2404-arm64-gh200":              {ConditionReady, ConditionReady, SourceFileNames, "", "", ""},
+	"run-installer":                       {ConditionReady, ConditionReady, SourceFileNames, "", "", ""},
+	"amazonlinux2-eks-gpu":                {ConditionReady, ConditionReady, SourceFileNames, "", "", layout.RuntimeToolkit},
+	"amazonlinux2023-eks-nvidia":          {ConditionReady, ConditionReady, SourceFileNames, "", "", layout.RuntimeToolkit},
+	"bottlerocket-nvidia":                 {ConditionReady, ConditionReady, SourceFileNames, "", "", layout.RuntimeToolkit},
+	"gpu-operator-toolkit":                {ConditionReady, ConditionReady, SourceFileNames, "", "", layout.RuntimeToolkit},
+	"crio-toolkit":                        {ConditionReady, ConditionReady, SourceFileNames, "", "", layout.RuntimeToolkit},
+	"docker-cri-dockerd":                  {ConditionReady, ConditionReady, SourceFileNames, "", "", layout.RuntimeToolkit},
+	"talos-nvidia-extension":              {ConditionReady, ConditionReady, SourceFileNames, "", "", layout.RuntimeCDI},
+	"ubuntu-cdi":                          {ConditionReady, ConditionReady, SourceFileNames, "", "", layout.RuntimeCDI},
 }
 
 // noNVML makes the probe find no usable library, as on a node without one.
@@ -84,6 +103,15 @@ func TestProbeFakeRoots(t *testing.T) {
 			}
 			for label, res := range map[string]Result{"with NVML": withNVML, "without NVML": without} {
 				if !res.Ready() {
+					continue
+				}
+				if res.Plan.RuntimeInjection != want.runtime {
+					t.Errorf("%s: runtimeInjection %q, want %q", label, res.Plan.RuntimeInjection, want.runtime)
+				}
+				if want.runtime != "" {
+					if len(res.Plan.Mounts) != 0 || len(res.Plan.LibraryPaths) != 0 || res.Plan.DriverVersion != l.DriverVersion {
+						t.Errorf("%s: a runtime-injected plan with mounts or the wrong version: %+v", label, res.Plan)
+					}
 					continue
 				}
 				checkPlan(t, label, root, l, *res.Plan, want.libDirMount, want.binDirMount)
@@ -211,7 +239,10 @@ func TestProbeRealLdconfigCache(t *testing.T) {
 	}
 	for _, name := range fakeroot.Names() {
 		t.Run(name, func(t *testing.T) {
-			root, _ := buildRoot(t, name)
+			root, l := buildRoot(t, name)
+			if l.CacheDir != "" {
+				t.Skipf("the layout has no /etc/ld.so.cache (its loader cache is %s)", l.CacheDir)
+			}
 			before := probeRoot(t, root, noNVML)
 			if out, err := exec.Command("ldconfig", "-X", "-r", root).CombinedOutput(); err != nil {
 				t.Fatalf("ldconfig: %v: %s", err, out)

@@ -176,12 +176,18 @@ func (h hostFS) containerdToolkit(notes *[]string) []string {
 		}
 		name, _ := ctrd["default_runtime_name"].(string)
 		var rt map[string]any
-		if name != "" {
+		if name == "" {
+			// Version 1 may name an inline default runtime; otherwise
+			// containerd's default is "runc", whose binary a hand-edited
+			// configuration sometimes replaces with the toolkit's.
+			if rt = table(ctrd, "default_runtime"); rt != nil {
+				name = "default_runtime"
+			} else {
+				name = "runc"
+			}
+		}
+		if rt == nil {
 			rt = table(table(ctrd, "runtimes"), name)
-		} else {
-			// Version 1: an inline default runtime.
-			rt = table(ctrd, "default_runtime")
-			name = "default_runtime"
 		}
 		if rt == nil {
 			continue

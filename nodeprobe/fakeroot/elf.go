@@ -2,6 +2,7 @@ package fakeroot
 
 import (
 	"bytes"
+	"debug/elf"
 	"encoding/binary"
 )
 
@@ -10,13 +11,21 @@ import (
 // glibc's ldconfig indexes it and debug/elf reads its SONAME, so fake roots
 // behave like real ones without a compiler.
 func SharedObject(soname string) []byte {
-	const (
-		ehSize   = 64
-		phSize   = 56
-		shSize   = 64
-		phNum    = 2
-		dynEntry = 16
-	)
+	return SharedObjectFor(elf.EM_X86_64, soname)
+}
+
+// SharedObjectFor is SharedObject for another machine: elf.EM_AARCH64 (a
+// 64-bit Arm server), or elf.EM_386, which gives a 32-bit ELFCLASS32 file as
+// the 32-bit compatibility libraries of a driver are.
+func SharedObjectFor(machine elf.Machine, soname string) []byte {
+	is64 := machine != elf.EM_386
+	word := 4
+	ehSize, phSize, shSize, dynEntry := 52, 32, 40, 8
+	if is64 {
+		word = 8
+		ehSize, phSize, shSize, dynEntry = 64, 56, 64, 16
+	}
+	const phNum = 2
 	le := binary.LittleEndian
 	dynstr := append(append([]byte{0}, soname...), 0)
 	shstr := []byte("\x00.dynstr\x00.dynamic\x00.shstrtab\x00")
@@ -34,23 +43,33 @@ func SharedObject(soname string) []byte {
 	total := shOff + 4*shSize
 
 	var b bytes.Buffer
+	class := byte(1)
+	if is64 {
+		class = 2
+	}
 	// ELF header.
-	b.Write([]byte{0x7f, 'E', 'L', 'F', 2 /* 64-bit */, 1 /* LE */, 1 /* version */, 0 /* SysV */})
+	b.Write([]byte{0x7f, 'E', 'L', 'F', class, 1 /* LE */, 1 /* version */, 0 /* SysV */})
 	b.Write(make([]byte, 8))
 	w16 := func(v uint16) { _ = binary.Write(&b, le, v) }
 	w32 := func(v uint32) { _ = binary.Write(&b, le, v) }
-	w64 := func(v uint64) { _ = binary.Write(&b, le, v) }
-	w16(3)  // ET_DYN
-	w16(62) // EM_X86_64
+	wword := func(v uint64) {
+		if is64 {
+			_ = binary.Write(&b, le, v)
+		} else {
+			_ = binary.Write(&b, le, uint32(v))
+		}
+	}
+	w16(3) // ET_DYN
+	w16(uint16(machine))
 	w32(1)
-	w64(0)             // entry
-	w64(ehSize)        // phoff
-	w64(uint64(shOff)) // shoff
+	wword(0)              // entry
+	wword(uint64(ehSize)) // phoff
+	wword(uint64(shOff))  // shoff
 	w32(0)
-	w16(ehSize)
-	w16(phSize)
+	w16(uint16(ehSize))
+	w16(uint16(phSize))
 	w16(phNum)
-	w16(shSize)
+	w16(uint16(shSize))
 	w16(4) // shnum
 	w16(3) // shstrndx
 	// PT_LOAD of the whole file, then PT_DYNAMIC.
@@ -59,22 +78,27 @@ func SharedObject(soname string) []byte {
 		off, size, align uint64
 	}{
 		{1, 4, 0, uint64(total), 0x1000},
-		{2, 4, uint64(dynOff), uint64(dynSize), 8},
+		{2, 4, uint64(dynOff), uint64(dynSize), uint64(word)},
 	} {
 		w32(ph.typ)
-		w32(ph.flags)
-		w64(ph.off)
-		w64(ph.off) // vaddr
-		w64(ph.off) // paddr
-		w64(ph.size)
-		w64(ph.size)
-		w64(ph.align)
+		if is64 {
+			w32(ph.flags)
+		}
+		wword(ph.off)
+		wword(ph.off) // vaddr
+		wword(ph.off) // paddr
+		wword(ph.size)
+		wword(ph.size)
+		if !is64 {
+			w32(ph.flags)
+		}
+		wword(ph.align)
 	}
 	b.Write(dynstr)
 	b.Write(make([]byte, dynOff-b.Len()))
 	for _, d := range dyn {
-		w64(d[0])
-		w64(d[1])
+		wword(d[0])
+		wword(d[1])
 	}
 	b.Write(shstr)
 	b.Write(make([]byte, shOff-b.Len()))
@@ -88,19 +112,19 @@ func SharedObject(soname string) []byte {
 	}{
 		{},
 		{1, 3, 2, uint64(dynstrOff), uint64(dynstrOff), uint64(len(dynstr)), 0, 1, 0},
-		{9, 6, 3, uint64(dynOff), uint64(dynOff), uint64(dynSize), 1, 8, dynEntry},
+		{9, 6, 3, uint64(dynOff), uint64(dynOff), uint64(dynSize), 1, uint64(word), uint64(dynEntry)},
 		{18, 3, 0, 0, uint64(shstrOff), uint64(len(shstr)), 0, 1, 0},
 	} {
 		w32(sh.name)
 		w32(sh.typ)
-		w64(sh.flags)
-		w64(sh.addr)
-		w64(sh.off)
-		w64(sh.size)
+		wword(sh.flags)
+		wword(sh.addr)
+		wword(sh.off)
+		wword(sh.size)
 		w32(sh.link)
 		w32(0) // info
-		w64(sh.align)
-		w64(sh.entsize)
+		wword(sh.align)
+		wword(sh.entsize)
 	}
 	return b.Bytes()
 }

@@ -20,17 +20,26 @@ import (
 
 // Driver versions of the layouts.
 const (
-	Version384    = "384.130"
-	Version390    = "390.48"
-	Version460    = "460.32.03"
-	Version535    = "535.104.05"
-	Version550    = "550.54.15"
-	Version580    = "580.159.04"
-	ld64          = ldcache.FlagELFLibc6 | ldcache.FlagX8664Lib64
-	x8664LibDir   = "/usr/lib/x86_64-linux-gnu"
-	localNvidia   = "/usr/local/nvidia"
-	kubernetesCOS = "/home/kubernetes/bin/nvidia"
-	gpuOperator   = "/run/nvidia/driver"
+	Version384 = "384.130"
+	Version390 = "390.48"
+	Version460 = "460.32.03"
+	Version535 = "535.104.05"
+	Version550 = "550.54.15"
+	Version580 = "580.159.04"
+	// Versions of the distribution layouts, as their packages carried them.
+	Version535Server = "535.216.03"
+	Version535Debian = "535.247.01"
+	Version550Old    = "550.90.07"
+	Version565       = "565.77"
+	Version570       = "570.172.08"
+	Version570Short  = "570.181"
+	Version575       = "575.57.08"
+	Version580Run    = "580.95.05"
+	ld64             = ldcache.FlagELFLibc6 | ldcache.FlagX8664Lib64
+	x8664LibDir      = "/usr/lib/x86_64-linux-gnu"
+	localNvidia      = "/usr/local/nvidia"
+	kubernetesCOS    = "/home/kubernetes/bin/nvidia"
+	gpuOperator      = "/run/nvidia/driver"
 )
 
 // Layout describes one fake host root.
@@ -43,6 +52,11 @@ type Layout struct {
 	// LDConf lists the folders written to /etc/ld.so.conf and indexed into
 	// /etc/ld.so.cache, in the loader's order of preference.
 	LDConf []string
+	// CacheDir is where ld.so.conf and ld.so.cache go: "/etc" unless set;
+	// "none" writes neither (NixOS has no loader cache for the driver).
+	CacheDir string
+	// Source says where the layout comes from: the packaging it models.
+	Source string
 	nodes  []node
 }
 
@@ -62,6 +76,8 @@ type node struct {
 	target string // kindLink
 	data   string // kindFile
 	mode   os.FileMode
+	// machine is the ELF machine of a kindLib; 0 means x86-64.
+	machine elf.Machine
 }
 
 func lib(p, soname string) node  { return node{path: p, kind: kindLib, soname: soname, mode: 0o755} }
@@ -167,6 +183,80 @@ func concat(parts ...[]node) []node {
 		out = append(out, p...)
 	}
 	return out
+}
+
+// libsFor builds libraries of another machine (elf.EM_AARCH64, elf.EM_386).
+func libsFor(m elf.Machine, nodes []node) []node {
+	out := append([]node(nil), nodes...)
+	for i := range out {
+		if out[i].kind == kindLib {
+			out[i].machine = m
+		}
+	}
+	return out
+}
+
+// alternative links name through /etc/alternatives to target, as Debian's
+// update-alternatives does.
+func alternative(name, alt, target string) []node {
+	return []node{link(name, "/etc/alternatives/"+alt), link("/etc/alternatives/"+alt, target)}
+}
+
+// containerdToolkitDefault is containerd's configuration (version 2, the
+// CRI plugin at io.containerd.grpc.v1.cri) with the NVIDIA container
+// toolkit as the default runtime, as `nvidia-ctk runtime configure
+// --runtime=containerd --set-as-default` and the EKS accelerated AMIs write it.
+func containerdToolkitDefault(binary string) string {
+	return `version = 2
+[plugins]
+  [plugins."io.containerd.grpc.v1.cri"]
+    [plugins."io.containerd.grpc.v1.cri".containerd]
+      default_runtime_name = "nvidia"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]
+        privileged_without_host_devices = false
+        runtime_type = "io.containerd.runc.v2"
+        [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia.options]
+          BinaryName = "` + binary + `"
+          SystemdCgroup = true
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+        runtime_type = "io.containerd.runc.v2"
+`
+}
+
+// containerdRunc is a containerd configuration with the toolkit registered
+// but runc the default: pods get the driver only with runtimeClassName nvidia.
+const containerdRunc = `version = 2
+[plugins."io.containerd.grpc.v1.cri".containerd]
+  default_runtime_name = "runc"
+  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+    runtime_type = "io.containerd.runc.v2"
+  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]
+    runtime_type = "io.containerd.runc.v2"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia.options]
+      BinaryName = "/usr/bin/nvidia-container-runtime"
+`
+
+// cdiSpec is the head of what `nvidia-ctk cdi generate` writes.
+func cdiSpec(version, libDir string) string {
+	return `cdiVersion: 0.5.0
+kind: nvidia.com/gpu
+devices:
+- name: "0"
+  containerEdits:
+    deviceNodes:
+    - path: /dev/nvidia0
+- name: all
+  containerEdits:
+    deviceNodes:
+    - path: /dev/nvidia0
+containerEdits:
+  deviceNodes:
+  - path: /dev/nvidiactl
+  mounts:
+  - hostPath: ` + libDir + `/libcuda.so.` + version + `
+    containerPath: ` + libDir + `/libcuda.so.` + version + `
+    options: [ro, nosuid, nodev, bind]
+`
 }
 
 // Layouts returns every layout, by name.
@@ -310,6 +400,246 @@ func Layouts() map[string]Layout {
 				binaries(gpuOperator+"/usr/bin"),
 			),
 		},
+
+		{
+			Name:          "ubuntu2404-nvidia-driver-570",
+			Description:   "Ubuntu 24.04 nvidia-driver-570: libnvidia-compute-570 loose in /usr/lib/x86_64-linux-gnu, nvidia-utils-570 in /usr/bin, the :i386 compute libraries in /usr/lib/i386-linux-gnu (in the loader cache, 32-bit)",
+			Source:        "Ubuntu nvidia-graphics-drivers-570 (libnvidia-compute-570.install: usr/lib/x86_64-linux-gnu; nvidia-utils-570: usr/bin)",
+			DriverVersion: Version570,
+			LDConf:        []string{"/usr/lib/x86_64-linux-gnu", "/usr/lib/i386-linux-gnu"},
+			nodes: concat(
+				[]node{link("/lib", "usr/lib"), link("/bin", "usr/bin")},
+				system(x8664LibDir, "/usr/bin"),
+				computeLibs(x8664LibDir, Version570, 570),
+				graphicsLibs(x8664LibDir, Version570),
+				libsFor(elf.EM_386, computeLibs("/usr/lib/i386-linux-gnu", Version570, 450)),
+				binaries("/usr/bin"),
+			),
+		},
+		{
+			Name:          "ubuntu2204-nvidia-driver-535-server",
+			Description:   "Ubuntu 22.04 nvidia-driver-535-server (the -server flavour for data-center GPUs): same folders as the desktop packages, plus libnvidia-nscq for NVSwitch systems",
+			Source:        "Ubuntu nvidia-graphics-drivers-535-server (libnvidia-compute-535-server, libnvidia-nscq-535, nvidia-utils-535-server)",
+			DriverVersion: Version535Server,
+			LDConf:        []string{"/usr/lib/x86_64-linux-gnu"},
+			nodes: concat(
+				[]node{link("/lib", "usr/lib")},
+				system(x8664LibDir, "/usr/bin"),
+				computeLibs(x8664LibDir, Version535Server, 535),
+				driverLib(x8664LibDir, "libnvidia-nscq", Version535Server, "2"),
+				binaries("/usr/bin"),
+			),
+		},
+		{
+			Name:          "debian12-nvidia-driver",
+			Description:   "Debian 12 nvidia-driver: the libraries in /usr/lib/x86_64-linux-gnu/nvidia/current, reached from the loader's folder through /etc/alternatives; nvidia-smi in /usr/lib/nvidia/current behind an alternative; MPS in /usr/bin and /usr/sbin",
+			Source:        "Debian nvidia-graphics-drivers (libcuda1.install.in: #LIBDIR#/#PRIVATE#/ = usr/lib/x86_64-linux-gnu/nvidia/current; nvidia-alternative.postinst.in: slaves /usr/lib/<triplet>/libcuda.so.1, /usr/bin/nvidia-smi; nvidia-smi.install.in: usr/lib/nvidia/current; nvidia-cuda-mps.install)",
+			DriverVersion: Version535Debian,
+			LDConf:        []string{"/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu"},
+			nodes:         debian(),
+		},
+		{
+			Name:          "rhel9-nvidia-repo",
+			Description:   "RHEL / Rocky / Alma 9 with NVIDIA's CUDA repository (nvidia-driver-cuda-libs, libnvidia-ml, nvidia-driver-cuda): loose in /usr/lib64 and /usr/bin, plus the versioned files an older 550 driver left behind; the loader's links point at 570",
+			Source:        "NVIDIA yum-packaging-nvidia-driver nvidia-driver.spec (cp -a libcuda*.so* libnv*.so* %{_libdir}; install nvidia-{debugdump,smi,cuda-mps-control,cuda-mps-server} %{_bindir})",
+			DriverVersion: Version570,
+			LDConf:        []string{"/usr/lib64"},
+			nodes: concat(
+				[]node{link("/lib64", "usr/lib64"), link("/bin", "usr/bin")},
+				system("/usr/lib64", "/usr/bin"),
+				computeLibs("/usr/lib64", Version570, 570),
+				graphicsLibs("/usr/lib64", Version570),
+				// Leftovers of 550: versioned files only, no links.
+				[]node{lib("/usr/lib64/libcuda.so."+Version550Old, "libcuda.so.1"), lib("/usr/lib64/libnvidia-ml.so."+Version550Old, "libnvidia-ml.so.1"), lib("/usr/lib64/libnvidia-ptxjitcompiler.so."+Version550Old, "libnvidia-ptxjitcompiler.so.1")},
+				binaries("/usr/bin"),
+			),
+		},
+		{
+			Name:          "amazonlinux2-eks-gpu",
+			Description:   "Amazon Linux 2 EKS accelerated AMI: NVIDIA's RPMs in /usr/lib64 and /usr/bin, and the NVIDIA container toolkit as containerd's default runtime: the runtime injects the driver",
+			Source:        "Amazon EKS user guide, accelerated AMIs (NVIDIA drivers; nvidia-container-runtime as the default runtime); containerd configuration as nvidia-ctk writes it",
+			DriverVersion: Version550,
+			LDConf:        []string{"/usr/lib64"},
+			nodes: concat(
+				system("/usr/lib64", "/usr/bin"),
+				computeLibs("/usr/lib64", Version550, 550),
+				binaries("/usr/bin"),
+				[]node{file("/etc/containerd/config.toml", containerdToolkitDefault("/usr/bin/nvidia-container-runtime")), executable("/usr/bin/nvidia-container-runtime")},
+			),
+		},
+		{
+			Name:          "amazonlinux2023-eks-nvidia",
+			Description:   "Amazon Linux 2023 EKS NVIDIA AMI: NVIDIA's RPMs in /usr/lib64 and /usr/bin; containerd 2 (configuration version 3) with the toolkit as the default runtime in a drop-in: the runtime injects the driver",
+			Source:        "Amazon EKS AL2023 NVIDIA AMI (nodeadm, containerd 2); NVIDIA container toolkit's drop-in (nvidia-ctk runtime configure --drop-in-config /etc/containerd/conf.d/99-nvidia.toml)",
+			DriverVersion: Version570,
+			LDConf:        []string{"/usr/lib64"},
+			nodes: concat(
+				[]node{link("/lib64", "usr/lib64")},
+				system("/usr/lib64", "/usr/bin"),
+				computeLibs("/usr/lib64", Version570, 570),
+				binaries("/usr/bin"),
+				[]node{
+					file("/etc/containerd/config.toml", "version = 3\nimports = [\"/etc/containerd/conf.d/*.toml\"]\n[plugins.'io.containerd.cri.v1.runtime'.containerd]\n  default_runtime_name = \"runc\"\n"),
+					file("/etc/containerd/conf.d/99-nvidia.toml", "version = 3\n[plugins.'io.containerd.cri.v1.runtime'.containerd]\n  default_runtime_name = \"nvidia\"\n[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.nvidia]\n  runtime_type = \"io.containerd.runc.v2\"\n[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.nvidia.options]\n  BinaryName = \"/usr/bin/nvidia-container-runtime\"\n"),
+				},
+			),
+		},
+		{
+			Name:          "sles15-nvidia-compute-g06",
+			Description:   "SUSE Linux Enterprise 15 with NVIDIA's repository (nvidia-compute-G06, nvidia-compute-utils-G06): /usr/lib64 and /usr/bin, and the -32bit package's libraries in /usr/lib (ELF32, never planned)",
+			Source:        "NVIDIA's SUSE repository packages nvidia-compute-G06 (%{_libdir}), nvidia-compute-G06-32bit (/usr/lib), nvidia-compute-utils-G06 (%{_bindir})",
+			DriverVersion: Version570,
+			LDConf:        []string{"/usr/lib64", "/usr/lib"},
+			nodes: concat(
+				[]node{link("/lib64", "usr/lib64")},
+				system("/usr/lib64", "/usr/bin"),
+				computeLibs("/usr/lib64", Version570, 570),
+				libsFor(elf.EM_386, computeLibs("/usr/lib", Version570, 450)),
+				binaries("/usr/bin"),
+			),
+		},
+		{
+			Name:          "bottlerocket-nvidia",
+			Description:   "Bottlerocket aws-k8s-*-nvidia: the driver in /usr/lib/nvidia/tesla and /usr/libexec/nvidia/tesla/bin, and containerd's default runtime the NVIDIA toolkit: the runtime injects the driver",
+			Source:        "bottlerocket kmod-*-nvidia.spec (%{_cross_libdir}/nvidia/tesla, %{_cross_libexecdir}/nvidia/tesla/bin); containerd-config-toml for the nvidia variants (default runtime nvidia-container-runtime)",
+			DriverVersion: Version570,
+			LDConf:        []string{"/usr/lib", "/usr/lib/nvidia/tesla"},
+			nodes: concat(
+				[]node{link("/lib", "usr/lib"), link("/lib64", "usr/lib")},
+				system("/usr/lib", "/usr/bin"),
+				computeLibs("/usr/lib/nvidia/tesla", Version570, 570),
+				binaries("/usr/libexec/nvidia/tesla/bin"),
+				[]node{file("/etc/containerd/config.toml", containerdToolkitDefault("nvidia-container-runtime"))},
+			),
+		},
+		{
+			Name:          "talos-nvidia-extension",
+			Description:   "Talos with the nonfree-kmod-nvidia and nvidia-container-toolkit system extensions: the driver installed with --opengl-prefix=/usr/local (libraries in /usr/local/lib, programs in /usr/local/bin, /usr/bin/nvidia-smi a link), its own glibc's loader cache under /usr/local/etc, and the CDI spec the extension's nvidia-cdi-gen service writes to /run/cdi",
+			Source:        "siderolabs/extensions nvidia-gpu/nvidia-container-toolkit (nvidia-pkgs pkg.yaml: nvidia-installer --opengl-prefix=/rootfs/usr/local --utility-prefix=/rootfs/usr/local, ln -s /usr/local/bin/nvidia-smi /rootfs/usr/bin; nvidia-cdi-gen.yaml: nvidia-ctk cdi generate --output /run/cdi/nvidia.yaml)",
+			DriverVersion: Version570,
+			LDConf:        []string{"/usr/local/lib"},
+			CacheDir:      "/usr/local/etc",
+			nodes: concat(
+				computeLibs("/usr/local/lib", Version570, 570),
+				graphicsLibs("/usr/local/lib", Version570),
+				binaries("/usr/local/bin"),
+				[]node{link("/usr/bin/nvidia-smi", "/usr/local/bin/nvidia-smi"), file("/run/cdi/nvidia.yaml", cdiSpec(Version570, "/usr/local/lib"))},
+			),
+		},
+		{
+			Name:          "flatcar-nvidia",
+			Description:   "Flatcar's nvidia.service: the driver in /opt/nvidia/<version>/{lib64,bin}, /opt/nvidia/current a link to it, /opt/bin/nvidia-smi a link through current, /opt/nvidia/current/lib64 in ld.so.conf.d; the previous driver's folder left behind",
+			Source:        "Flatcar docs, Using NVIDIA GPUs on Flatcar (nvidia.service, NVIDIA_DRIVER_VERSION=570.181); its installer's /etc/ld.so.conf.d/nvidia.conf (/opt/nvidia/current/lib64) and /opt/bin links",
+			DriverVersion: Version570Short,
+			LDConf:        []string{"/usr/lib64", "/opt/nvidia/current/lib64"},
+			nodes: concat(
+				system("/usr/lib64", "/usr/bin"),
+				computeLibs("/opt/nvidia/"+Version570Short+"/lib64", Version570Short, 570),
+				binaries("/opt/nvidia/"+Version570Short+"/bin"),
+				computeLibs("/opt/nvidia/"+Version550+"/lib64", Version550, 550),
+				binaries("/opt/nvidia/"+Version550+"/bin"),
+				[]node{link("/opt/nvidia/current", Version570Short)},
+				[]node{link("/opt/bin/nvidia-smi", "/opt/nvidia/current/bin/nvidia-smi")},
+			),
+		},
+		{
+			Name:          "nixos",
+			Description:   "NixOS (hardware.nvidia): /run/opengl-driver a link to a buildEnv whose lib/ links each file into the nvidia-x11 store path; nvidia-smi in the package's -bin output, linked from /run/current-system/sw/bin; no loader cache",
+			Source:        "nixpkgs nvidia-x11 (builder.sh installs into $out/lib and $bin/bin; addOpenGLRunpath points programs at /run/opengl-driver/lib)",
+			DriverVersion: Version565,
+			CacheDir:      "none",
+			nodes:         nixos(),
+		},
+		{
+			Name:          "gpu-operator-toolkit",
+			Description:   "the GPU operator with its toolkit as containerd's default runtime (CONTAINERD_SET_AS_DEFAULT): driver container root at /run/nvidia/driver, the runtime in /usr/local/nvidia/toolkit; the runtime injects the driver",
+			Source:        "NVIDIA gpu-operator toolkit container (nvidia-ctk runtime configure, BinaryName /usr/local/nvidia/toolkit/nvidia-container-runtime)",
+			DriverVersion: Version550,
+			LDConf:        []string{x8664LibDir},
+			nodes: concat(
+				system(x8664LibDir, "/usr/bin"),
+				system(gpuOperator+x8664LibDir, gpuOperator+"/usr/bin"),
+				computeLibs(gpuOperator+x8664LibDir, Version550, 550),
+				binaries(gpuOperator+"/usr/bin"),
+				[]node{file("/etc/containerd/config.toml", containerdToolkitDefault("/usr/local/nvidia/toolkit/nvidia-container-runtime"))},
+			),
+		},
+		{
+			Name:          "ubuntu2404-arm64-gh200",
+			Description:   "Ubuntu 24.04 arm64 on GH200 / GB200 (nvidia-driver-570-server for arm64): aarch64 ELF files in /usr/lib/aarch64-linux-gnu, loader cache entries of the AArch64 kind",
+			Source:        "Ubuntu nvidia-graphics-drivers-570-server arm64 (libnvidia-compute-570-server: usr/lib/aarch64-linux-gnu); NVIDIA's ubuntu2404/sbsa repository",
+			DriverVersion: Version570,
+			LDConf:        []string{"/usr/lib/aarch64-linux-gnu"},
+			nodes: libsFor(elf.EM_AARCH64, concat(
+				[]node{link("/lib", "usr/lib")},
+				system("/usr/lib/aarch64-linux-gnu", "/usr/bin"),
+				computeLibs("/usr/lib/aarch64-linux-gnu", Version570, 570),
+				driverLib("/usr/lib/aarch64-linux-gnu", "libnvidia-nscq", Version570, "2"),
+				binaries("/usr/bin"),
+			)),
+		},
+		{
+			Name:          "run-installer",
+			Description:   "NVIDIA's .run installer on Ubuntu: libraries in /usr/lib/x86_64-linux-gnu with its GL loaders and egl-wayland (own version 1.1.13), the 32-bit compatibility libraries in /usr/lib/i386-linux-gnu, programs and nvidia-uninstall in /usr/bin",
+			Source:        "NVIDIA Linux driver README, Installed components (libraries to /usr/lib/<triplet> or /usr/lib64, 32-bit compatibility to /usr/lib32 or /usr/lib/i386-linux-gnu, utilities to /usr/bin)",
+			DriverVersion: Version580Run,
+			LDConf:        []string{x8664LibDir, "/usr/lib/i386-linux-gnu"},
+			nodes: concat(
+				[]node{link("/lib", "usr/lib")},
+				system(x8664LibDir, "/usr/bin"),
+				computeLibs(x8664LibDir, Version580Run, 580),
+				graphicsLibs(x8664LibDir, Version580Run),
+				driverLib(x8664LibDir, "libnvidia-egl-wayland", "1.1.13", "1"),
+				libsFor(elf.EM_386, computeLibs("/usr/lib/i386-linux-gnu", Version580Run, 450)),
+				binaries("/usr/bin"),
+				[]node{executable("/usr/bin/nvidia-uninstall"), executable("/usr/bin/nvidia-installer")},
+			),
+		},
+		{
+			Name:          "ubuntu-cdi",
+			Description:   "Ubuntu packages with a CDI spec for nvidia.com/gpu in /etc/cdi (nvidia-ctk cdi generate) and runc as containerd's default runtime: the runtime applies the spec",
+			Source:        "NVIDIA container toolkit docs, CDI support (nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml)",
+			DriverVersion: Version575,
+			LDConf:        []string{x8664LibDir},
+			nodes: concat(
+				system(x8664LibDir, "/usr/bin"),
+				computeLibs(x8664LibDir, Version575, 575),
+				binaries("/usr/bin"),
+				[]node{file("/etc/cdi/nvidia.yaml", cdiSpec(Version575, x8664LibDir)), file("/etc/containerd/config.toml", containerdRunc)},
+			),
+		},
+		{
+			Name:          "crio-toolkit",
+			Description:   "RHEL with CRI-O and the toolkit as CRI-O's default runtime in a drop-in: the runtime injects the driver",
+			Source:        "NVIDIA container toolkit docs, configuring CRI-O (nvidia-ctk runtime configure --runtime=crio --set-as-default: /etc/crio/crio.conf.d/99-nvidia.toml)",
+			DriverVersion: Version570,
+			LDConf:        []string{"/usr/lib64"},
+			nodes: concat(
+				system("/usr/lib64", "/usr/bin"),
+				computeLibs("/usr/lib64", Version570, 570),
+				binaries("/usr/bin"),
+				[]node{
+					file("/etc/crio/crio.conf", "[crio.runtime]\ndefault_runtime = \"crun\"\n"),
+					file("/etc/crio/crio.conf.d/99-nvidia.conf", "[crio.runtime]\ndefault_runtime = \"nvidia\"\n[crio.runtime.runtimes.nvidia]\nruntime_path = \"/usr/bin/nvidia-container-runtime\"\nruntime_type = \"oci\"\n"),
+				},
+			),
+		},
+		{
+			Name:          "docker-cri-dockerd",
+			Description:   "Ubuntu packages with Docker (reached by the kubelet through cri-dockerd) whose default-runtime is nvidia: the runtime injects the driver",
+			Source:        "NVIDIA container toolkit docs, configuring Docker (nvidia-ctk runtime configure --runtime=docker --set-as-default: /etc/docker/daemon.json)",
+			DriverVersion: Version550,
+			LDConf:        []string{x8664LibDir},
+			nodes: concat(
+				system(x8664LibDir, "/usr/bin"),
+				computeLibs(x8664LibDir, Version550, 550),
+				binaries("/usr/bin"),
+				[]node{
+					file("/etc/docker/daemon.json", `{"default-runtime": "nvidia", "runtimes": {"nvidia": {"args": [], "path": "nvidia-container-runtime"}}}`+"\n"),
+					executable("/usr/bin/cri-dockerd"),
+				},
+			),
+		},
 		{
 			Name:        "no-driver",
 			Description: "a node without any NVIDIA driver",
@@ -322,6 +652,58 @@ func Layouts() map[string]Layout {
 		out[l.Name] = l
 	}
 	return out
+}
+
+// debian lays out Debian's nvidia-driver packages: the private folder
+// nvidia/current, reached through alternatives.
+func debian() []node {
+	const private = x8664LibDir + "/nvidia/current"
+	const bins = "/usr/lib/nvidia/current"
+	v := Version535Debian
+	nodes := concat(
+		[]node{link("/lib", "usr/lib"), link("/bin", "usr/bin"), link("/sbin", "usr/sbin")},
+		system(x8664LibDir, "/usr/bin"),
+		computeLibs(private, v, 535),
+		graphicsLibs(private, v),
+		binariesNamed(bins, "nvidia-smi", "nvidia-debugdump"),
+		[]node{file(bins+"/nvidia-smi.1.gz", "man\n"), executable(bins + "/nvidia-bug-report.sh"), lib(bins+"/nvidia_drv.so", "nvidia_drv.so")},
+		binariesNamed("/usr/bin", "nvidia-cuda-mps-control", "nvidia-persistenced"),
+		binariesNamed("/usr/sbin", "nvidia-cuda-mps-server"),
+		alternative("/usr/bin/nvidia-smi", "nvidia--nvidia-smi", bins+"/nvidia-smi"),
+		alternative("/usr/bin/nvidia-debugdump", "nvidia--nvidia-debugdump", bins+"/nvidia-debugdump"),
+	)
+	for _, so := range []string{"libcuda.so.1", "libcuda.so", "libcudadebugger.so.1", "libnvidia-allocator.so.1", "libnvidia-ml.so.1", "libnvidia-nvvm.so.4", "libnvidia-nvvm.so." + v, "libnvidia-opencl.so.1", "libnvidia-ptxjitcompiler.so.1"} {
+		nodes = append(nodes, alternative(x8664LibDir+"/"+so, "nvidia--"+so+"-x86_64-linux-gnu", private+"/"+so)...)
+	}
+	return nodes
+}
+
+// nixos lays out a NixOS host: everything in the store, reached through
+// profile links.
+func nixos() []node {
+	const (
+		drivers = "/nix/store/9r2x1v0c6l2b4y7i6y8m2q2d3cjq5q0a-graphics-drivers"
+		pkg     = "/nix/store/1b7l2m3k4j5h6g7f8d9s0a1q2w3e4r5t-nvidia-x11-" + Version565 + "-6.6.63"
+		bin     = "/nix/store/6y7u8i9o0p1a2s3d4f5g6h7j8k9l0z1x-nvidia-x11-" + Version565 + "-6.6.63-bin"
+		mesa    = "/nix/store/0q9w8e7r6t5y4u3i2o1p0a9s8d7f6g5h-mesa-24.2.8-drivers"
+		glibc   = "/nix/store/2w3e4r5t6y7u8i9o0p1a2s3d4f5g6h7j-glibc-2.40-36"
+	)
+	nodes := concat(
+		[]node{lib(glibc+"/lib/libc.so.6", "libc.so.6"), lib(mesa+"/lib/libGLX_mesa.so.0.0.0", "libGLX_mesa.so.0")},
+		computeLibs(pkg+"/lib", Version565, 565),
+		graphicsLibs(pkg+"/lib", Version565),
+		binaries(bin+"/bin"),
+		[]node{link("/run/opengl-driver", drivers), link(drivers+"/lib/libGLX_mesa.so.0", mesa+"/lib/libGLX_mesa.so.0.0.0")},
+		[]node{executable("/nix/store/3e4r5t6y7u8i9o0p1a2s3d4f5g6h7j8k-coreutils-9.5/bin/ls"), link("/run/current-system/sw/bin/ls", "/nix/store/3e4r5t6y7u8i9o0p1a2s3d4f5g6h7j8k-coreutils-9.5/bin/ls")},
+	)
+	// buildEnv links each file of each package into the profile.
+	for _, n := range concat(computeLibs(pkg+"/lib", Version565, 565), graphicsLibs(pkg+"/lib", Version565)) {
+		nodes = append(nodes, link(drivers+"/lib/"+path.Base(n.path), n.path))
+	}
+	for _, b := range driverBinaries {
+		nodes = append(nodes, link("/run/current-system/sw/bin/"+b, bin+"/bin/"+b))
+	}
+	return nodes
 }
 
 func usrLocalNvidia() []node {
@@ -368,7 +750,11 @@ func (l Layout) Build(root string) error {
 		var err error
 		switch n.kind {
 		case kindLib:
-			err = os.WriteFile(p, SharedObject(n.soname), n.mode)
+			m := n.machine
+			if m == 0 {
+				m = elf.EM_X86_64
+			}
+			err = os.WriteFile(p, SharedObjectFor(m, n.soname), n.mode)
 		case kindFile:
 			err = os.WriteFile(p, []byte(n.data), n.mode)
 		case kindDir:
@@ -383,10 +769,17 @@ func (l Layout) Build(root string) error {
 			return fmt.Errorf("failed to create %q: %w", n.path, err)
 		}
 	}
-	if err := os.MkdirAll(filepath.Join(root, "etc"), 0o755); err != nil {
-		return fmt.Errorf("failed to create /etc: %w", err)
+	cacheDir := l.CacheDir
+	switch cacheDir {
+	case "":
+		cacheDir = "/etc"
+	case "none":
+		return nil
 	}
-	if err := os.WriteFile(filepath.Join(root, "etc/ld.so.conf"), []byte(strings.Join(l.LDConf, "\n")+"\n"), 0o644); err != nil {
+	if err := os.MkdirAll(filepath.Join(root, cacheDir), 0o755); err != nil {
+		return fmt.Errorf("failed to create %s: %w", cacheDir, err)
+	}
+	if err := os.WriteFile(filepath.Join(root, cacheDir, "ld.so.conf"), []byte(strings.Join(l.LDConf, "\n")+"\n"), 0o644); err != nil {
 		return fmt.Errorf("failed to write ld.so.conf: %w", err)
 	}
 	entries, err := l.cacheEntries(root)
@@ -397,15 +790,17 @@ func (l Layout) Build(root string) error {
 	if err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(root, "etc/ld.so.cache"), data, 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(root, cacheDir, "ld.so.cache"), data, 0o644); err != nil {
 		return fmt.Errorf("failed to write ld.so.cache: %w", err)
 	}
 	return nil
 }
 
-// cacheEntries does what ldconfig does for the layout: every regular ELF file
-// with a SONAME in a configured folder is indexed as <folder>/<soname>, one
-// entry per SONAME and folder, folders in configured order.
+// cacheEntries does what ldconfig does for the layout: every ELF file with a
+// SONAME in a configured folder, and every link there named as the SONAME of
+// the file it leads to (as alternatives links are), is indexed as
+// <folder>/<soname>, one entry per SONAME and folder, folders in configured
+// order, flagged with the file's architecture.
 func (l Layout) cacheEntries(root string) ([]ldcache.Entry, error) {
 	var entries []ldcache.Entry
 	seen := map[string]bool{}
@@ -418,27 +813,94 @@ func (l Layout) cacheEntries(root string) ([]ldcache.Entry, error) {
 			return nil, fmt.Errorf("failed to list %q: %w", d, err)
 		}
 		for _, de := range des {
-			if !de.Type().IsRegular() || !strings.HasPrefix(de.Name(), "lib") || !strings.Contains(de.Name(), ".so") {
+			if !strings.HasPrefix(de.Name(), "lib") || !strings.Contains(de.Name(), ".so") {
 				continue
 			}
-			soname, err := readSONAME(filepath.Join(root, d, de.Name()))
+			target := path.Join(d, de.Name())
+			if de.Type()&os.ModeSymlink != 0 {
+				if target = rootedResolve(root, target); target == "" {
+					continue
+				}
+			} else if !de.Type().IsRegular() {
+				continue
+			}
+			soname, machine, err := readELF(filepath.Join(root, target))
 			if err != nil || soname == "" {
 				continue
 			}
-			// The real folder of a linked folder (/lib -> usr/lib) is indexed once.
-			real, err := filepath.EvalSymlinks(filepath.Join(root, d))
-			if err != nil {
-				return nil, fmt.Errorf("failed to resolve %q: %w", d, err)
+			if de.Type()&os.ModeSymlink != 0 && de.Name() != soname {
+				continue
 			}
-			if seen[real+"/"+soname] {
+			// The real folder of a linked folder (/lib -> usr/lib) is indexed once.
+			real := rootedResolve(root, d)
+			if real == "" || seen[real+"/"+soname] {
 				continue
 			}
 			seen[real+"/"+soname] = true
-			entries = append(entries, ldcache.Entry{Key: soname, Value: path.Join(d, soname), Flags: ld64})
+			flags := int32(ld64)
+			switch machine {
+			case elf.EM_AARCH64:
+				flags = ldcache.FlagELFLibc6 | ldcache.FlagAArch64Lib64
+			case elf.EM_386:
+				flags = ldcache.FlagELFLibc6
+			}
+			entries = append(entries, ldcache.Entry{Key: soname, Value: path.Join(d, soname), Flags: flags})
 		}
 	}
 	sort.SliceStable(entries, func(i, j int) bool { return entries[i].Key < entries[j].Key })
 	return entries, nil
+}
+
+// rootedResolve follows links in p as the host would, with root as its /;
+// "" when p does not exist.
+func rootedResolve(root, p string) string {
+	current := "/"
+	todo := strings.Split(p, "/")
+	for links := 0; len(todo) > 0; {
+		elem := todo[0]
+		todo = todo[1:]
+		switch elem {
+		case "", ".":
+			continue
+		case "..":
+			current = path.Dir(current)
+			continue
+		}
+		next := path.Join(current, elem)
+		fi, err := os.Lstat(filepath.Join(root, next))
+		if err != nil {
+			return ""
+		}
+		if fi.Mode()&os.ModeSymlink == 0 {
+			current = next
+			continue
+		}
+		if links++; links > 40 {
+			return ""
+		}
+		t, err := os.Readlink(filepath.Join(root, next))
+		if err != nil {
+			return ""
+		}
+		if path.IsAbs(t) {
+			current = "/"
+		}
+		todo = append(strings.Split(t, "/"), todo...)
+	}
+	return current
+}
+
+func readELF(p string) (string, elf.Machine, error) {
+	f, err := elf.Open(p)
+	if err != nil {
+		return "", 0, err
+	}
+	defer f.Close()
+	names, err := f.DynString(elf.DT_SONAME)
+	if err != nil || len(names) == 0 {
+		return "", f.Machine, err
+	}
+	return names[0], f.Machine, nil
 }
 
 func readSONAME(p string) (string, error) {
