@@ -11,7 +11,7 @@ import (
 )
 
 // decodePod reads from a pod's JSON only what Mutate reads: names, the
-// annotations, each container's resources, env and mounts, the volumes'
+// annotations and labels, each container's resources, env and mounts, the volumes'
 // names and hostPaths, and what decides where the pod may land. The rest of
 // a large pod (commands, probes, images, managedFields, other volume
 // sources) is skipped by the scanner instead of built into Go values, which
@@ -38,6 +38,9 @@ func decodePod(raw []byte) (*corev1.Pod, error) {
 	pod := &corev1.Pod{}
 	m, s := p.Metadata, p.Spec
 	pod.Name, pod.GenerateName, pod.Namespace, pod.Annotations = m.Name, m.GenerateName, m.Namespace, m.Annotations
+	// The labels' count decides whether the pool pinning label is added to
+	// the map or as the whole map.
+	pod.Labels = m.Labels
 	pod.Spec.NodeName, pod.Spec.NodeSelector, pod.Spec.Tolerations = s.NodeName, s.NodeSelector, s.Tolerations
 	if s.Affinity != nil && s.Affinity.NodeAffinity != nil {
 		pod.Spec.Affinity = &corev1.Affinity{NodeAffinity: s.Affinity.NodeAffinity}
@@ -105,6 +108,7 @@ type slimPod struct {
 		GenerateName string            `json:"generateName"`
 		Namespace    string            `json:"namespace"`
 		Annotations  map[string]string `json:"annotations"`
+		Labels       map[string]string `json:"labels"`
 	} `json:"metadata"`
 	Spec *struct {
 		InitContainers      []*slimContainer    `json:"initContainers"`

@@ -296,3 +296,17 @@ func (e setAnnotation) apply(pod *corev1.Pod) {
 	}
 	pod.Annotations[e.key] = e.value
 }
+
+// setLabel sets a label (the pool pinning marker).
+type setLabel struct{ key, value string }
+
+func (e setLabel) ops(pod *corev1.Pod) []jsonpatch.Operation {
+	return []jsonpatch.Operation{setKeyOp("/metadata/labels", len(pod.Labels), e.key, e.value)}
+}
+
+func (e setLabel) apply(pod *corev1.Pod) {
+	if pod.Labels == nil {
+		pod.Labels = map[string]string{}
+	}
+	pod.Labels[e.key] = e.value
+}

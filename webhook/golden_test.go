@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	jsonpatchv5 "github.com/evanphx/json-patch/v5"
 	"github.com/go-logr/logr"
@@ -33,6 +34,8 @@ type goldenCase struct {
 	nsLabels  map[string]string
 	nodes     []corev1.Node
 	nodesFile string
+	// memory is the data of the remembered pools' ConfigMap, if the case has one.
+	memory map[string]string
 }
 
 // goldenResult is what testdata/X.golden holds.
@@ -125,6 +128,12 @@ func loadCase(t *testing.T, file string) goldenCase {
 				t.Fatal(err)
 			}
 			gc.nodes = append(gc.nodes, n)
+		case meta.Kind == "ConfigMap":
+			var cm corev1.ConfigMap
+			if err := yaml.UnmarshalStrict(doc, &cm); err != nil {
+				t.Fatal(err)
+			}
+			gc.memory = cm.Data
 		case meta.Kind == "Pod":
 			gc.pod = &corev1.Pod{}
 			if err := yaml.UnmarshalStrict(doc, gc.pod); err != nil {
@@ -151,6 +160,28 @@ func layoutsOf(cfg *config.Configuration, nodes []corev1.Node) []*Layout {
 	return idx.Layouts()
 }
 
+// goldenNow is the golden tests' clock, against which a case's remembered
+// pools are aged.
+var goldenNow = time.Date(2026, 3, 8, 12, 0, 0, 0, time.UTC)
+
+// layouts is what the webhook's index offers for the case's nodes and memory.
+func (gc goldenCase) layouts(t *testing.T) []*Layout {
+	t.Helper()
+	idx := NewIndex(gc.cfg, logr.Discard())
+	idx.now = func() time.Time { return goldenNow }
+	if gc.memory != nil {
+		mem, errs := DecodeMemory(gc.memory, gc.cfg, goldenNow)
+		if len(errs) > 0 {
+			t.Fatalf("bad memory in the case: %v", errs)
+		}
+		idx.SetMemory(mem)
+	}
+	for i := range gc.nodes {
+		idx.Update(&gc.nodes[i])
+	}
+	return idx.Layouts()
+}
+
 // TestGolden runs every testdata/*.yaml through Mutate and compares with its
 // .golden twin (REFRESH_GOLDEN=true rewrites them): the decision, the JSON
 // Patch and the pod that patch makes of the input's JSON. It checks that the
@@ -160,7 +191,7 @@ func layoutsOf(cfg *config.Configuration, nodes []corev1.Node) []*Layout {
 func TestGolden(t *testing.T) {
 	refresh := os.Getenv("REFRESH_GOLDEN") == "true"
 	forEachGolden(t, func(t *testing.T, base string, gc goldenCase) {
-		layouts := layoutsOf(gc.cfg, gc.nodes)
+		layouts := gc.layouts(t)
 		pod := gc.pod.DeepCopy()
 		res := Mutate(Input{Pod: pod, NamespaceLabels: gc.nsLabels, Layouts: layouts}, gc.cfg)
 		if res.Decision != DecisionInjected && len(res.Patch) > 0 {
@@ -217,7 +248,7 @@ func TestGolden(t *testing.T) {
 // whole pod: a field Mutate reads that decodePod skips shows up here.
 func TestDecodePodMatchesFullDecode(t *testing.T) {
 	forEachGolden(t, func(t *testing.T, _ string, gc goldenCase) {
-		layouts := layoutsOf(gc.cfg, gc.nodes)
+		layouts := gc.layouts(t)
 		raw, err := json.Marshal(gc.pod)
 		if err != nil {
 			t.Fatal(err)

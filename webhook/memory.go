@@ -353,7 +353,7 @@ func (m *Memory) Sync(ctx context.Context) error {
 	}
 	if !exists {
 		cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: m.namespace, Name: m.name,
-			Labels: map[string]string{"app.kubernetes.io/name": "gpu-injector", "app.kubernetes.io/component": "webhook"},
+			Labels:      map[string]string{"app.kubernetes.io/name": "gpu-injector", "app.kubernetes.io/component": "webhook"},
 			Annotations: map[string]string{layout.Prefix + "about": "the last driver layout of each GPU pool, kept for pools scaled to zero; written by the webhook"}},
 			Data: data}
 		if err := m.client.Create(ctx, cm); err != nil {

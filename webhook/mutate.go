@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
@@ -109,6 +110,9 @@ func Mutate(in Input, cfg *config.Configuration) Result {
 		}
 	}
 
+	if prev == nil {
+		poolWarnings(chosen, warn)
+	}
 	m.inject(ed, targets, chosen, warn)
 	res = done(ReasonAlreadyInjected)
 	if res.Decision == DecisionInjected {
@@ -116,6 +120,20 @@ func Mutate(in Input, cfg *config.Configuration) Result {
 	}
 	res.Layout = chosen
 	return res
+}
+
+// poolWarnings tells the user how a pod is pinned when that is not what an
+// autoscaler can act on, or when a pool at zero was served from memory.
+func poolWarnings(l *Layout, warn func(string, ...any)) {
+	if r := l.Remembered; r != nil {
+		warn("pool %s has no ready node; injected the layout its nodes published last (driver %s, last seen %s, remembered until %s), so that the autoscaler can add a node for this pod",
+			l.Pool, l.Plan.DriverVersion, r.LastSeen.UTC().Format(time.RFC3339), r.Until.UTC().Format(time.RFC3339))
+		return
+	}
+	if l.Pool == "" && len(l.MixedPools) > 0 {
+		warn("pool %s has ready nodes of more than one driver layout (an upgrade under way?): pinned by layout fingerprint, which no autoscaler can create a node for; the pod waits for a node of layout %s with room",
+			strings.Join(l.MixedPools, " and "), l.Fingerprint)
+	}
 }
 
 type matcher struct {
@@ -259,8 +277,11 @@ func chooseLayout(pod *corev1.Pod, layouts []*Layout, cfg *config.Configuration,
 	var weight uint64
 layouts:
 	for _, l := range order {
-		if prev != nil && l.Fingerprint != prev.Fingerprint {
+		if prev != nil && (l.Fingerprint != prev.Fingerprint || (l.Pool != "" && l.Pool != prev.Pool)) {
 			continue
+		}
+		if spread && l.Remembered != nil && len(fits) > 0 {
+			break
 		}
 		nodes, why := candidateNodes(pod, l)
 		for _, n := range nodes {
@@ -277,7 +298,7 @@ layouts:
 			why = "no ready nodes"
 		}
 		if len(reasons) < 5 {
-			reasons = append(reasons, fmt.Sprintf("layout %s (driver %s, %d nodes): %s", l.Fingerprint, l.Plan.DriverVersion, len(l.Nodes), why))
+			reasons = append(reasons, layoutDescription(l)+": "+why)
 		}
 	}
 	if len(fits) > 0 {
@@ -299,6 +320,17 @@ layouts:
 		reasons = append(reasons, fmt.Sprintf("and %d more layouts", len(order)-len(reasons)))
 	}
 	return nil, strings.Join(reasons, "; ")
+}
+
+// layoutDescription names a candidate layout in a denial message.
+func layoutDescription(l *Layout) string {
+	switch {
+	case l.Remembered != nil:
+		return fmt.Sprintf("layout %s (driver %s) remembered for pool %s, which has no node", l.Fingerprint, l.Plan.DriverVersion, l.Pool)
+	case l.Pool != "":
+		return fmt.Sprintf("layout %s (driver %s) of pool %s (%d nodes)", l.Fingerprint, l.Plan.DriverVersion, l.Pool, len(l.Nodes))
+	}
+	return fmt.Sprintf("layout %s (driver %s, %d nodes)", l.Fingerprint, l.Plan.DriverVersion, len(l.Nodes))
 }
 
 // candidateNodes narrows a layout's nodes by the pod's nodeName and
@@ -373,6 +405,11 @@ func hasRequiredAffinity(pod *corev1.Pod) bool {
 }
 
 func better(a, b *Layout, policy string) bool {
+	// A pool at zero only when no node up now fits: the pod should not wait
+	// for a scale-up while a node could run it.
+	if (a.Remembered == nil) != (b.Remembered == nil) {
+		return a.Remembered == nil
+	}
 	dv := compareVersions(a.Plan.DriverVersion, b.Plan.DriverVersion)
 	if policy == config.LayoutPolicyNewestDriver && dv != 0 {
 		return dv > 0
@@ -484,8 +521,10 @@ func (m matcher) inject(ed *editor, targets []containerRef, l *Layout, warn func
 
 	forceReadOnly(ed, injected, warn)
 
+	// A static layout and a pool bring their own selector; the pool's labels
+	// are ones the autoscaler knows, so it can add a node for the pod.
 	selector := l.NodeSelector
-	if l.Static == "" {
+	if l.Static == "" && l.Pool == "" {
 		selector = map[string]string{layout.LabelFingerprint: l.Fingerprint}
 	}
 	for _, k := range sortedKeys(selector) {
@@ -499,12 +538,20 @@ func (m matcher) inject(ed *editor, targets []containerRef, l *Layout, warn func
 		ed.do(addNodeSelector{key: k, value: v})
 	}
 
+	if l.Pool != "" && ed.pod.Labels[layout.LabelPinnedLayout] != l.Fingerprint {
+		// Lets the elected replica find a pod that lands on a node of the
+		// pool with another layout, watching only such pods.
+		ed.do(setLabel{key: layout.LabelPinnedLayout, value: l.Fingerprint})
+	}
+
 	marker := layout.Injected{
 		Fingerprint:   l.Fingerprint,
 		StaticLayout:  l.Static,
 		DriverVersion: l.Plan.DriverVersion,
 		Containers:    containerNames,
 		Volumes:       injected,
+		Pool:          l.Pool,
+		Remembered:    l.Remembered != nil,
 	}.String()
 	if pod.Annotations[layout.AnnotationInjected] != marker {
 		ed.do(setAnnotation{key: layout.AnnotationInjected, value: marker})

@@ -274,7 +274,9 @@ func (idx *Index) LivePools(now time.Time) []PoolMemory {
 				return !slices.ContainsFunc(info.Taints, func(u corev1.Taint) bool { return t.MatchTaint(&u) && t.Value == u.Value })
 			})
 		}
-		maps.DeleteFunc(common, func(k, _ string) bool { return slices.Contains(perNodeLabels, k) || strings.HasPrefix(k, layout.Prefix) })
+		maps.DeleteFunc(common, func(k, _ string) bool {
+			return slices.Contains(perNodeLabels, k) || strings.HasPrefix(k, layout.Prefix)
+		})
 		for i := range taints {
 			taints[i].TimeAdded = nil
 		}

@@ -160,16 +160,16 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	server := webhook.NewServer(webhook.Options{Port: o.port, CertDir: o.certs.dir, CertName: certFile, KeyName: keyFile})
 	mgr, err := manager.New(restCfg, manager.Options{
-		Scheme:                 clientgoscheme.Scheme,
-		Logger:                 log,
+		Scheme: clientgoscheme.Scheme,
+		Logger: log,
 		// Only the memory's writer is elected; every replica serves.
 		LeaderElection:                elect,
 		LeaderElectionID:              o.poolMemory,
 		LeaderElectionNamespace:       o.certs.namespace,
 		LeaderElectionReleaseOnCancel: true,
-		Metrics:                metricsserver.Options{BindAddress: o.metricsAddr},
-		HealthProbeBindAddress: o.probeAddr,
-		WebhookServer:          server,
+		Metrics:                       metricsserver.Options{BindAddress: o.metricsAddr},
+		HealthProbeBindAddress:        o.probeAddr,
+		WebhookServer:                 server,
 		Cache: cache.Options{
 			DefaultTransform: cache.TransformStripManagedFields(),
 			ByObject:         byObject,
