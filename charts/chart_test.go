@@ -366,6 +366,7 @@ func TestRender(t *testing.T) {
 					"--cert-secret-name=" + certSecret,
 					"--service-name=" + webhookSvc,
 					"--webhook-configuration-name=" + fullname,
+					"--pool-memory-name=" + fullname + "-pools",
 					"--metrics-bind-address=:8080",
 					"--health-probe-bind-address=:8081",
 				}
