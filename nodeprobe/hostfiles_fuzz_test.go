@@ -1,0 +1,205 @@
+package nodeprobe
+
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gpu-injector/gpu-injector/nodeprobe/fakeroot"
+)
+
+// The probe reads a host it does not control: links anyone with root on the
+// node may have set, the kernel module's version files, and any file named
+// like a driver library. These targets fuzz those readers; each host file is
+// written for real, as the readers take paths, not bytes.
+
+// FuzzResolve resolves a fuzzed path through four links with fuzzed targets
+// (dangling, looping, absolute, climbing with '..'). The answer must be a
+// clean host path of something that exists and is no link, inside the root,
+// resolve must be idempotent on it, and where the links cannot leave the
+// root (no absolute target, no '..') it must agree with the OS's own
+// filepath.EvalSymlinks.
+func FuzzResolve(f *testing.F) {
+	root := f.TempDir()
+	for _, d := range []string{"usr/lib/nvidia", "d/e", "etc"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			f.Fatal(err)
+		}
+	}
+	for _, p := range []string{"usr/lib/nvidia/libcuda.so.580.1", "etc/passwd", "d/e/f"} {
+		if err := os.WriteFile(filepath.Join(root, p), nil, 0o644); err != nil {
+			f.Fatal(err)
+		}
+	}
+	links := []string{"l0", "usr/l1", "usr/lib/nvidia/libcuda.so.1", "d/e/l3"}
+	h := hostFS{root: root}
+
+	f.Add("/usr/lib/nvidia/libcuda.so.1", "usr/lib", "../..", "libcuda.so.580.1", "../../..")
+	f.Add("/l0/nvidia/libcuda.so.1", "usr/lib", "/etc", "./libcuda.so.580.1", "f")
+	f.Add("/d/e/l3/../e/f", "l0", "l1", "/l0", "/d/e/l3")
+	f.Add("/usr/l1/passwd", "/", "../../../../../etc", "/proc/self/root", ".")
+	f.Add("/l0/l0/l0/l0/l0/l0/l0/l0/l0/l0/l0/l0/l0/l0/l0/l0/l0/l0/l0/l0/l0/l0/l0/l0/l0/l0/l0/l0/l0/l0/l0/l0/l0/l0/l0/l0/l0/l0/l0/l0/l0/d", ".", "", "//", "e/../../l0")
+
+	f.Fuzz(func(t *testing.T, p, t0, t1, t2, t3 string) {
+		for i, target := range []string{t0, t1, t2, t3} {
+			l := filepath.Join(root, links[i])
+			if err := os.Remove(l); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				t.Fatal(err)
+			}
+			if target == "" || len(target) > 1024 || strings.ContainsRune(target, 0) {
+				continue // the kernel refuses such a link
+			}
+			if err := os.Symlink(target, l); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if len(p) > 4096 || strings.ContainsRune(p, 0) {
+			return
+		}
+
+		got, err := h.resolve(p)
+		if !path.IsAbs(p) && err == nil {
+			t.Fatalf("resolve(%q) = %q for a relative path", p, got)
+		}
+		if err != nil {
+			if errors.Is(err, errTooManyLinks) {
+				return
+			}
+			if len(p) < 256 && !escapes(p, t0, t1, t2, t3) {
+				if real, rerr := filepath.EvalSymlinks(h.osPath(p)); rerr == nil && path.IsAbs(p) {
+					t.Fatalf("resolve(%q) failed (%v), the OS resolves it to %q", p, err, real)
+				}
+			}
+			return
+		}
+		if !path.IsAbs(got) || path.Clean(got) != got {
+			t.Fatalf("resolve(%q) = %q: not a clean absolute path", p, got)
+		}
+		osp := h.osPath(got)
+		if osp != root && !strings.HasPrefix(osp, root+string(filepath.Separator)) {
+			t.Fatalf("resolve(%q) = %q, outside the root", p, got)
+		}
+		fi, err := os.Lstat(osp)
+		if err != nil || fi.Mode()&fs.ModeSymlink != 0 {
+			t.Fatalf("resolve(%q) = %q, which is a link or missing (%v)", p, got, err)
+		}
+		if again, err := h.resolve(got); err != nil || again != got {
+			t.Fatalf("resolve(%q) = %q, but resolve(%q) = %q, %v", p, got, got, again, err)
+		}
+		if !escapes(p, t0, t1, t2, t3) {
+			real, rerr := filepath.EvalSymlinks(h.osPath(p))
+			if rerr != nil {
+				// The OS refuses a trailing '/' after a file (ENOTDIR); the
+				// resolver lets it pass, which reads the same file.
+				if !errors.Is(rerr, syscall.ENOTDIR) {
+					t.Fatalf("resolve(%q) = %q, the OS fails: %v", p, got, rerr)
+				}
+				return
+			}
+			if real != osp {
+				t.Fatalf("resolve(%q) = %q, the OS resolves it to %q", p, got, real)
+			}
+		}
+	})
+}
+
+// escapes: a '..' or an absolute link target could leave the root, where the
+// OS and a resolver confined to the root rightly differ.
+func escapes(p string, targets ...string) bool {
+	for _, s := range append(targets, p) {
+		if strings.Contains(s, "..") {
+			return true
+		}
+	}
+	for _, s := range targets {
+		if strings.HasPrefix(s, "/") {
+			return true
+		}
+	}
+	return false
+}
+
+// FuzzKernelModuleVersion writes fuzzed /sys/module/nvidia/version and
+// /proc/driver/nvidia/version files: the version read must be empty or a
+// driver version (digits and dots) that one of the files states.
+func FuzzKernelModuleVersion(f *testing.F) {
+	root := f.TempDir()
+	sys := filepath.Join(root, "sys/module/nvidia/version")
+	proc := filepath.Join(root, "proc/driver/nvidia/version")
+	for _, p := range []string{sys, proc} {
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			f.Fatal(err)
+		}
+	}
+	h := hostFS{root: root}
+	f.Add("580.159.04\n", true, "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  Tue Apr 29 12:34:56 UTC 2025\nGCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n", true)
+	f.Add("", false, "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  550.54.15  Release Build  (dvs-builder@U16-I3-B03-4-3)  Tue Mar  5 22:19:20 UTC 2024\n", true)
+	f.Add("garbage 1.2", true, "NVRM version: NVIDIA UNIX x86_64 Kernel Module  384.130  Wed Mar 21 03:37:26 PDT 2018\nGCC version:  gcc version 5.4.0 20160609 (Ubuntu 5.4.0-6ubuntu1~16.04.9)", true)
+	f.Add("", false, "", false)
+	f.Fuzz(func(t *testing.T, sysData string, hasSys bool, procData string, hasProc bool) {
+		for _, x := range []struct {
+			path, data string
+			exists     bool
+		}{{sys, sysData, hasSys}, {proc, procData, hasProc}} {
+			if !x.exists {
+				if err := os.Remove(x.path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+					t.Fatal(err)
+				}
+				continue
+			}
+			if err := os.WriteFile(x.path, []byte(x.data), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		v := kernelModuleVersion(h)
+		if v == "" {
+			return
+		}
+		if !versionRE.MatchString(v) {
+			t.Fatalf("version %q is no driver version", v)
+		}
+		fromSys := hasSys && strings.TrimSpace(sysData) == v
+		fromProc := hasProc && strings.Contains(" "+strings.Join(strings.Fields(procData), " ")+" ", " "+v+" ")
+		if !fromSys && !fromProc {
+			t.Fatalf("version %q is in neither file", v)
+		}
+		if hasSys && versionRE.MatchString(strings.TrimSpace(sysData)) && !fromSys {
+			t.Fatalf("version %q, but /sys says %q and wins", v, sysData)
+		}
+	})
+}
+
+// FuzzReadSONAME reads arbitrary bytes named like a driver library: a hostile
+// or truncated file must give "" or a name, never a panic or a hang; and
+// the SONAME of a well-formed shared object is read back exactly.
+func FuzzReadSONAME(f *testing.F) {
+	file := filepath.Join(f.TempDir(), "libcuda.so.580.1")
+	f.Add(fakeroot.SharedObject("libcuda.so.1"), "libnvidia-ml.so.1")
+	f.Add(fakeroot.SharedObject(""), "")
+	f.Add([]byte("\x7fELF\x02\x01\x01"), "x")
+	f.Fuzz(func(t *testing.T, data []byte, soname string) {
+		if err := os.WriteFile(file, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		_ = readSONAME(file)
+		if d := time.Since(start); d > time.Second {
+			t.Fatalf("reading %d bytes took %v", len(data), d)
+		}
+		if soname == "" || strings.ContainsRune(soname, 0) {
+			return
+		}
+		if err := os.WriteFile(file, fakeroot.SharedObject(soname), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if got := readSONAME(file); got != soname {
+			t.Fatalf("SONAME %q read back as %q", soname, got)
+		}
+	})
+}
