@@ -9,7 +9,9 @@ import (
 	"strings"
 	"testing"
 
+	jsonpatchv5 "github.com/evanphx/json-patch/v5"
 	"github.com/go-logr/logr"
+	"gomodules.xyz/jsonpatch/v2"
 	corev1 "k8s.io/api/core/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -118,9 +120,15 @@ func FuzzMutate(f *testing.F) {
 // transform stripped, and any pod injected from what it admitted must get
 // read-only hostPaths inside the allowlist.
 func FuzzNodeLayout(f *testing.F) {
-	cfg := config.Default()
-	rules := cfg.Rules()
-	good := ixNode("gpu-good", ixPlan("535.104.05"), 4, nil)
+	byFP := config.Default()
+	// With pinning by pool, the fuzzed node may join, split or mix the good
+	// node's pool.
+	byPool, err := config.Parse([]byte("pinning: {nodeLabels: [pool]}\n"))
+	if err != nil {
+		f.Fatal(err)
+	}
+	rules := byFP.Rules()
+	good := ixNode("gpu-good", ixPlan("535.104.05"), 4, func(n *corev1.Node) { n.Labels["pool"] = "a" })
 	pods := [][]byte{}
 	for _, gpu := range []string{"nvidia.com/gpu", "alpha.kubernetes.io/nvidia-gpu"} {
 		j, err := json.Marshal(hPod(gpu, nil))
@@ -140,11 +148,16 @@ func FuzzNodeLayout(f *testing.F) {
 	for i, n := range nodes {
 		q := n.Status.Allocatable["nvidia.com/gpu"]
 		f.Add(n.Annotations[layout.AnnotationLayout], n.Labels[layout.LabelFingerprint], n.Labels[layout.LabelState], q.String(), "accelerator=nvidia-tesla-k80", uint8(i))
+		f.Add(n.Annotations[layout.AnnotationLayout], n.Labels[layout.LabelFingerprint], n.Labels[layout.LabelState], q.String(), "pool=a", uint8(i|4))
 	}
 	f.Add(`{"schemaVersion":"v1","driverVersion":"1","runtimeInjection":"cdi"}`, "", layout.StateReady, "1", "", uint8(0))
 	f.Add(`{"schemaVersion":"v1","driverVersion":"1","mounts":[{"hostPath":"/usr/lib/nvidia-1/../../../etc","containerPath":"/usr/local/nvidia/lib64","kind":"Directory"}]}`, "x", layout.StateReady, "9223372036854775807", "", uint8(1))
 
 	f.Fuzz(func(t *testing.T, ann, fp, state, gpus, label string, sel uint8) {
+		cfg := byFP
+		if sel&4 != 0 {
+			cfg = byPool
+		}
 		n := &corev1.Node{
 			ObjectMeta: metav1.ObjectMeta{
 				Name:        "fuzzed",
@@ -222,7 +235,7 @@ func FuzzNodeLayout(f *testing.F) {
 		}
 
 		var pod corev1.Pod
-		if err := json.Unmarshal(pods[int(sel/2)%len(pods)], &pod); err != nil {
+		if err := json.Unmarshal(pods[int(sel/8)%len(pods)], &pod); err != nil {
 			t.Fatal(err)
 		}
 		checkMutation(t, &pod, nil, layouts, cfg)
@@ -258,6 +271,9 @@ func checkMutation(t *testing.T, pod *corev1.Pod, nsLabels map[string]string, la
 		}
 		return
 	case DecisionSkipped:
+		if len(res.Patch) > 0 || len(res.Edits) > 0 {
+			t.Fatalf("a skipped pod has %d patch operations", len(res.Patch))
+		}
 		if !apiequality.Semantic.DeepEqual(before, pod) {
 			a, _ := json.Marshal(before)
 			b, _ := json.Marshal(pod)
@@ -268,6 +284,9 @@ func checkMutation(t *testing.T, pod *corev1.Pod, nsLabels map[string]string, la
 	default:
 		t.Fatalf("unknown decision %q", res.Decision)
 	}
+
+	// The patch the webhook sends makes the same pod out of the one it got.
+	checkPatch(t, before, pod, res.Patch)
 
 	// The pod's own volumes stay as they were.
 	had := map[string]bool{}
@@ -329,8 +348,38 @@ func checkMutation(t *testing.T, pod *corev1.Pod, nsLabels map[string]string, la
 		b, _ := json.Marshal(after)
 		t.Fatalf("a second run changed the pod:\n%s\n%s", a, b)
 	}
-	if res2.Decision == DecisionInjected {
-		t.Fatalf("a second run reports a change")
+	if res2.Decision == DecisionInjected || len(res2.Patch) > 0 {
+		t.Fatalf("a second run reports a change: %d patch operations", len(res2.Patch))
+	}
+}
+
+// checkPatch applies the JSON Patch to the pod's JSON, as the API server
+// does, and compares with the pod Mutate changed in place.
+func checkPatch(t *testing.T, before, after *corev1.Pod, ops []jsonpatch.Operation) {
+	t.Helper()
+	orig, err := json.Marshal(before)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := json.Marshal(ops)
+	if err != nil {
+		t.Fatal(err)
+	}
+	patch, err := jsonpatchv5.DecodePatch(raw)
+	if err != nil {
+		t.Fatalf("the patch does not decode: %v\n%s", err, raw)
+	}
+	out, err := patch.Apply(orig)
+	if err != nil {
+		t.Fatalf("the patch does not apply: %v\n%s\nto %s", err, raw, orig)
+	}
+	var patched corev1.Pod
+	if err := json.Unmarshal(out, &patched); err != nil {
+		t.Fatalf("the patched pod does not decode: %v", err)
+	}
+	if !apiequality.Semantic.DeepEqual(&patched, after) {
+		want, _ := json.Marshal(after)
+		t.Fatalf("the patch makes another pod than the mutation:\npatch %s\npatched %s\nmutated %s", raw, out, want)
 	}
 }
 
