@@ -9,8 +9,9 @@
 # Environment:
 #   FUZZTIME          a duration (90s, 10m) or a count of executions (10000000x)
 #   FUZZPARALLEL      fuzzing workers (default: every core); 1 on a shared machine
-#   FUZZMINIMIZETIME  time spent minimizing each new input (default 1s): Go's
-#                     default of 60s spends most of a run minimizing, not fuzzing
+#   FUZZMINIMIZETIME  how long to minimize each new input: a time (1s) or a
+#                     count of executions (default 250x). Go's default of 60s
+#                     spends most of a run minimizing, not fuzzing
 #   FUZZKEEP          copy the inputs this run added to Go's fuzz cache into
 #                     the target's testdata/fuzz/ (smallest first, up to this
 #                     many bytes per target), so that plain `go test` replays them
@@ -22,7 +23,7 @@ cd "$(dirname "$0")/.."
 
 fuzztime=${FUZZTIME:-30s}
 parallel=${FUZZPARALLEL:-$(nproc)}
-minimize=${FUZZMINIMIZETIME:-1s}
+minimize=${FUZZMINIMIZETIME:-250x}
 keep=${FUZZKEEP:-0}
 cache="$(go env GOCACHE)/fuzz/$(go list -m)"
 
