@@ -1,16 +1,19 @@
 package nodeprobe
 
 import (
+	"debug/elf"
 	"errors"
 	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/gpu-injector/gpu-injector/layout"
 	"github.com/gpu-injector/gpu-injector/nodeprobe/fakeroot"
 )
 
@@ -91,6 +94,18 @@ func FuzzResolve(f *testing.F) {
 		}
 		if again, err := h.resolve(got); err != nil || again != got {
 			t.Fatalf("resolve(%q) = %q, but resolve(%q) = %q, %v", p, got, got, again, err)
+		}
+		// The chain of links the probe reports as evidence ends where the
+		// links lead (its '..' are lexical, hence only without them).
+		if chain := h.linkChain(p); p == path.Clean(p) && !escapes(p, t0, t1, t2, t3) && len(chain) < maxSymlinks {
+			for _, c := range chain {
+				if !path.IsAbs(c) || path.Clean(c) != c {
+					t.Fatalf("linkChain(%q) = %q: %q is not a clean absolute path", p, chain, c)
+				}
+			}
+			if last := chain[len(chain)-1]; last != got {
+				t.Fatalf("linkChain(%q) = %q ends elsewhere than resolve: %q", p, chain, got)
+			}
 		}
 		if !escapes(p, t0, t1, t2, t3) {
 			real, rerr := filepath.EvalSymlinks(h.osPath(p))
@@ -175,10 +190,11 @@ func FuzzKernelModuleVersion(f *testing.F) {
 	})
 }
 
-// FuzzReadSONAME reads arbitrary bytes named like a driver library: a hostile
+// FuzzReadELF reads arbitrary bytes named like a driver library: a hostile
 // or truncated file must give "" or a name, never a panic or a hang; and
-// the SONAME of a well-formed shared object is read back exactly.
-func FuzzReadSONAME(f *testing.F) {
+// the SONAME, class and machine of a well-formed shared object read back
+// exactly.
+func FuzzReadELF(f *testing.F) {
 	file := filepath.Join(f.TempDir(), "libcuda.so.580.1")
 	f.Add(fakeroot.SharedObject("libcuda.so.1"), "libnvidia-ml.so.1")
 	f.Add(fakeroot.SharedObject(""), "")
@@ -188,7 +204,7 @@ func FuzzReadSONAME(f *testing.F) {
 			t.Fatal(err)
 		}
 		start := time.Now()
-		_ = readSONAME(file)
+		_, _, _ = readELF(file)
 		if d := time.Since(start); d > time.Second {
 			t.Fatalf("reading %d bytes took %v", len(data), d)
 		}
@@ -198,8 +214,59 @@ func FuzzReadSONAME(f *testing.F) {
 		if err := os.WriteFile(file, fakeroot.SharedObject(soname), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		if got := readSONAME(file); got != soname {
-			t.Fatalf("SONAME %q read back as %q", soname, got)
+		if got, class, machine := readELF(file); got != soname || class != elf.ELFCLASS64 || machine != elf.EM_X86_64 {
+			t.Fatalf("SONAME %q read back as %q, %v, %v", soname, got, class, machine)
+		}
+	})
+}
+
+// FuzzRuntimeConfig writes one fuzzed container runtime configuration
+// (containerd, CRI-O, an OCI hook, Docker behind cri-dockerd, a CDI spec)
+// into an otherwise bare host: detection must not panic or hang, must name
+// evidence for what it reports, report only what that kind of file can say
+// (the toolkit, or CDI for a CDI spec), and give the same answer twice.
+func FuzzRuntimeConfig(f *testing.F) {
+	root := f.TempDir()
+	files := []string{"/etc/containerd/config.toml", "/etc/crio/crio.conf", "/usr/share/containers/oci/hooks.d/oci-nvidia-hook.json", "/etc/docker/daemon.json", "/etc/cdi/nvidia.yaml"}
+	for _, p := range append(files, "/usr/bin/cri-dockerd") {
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(root, p)), 0o755); err != nil {
+			f.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(root, "usr/bin/cri-dockerd"), nil, 0o755); err != nil {
+		f.Fatal(err)
+	}
+	f.Add(uint8(0), "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd]\n  default_runtime_name = \"nvidia\"\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.nvidia.options]\n  BinaryName = \"/usr/bin/nvidia-container-runtime\"\n")
+	f.Add(uint8(0), "version = 3\nimports = [\"/etc/containerd/*.toml\"]\n[plugins.\"io.containerd.cri.v1.runtime\".containerd]\ndefault_runtime_name = \"nvidia\"\n")
+	f.Add(uint8(1), "[crio.runtime]\ndefault_runtime = \"nvidia\"\n[crio.runtime.runtimes.nvidia]\nruntime_path = \"/usr/bin/nvidia-container-runtime\"\n")
+	f.Add(uint8(2), `{"version":"1.0.0","hook":{"path":"/usr/bin/nvidia-container-toolkit","args":["nvidia-container-toolkit","prestart"]},"when":{"always":true},"stages":["prestart"]}`)
+	f.Add(uint8(3), `{"default-runtime":"nvidia","runtimes":{"nvidia":{"path":"nvidia-container-runtime"}}}`)
+	f.Add(uint8(4), "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n- name: \"0\"\n  containerEdits: {}\n")
+	f.Fuzz(func(t *testing.T, which uint8, data string) {
+		chosen := int(which) % len(files)
+		for i, p := range files {
+			if i == chosen {
+				if err := os.WriteFile(filepath.Join(root, p), []byte(data), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			} else if err := os.Remove(filepath.Join(root, p)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				t.Fatal(err)
+			}
+		}
+		start := time.Now()
+		r := DetectRuntimeInjection(root)
+		if d := time.Since(start); d > 2*time.Second {
+			t.Fatalf("detection took %v", d)
+		}
+		switch {
+		case r.Kind == "" && len(r.Evidence) == 0:
+		case r.Kind == layout.RuntimeCDI && chosen == 4 && len(r.Evidence) > 0:
+		case r.Kind == layout.RuntimeToolkit && chosen != 4 && len(r.Evidence) > 0:
+		default:
+			t.Fatalf("%s gave kind %q with evidence %q", files[chosen], r.Kind, r.Evidence)
+		}
+		if again := DetectRuntimeInjection(root); !reflect.DeepEqual(again, r) {
+			t.Fatalf("two answers: %+v and %+v", r, again)
 		}
 	})
 }
