@@ -40,7 +40,7 @@ bench: ## benchmarks of the mutation, the handler and the probe (figures: docs/b
 	hack/bench.sh
 
 .PHONY: fuzz
-fuzz: ## run each fuzz target for FUZZTIME (default 30s)
+fuzz: ## fuzz every parser of untrusted input for FUZZTIME each (30s, 10m or 10000000x; docs/reliability.md)
 	hack/fuzz.sh
 
 .PHONY: golden
