@@ -118,6 +118,32 @@ spec:
 `,
 			want: map[string]bool{"default names": true, "mig pattern": true},
 		},
+		"GPU only through a DRA claim": {
+			pod: `
+metadata: {name: dra, namespace: ml}
+spec:
+  resourceClaims:
+  - {name: gpu, resourceClaimTemplateName: one-gpu}
+  containers:
+  - name: main
+    image: cuda
+    resources:
+      claims: [{name: gpu}]
+`,
+			want: map[string]bool{"default names": true, "mig pattern": true},
+		},
+		"a DeviceClass's implicit extended resource": {
+			pod: `
+metadata: {name: implicit, namespace: ml}
+spec:
+  containers:
+  - name: main
+    image: cuda
+    resources:
+      limits: {deviceclass.resource.kubernetes.io/gpu.nvidia.com: "1"}
+`,
+			want: map[string]bool{"default names": true, "mig pattern": true},
+		},
 		"no resources anywhere": {
 			pod: `
 metadata: {name: web, namespace: ml}

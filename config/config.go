@@ -65,6 +65,29 @@ const (
 	PodSecurityDeny = "Deny"
 )
 
+// What to do with driver folders or files a GPU container mounts by hand, as
+// the classic tutorials taught (/usr/lib/nvidia-384/bin at /usr/local/nvidia/bin).
+const (
+	// LegacyMountsReplace drops the hand-written mounts (and their volumes,
+	// when nothing else uses them) and injects the chosen layout's instead:
+	// the old folder rarely exists on today's nodes.
+	LegacyMountsReplace = "Replace"
+	// LegacyMountsKeep keeps them and admits the pod only to layouts whose
+	// host paths contain every hand-mounted one; none: no layout fits.
+	LegacyMountsKeep = "Keep"
+)
+
+// What to do on nodes whose container runtime injects the driver itself.
+const (
+	// RuntimeInjectionPin pins the pod to such a layout without adding mounts
+	// or LD_LIBRARY_PATH: the runtime's own mounts would collide with ours.
+	RuntimeInjectionPin = "Pin"
+	// RuntimeInjectionSkip leaves a pod whose chosen layout is such a node's
+	// alone (only the legacy resource rename happens): for clusters where
+	// every GPU node's runtime injects, where pinning adds nothing.
+	RuntimeInjectionSkip = "Skip"
+)
+
 // Configuration is the file's schema.
 type Configuration struct {
 	APIVersion string `json:"apiVersion"`
@@ -82,6 +105,23 @@ type Configuration struct {
 	ExcludedNamespaces []string `json:"excludedNamespaces"`
 	PodSecurity        string   `json:"podSecurity"`
 	Pinning            Pinning  `json:"pinning"`
+	// LegacyMounts is LegacyMountsReplace or LegacyMountsKeep.
+	LegacyMounts string `json:"legacyMounts"`
+	// RuntimeInjection is RuntimeInjectionPin or RuntimeInjectionSkip.
+	RuntimeInjection string `json:"runtimeInjection"`
+	DRA              DRA    `json:"dra"`
+}
+
+// DRA says which Dynamic Resource Allocation objects are NVIDIA GPUs.
+type DRA struct {
+	// DeviceClasses are names or path.Match patterns of DeviceClasses whose
+	// devices are GPUs: a pod that claims one (spec.resourceClaims) is a GPU
+	// pod, and the extended resource a GPU class declares is a GPU resource.
+	DeviceClasses []string `json:"deviceClasses"`
+	// Drivers are DRA driver names whose devices are GPUs: their ResourceSlice
+	// devices count as a node's GPUs, and a DeviceClass whose CEL selector
+	// requires device.driver == one of them is a GPU class too.
+	Drivers []string `json:"drivers"`
 }
 
 // Pinning says how an injected pod is kept on nodes that have its layout.
@@ -209,6 +249,20 @@ func SetDefaults(c *Configuration) {
 	}
 	if c.Pinning.RememberFor == nil {
 		c.Pinning.RememberFor = &metav1.Duration{Duration: DefaultRememberFor}
+	}
+	if c.LegacyMounts == "" {
+		c.LegacyMounts = LegacyMountsReplace
+	}
+	if c.RuntimeInjection == "" {
+		c.RuntimeInjection = RuntimeInjectionPin
+	}
+	if c.DRA.DeviceClasses == nil {
+		// The classes NVIDIA's DRA driver (k8s-dra-driver-gpu) installs for
+		// whole GPUs and MIG devices.
+		c.DRA.DeviceClasses = []string{"gpu.nvidia.com", "mig.nvidia.com"}
+	}
+	if c.DRA.Drivers == nil {
+		c.DRA.Drivers = []string{"gpu.nvidia.com"}
 	}
 	for i := range c.StaticLayouts {
 		if c.StaticLayouts[i].SchemaVersion == "" {
@@ -344,6 +398,21 @@ func (c *Configuration) Validate() field.ErrorList {
 	errs = append(errs, oneOf(field.NewPath("containers"), c.Containers, ContainersGPU, ContainersAll)...)
 	errs = append(errs, oneOf(field.NewPath("layoutPolicy"), c.LayoutPolicy, LayoutPolicyMostGPUs, LayoutPolicyNewestDriver, LayoutPolicySpread)...)
 	errs = append(errs, oneOf(field.NewPath("podSecurity"), c.PodSecurity, PodSecurityWarn, PodSecurityDeny)...)
+	errs = append(errs, oneOf(field.NewPath("legacyMounts"), c.LegacyMounts, LegacyMountsReplace, LegacyMountsKeep)...)
+	errs = append(errs, oneOf(field.NewPath("runtimeInjection"), c.RuntimeInjection, RuntimeInjectionPin, RuntimeInjectionSkip)...)
+	dp := field.NewPath("dra")
+	for i, n := range c.DRA.DeviceClasses {
+		// A class name is a DNS subdomain; a pattern may hold * ? [ as well.
+		plain := strings.NewReplacer("*", "x", "?", "x", "[", "x", "]", "x").Replace(n)
+		if _, err := path.Match(n, ""); err != nil || len(validation.IsDNS1123Subdomain(plain)) > 0 {
+			errs = append(errs, field.Invalid(dp.Child("deviceClasses").Index(i), n, "must be a DeviceClass name or path.Match pattern, like gpu.nvidia.com or *.gpu.nvidia.com"))
+		}
+	}
+	for i, n := range c.DRA.Drivers {
+		if msgs := validation.IsDNS1123Subdomain(n); len(msgs) > 0 {
+			errs = append(errs, field.Invalid(dp.Child("drivers").Index(i), n, strings.Join(msgs, "; ")))
+		}
+	}
 	np := field.NewPath("noLayout")
 	errs = append(errs, oneOf(np.Child("action"), c.NoLayout.Action, NoLayoutDeny, NoLayoutAllow, NoLayoutStatic)...)
 	if c.NoLayout.Action == NoLayoutStatic {

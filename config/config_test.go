@@ -44,6 +44,8 @@ func TestParseNamesEachBadField(t *testing.T) {
 		"wrong kind":            {"apiVersion: " + APIVersion + "\nkind: Config\n", []string{"kind: Unsupported value"}},
 		"wrong apiVersion":      {"apiVersion: v1\nkind: " + Kind + "\n", []string{"apiVersion: Unsupported value"}},
 		"enums":                 {head + "ldLibraryPath: Clobber\ncontainers: Some\nlayoutPolicy: Random\npodSecurity: Ignore\nnoLayout: {action: Maybe}\n", []string{"ldLibraryPath: Unsupported", "containers: Unsupported", "layoutPolicy: Unsupported", "podSecurity: Unsupported", "noLayout.action: Unsupported"}},
+		"legacy and runtime":    {head + "legacyMounts: Drop\nruntimeInjection: Mount\n", []string{"legacyMounts: Unsupported", "runtimeInjection: Unsupported"}},
+		"dra names":             {head + "dra: {deviceClasses: ['GPU Class', 'a[.b'], drivers: [Gpu_Driver]}\n", []string{"dra.deviceClasses[0]", "dra.deviceClasses[1]", "dra.drivers[0]"}},
 		"static without name":   {head + "noLayout: {action: Static}\n", []string{"noLayout.staticLayout: Required"}},
 		"static not found":      {head + "noLayout: {action: Static, staticLayout: nope}\n", []string{`noLayout.staticLayout: Not found: "nope"`}},
 		"static name with deny": {head + "noLayout: {action: Deny, staticLayout: x}\n", []string{"only used with action Static"}},

@@ -42,6 +42,8 @@ func decodePod(raw []byte) (*corev1.Pod, error) {
 	// the map or as the whole map.
 	pod.Labels = m.Labels
 	pod.Spec.NodeName, pod.Spec.NodeSelector, pod.Spec.Tolerations = s.NodeName, s.NodeSelector, s.Tolerations
+	// Which claims are GPUs is read from their templates or claims (DRA).
+	pod.Spec.ResourceClaims = s.ResourceClaims
 	if s.Affinity != nil && s.Affinity.NodeAffinity != nil {
 		pod.Spec.Affinity = &corev1.Affinity{NodeAffinity: s.Affinity.NodeAffinity}
 	}
@@ -83,7 +85,7 @@ func containers(in []*slimContainer, list string) ([]corev1.Container, error) {
 		out[i] = corev1.Container{
 			Name:         c.Name,
 			VolumeMounts: c.VolumeMounts,
-			Resources:    corev1.ResourceRequirements{Limits: c.Resources.Limits, Requests: c.Resources.Requests},
+			Resources:    corev1.ResourceRequirements{Limits: c.Resources.Limits, Requests: c.Resources.Requests, Claims: c.Resources.Claims},
 		}
 		if c.EnvFrom != nil {
 			out[i].EnvFrom = make([]corev1.EnvFromSource, len(c.EnvFrom))
@@ -111,13 +113,14 @@ type slimPod struct {
 		Labels       map[string]string `json:"labels"`
 	} `json:"metadata"`
 	Spec *struct {
-		InitContainers      []*slimContainer    `json:"initContainers"`
-		Containers          []*slimContainer    `json:"containers"`
-		EphemeralContainers []*slimContainer    `json:"ephemeralContainers"`
-		Volumes             []slimVolume        `json:"volumes"`
-		NodeName            string              `json:"nodeName"`
-		NodeSelector        map[string]string   `json:"nodeSelector"`
-		Tolerations         []corev1.Toleration `json:"tolerations"`
+		InitContainers      []*slimContainer          `json:"initContainers"`
+		Containers          []*slimContainer          `json:"containers"`
+		EphemeralContainers []*slimContainer          `json:"ephemeralContainers"`
+		Volumes             []slimVolume              `json:"volumes"`
+		NodeName            string                    `json:"nodeName"`
+		NodeSelector        map[string]string         `json:"nodeSelector"`
+		Tolerations         []corev1.Toleration       `json:"tolerations"`
+		ResourceClaims      []corev1.PodResourceClaim `json:"resourceClaims"`
 		Affinity            *struct {
 			NodeAffinity *corev1.NodeAffinity `json:"nodeAffinity"`
 		} `json:"affinity"`
@@ -129,6 +132,7 @@ type slimContainer struct {
 	Resources struct {
 		Limits   map[corev1.ResourceName]resource.Quantity `json:"limits"`
 		Requests map[corev1.ResourceName]resource.Quantity `json:"requests"`
+		Claims   []corev1.ResourceClaim                    `json:"claims"`
 	} `json:"resources"`
 	Env []struct {
 		Name      string    `json:"name"`

@@ -1,6 +1,7 @@
 package webhook
 
 import (
+	"slices"
 	"strconv"
 	"strings"
 
@@ -309,4 +310,42 @@ func (e setLabel) apply(pod *corev1.Pod) {
 		pod.Labels = map[string]string{}
 	}
 	pod.Labels[e.key] = e.value
+}
+
+// removeMount removes a container's volume mount (a hand-written driver
+// mount); the last one goes with its list, which the JSON then lacks.
+type removeMount struct {
+	container containerRef
+	index     int
+}
+
+func (e removeMount) ops(pod *corev1.Pod) []jsonpatch.Operation {
+	p := e.container.path() + "/volumeMounts"
+	if len(e.container.get(pod).VolumeMounts) == 1 {
+		return []jsonpatch.Operation{{Operation: "remove", Path: p}}
+	}
+	return []jsonpatch.Operation{{Operation: "remove", Path: p + "/" + strconv.Itoa(e.index)}}
+}
+
+func (e removeMount) apply(pod *corev1.Pod) {
+	c := e.container.get(pod)
+	if c.VolumeMounts = slices.Delete(c.VolumeMounts, e.index, e.index+1); len(c.VolumeMounts) == 0 {
+		c.VolumeMounts = nil
+	}
+}
+
+// removeVolume removes a volume of the pod that no container mounts any more.
+type removeVolume struct{ index int }
+
+func (e removeVolume) ops(pod *corev1.Pod) []jsonpatch.Operation {
+	if len(pod.Spec.Volumes) == 1 {
+		return []jsonpatch.Operation{{Operation: "remove", Path: "/spec/volumes"}}
+	}
+	return []jsonpatch.Operation{{Operation: "remove", Path: "/spec/volumes/" + strconv.Itoa(e.index)}}
+}
+
+func (e removeVolume) apply(pod *corev1.Pod) {
+	if pod.Spec.Volumes = slices.Delete(pod.Spec.Volumes, e.index, e.index+1); len(pod.Spec.Volumes) == 0 {
+		pod.Spec.Volumes = nil
+	}
 }

@@ -3,6 +3,7 @@ package webhook
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
@@ -17,6 +18,7 @@ import (
 	"github.com/go-logr/logr"
 	"gomodules.xyz/jsonpatch/v2"
 	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	kjson "sigs.k8s.io/json"
@@ -36,6 +38,10 @@ type goldenCase struct {
 	nodesFile string
 	// memory is the data of the remembered pools' ConfigMap, if the case has one.
 	memory map[string]string
+	// dra are DRA objects (ResourceSlices, DeviceClasses, claims and claim
+	// templates), from the case and from its {draFile: F} line.
+	dra     []any
+	draFile string
 }
 
 // goldenResult is what testdata/X.golden holds.
@@ -105,13 +111,23 @@ func loadCase(t *testing.T, file string) goldenCase {
 		var meta struct {
 			Kind      string `json:"kind"`
 			NodesFile string `json:"nodesFile"`
+			DRAFile   string `json:"draFile"`
 		}
 		if err := yaml.Unmarshal(doc, &meta); err != nil {
 			t.Fatalf("failed to parse %s: %v", file, err)
 		}
+		if obj, ok := decodeDRA(t, meta.Kind, doc); ok {
+			gc.dra = append(gc.dra, obj)
+			continue
+		}
 		switch {
-		case meta.NodesFile != "":
-			gc.nodesFile = meta.NodesFile
+		case meta.NodesFile != "" || meta.DRAFile != "":
+			if meta.NodesFile != "" {
+				gc.nodesFile = meta.NodesFile
+			}
+			if meta.DRAFile != "" {
+				gc.draFile = meta.DRAFile
+			}
 		case meta.Kind == config.Kind:
 			if gc.cfg, err = config.Parse(doc); err != nil {
 				t.Fatalf("%s: %v", file, err)
@@ -149,7 +165,80 @@ func loadCase(t *testing.T, file string) goldenCase {
 	if gc.nodes == nil {
 		gc.nodes = loadNodes(t, filepath.Join("testdata", gc.nodesFile))
 	}
+	if gc.draFile != "" {
+		data, err := os.ReadFile(filepath.Join("testdata", gc.draFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, doc := range splitDocs(t, data) {
+			var meta struct {
+				Kind string `json:"kind"`
+			}
+			_ = yaml.Unmarshal(doc, &meta)
+			obj, ok := decodeDRA(t, meta.Kind, doc)
+			if !ok {
+				t.Fatalf("%s: unexpected document of kind %q", gc.draFile, meta.Kind)
+			}
+			gc.dra = append(gc.dra, obj)
+		}
+	}
 	return gc
+}
+
+// decodeDRA decodes a DRA object of the golden cases.
+func decodeDRA(t testing.TB, kind string, doc []byte) (any, bool) {
+	t.Helper()
+	var obj any
+	switch kind {
+	case "ResourceSlice":
+		obj = &resourcev1.ResourceSlice{}
+	case "DeviceClass":
+		obj = &resourcev1.DeviceClass{}
+	case "ResourceClaim":
+		obj = &resourcev1.ResourceClaim{}
+	case "ResourceClaimTemplate":
+		obj = &resourcev1.ResourceClaimTemplate{}
+	default:
+		return nil, false
+	}
+	if err := yaml.UnmarshalStrict(doc, obj); err != nil {
+		t.Fatalf("failed to parse %s: %v", kind, err)
+	}
+	return obj, true
+}
+
+// input builds the mutation's input as the webhook would: layouts from the
+// nodes, counted with the case's ResourceSlices, and the DRA facts.
+func (gc goldenCase) input(t *testing.T, pod *corev1.Pod) Input {
+	t.Helper()
+	idx := NewIndex(gc.cfg, logr.Discard())
+	idx.now = func() time.Time { return goldenNow }
+	if gc.memory != nil {
+		mem, errs := DecodeMemory(gc.memory, gc.cfg, goldenNow)
+		if len(errs) > 0 {
+			t.Fatalf("bad memory in the case: %v", errs)
+		}
+		idx.SetMemory(mem)
+	}
+	d := NewDRA(gc.cfg, idx, nil, logr.Discard())
+	for _, o := range gc.dra {
+		switch o := o.(type) {
+		case *resourcev1.ResourceSlice:
+			s, _ := stripSlice(o.DeepCopy())
+			d.setSlice(s)
+		case *resourcev1.DeviceClass:
+			d.setClass(o)
+		case *resourcev1.ResourceClaim:
+			d.setClaim(o)
+		case *resourcev1.ResourceClaimTemplate:
+			d.setTemplate(o)
+		}
+	}
+	for i := range gc.nodes {
+		idx.Update(&gc.nodes[i])
+	}
+	claims, _ := d.GPUClaims(context.Background(), pod, pod.Namespace)
+	return Input{Pod: pod, NamespaceLabels: gc.nsLabels, Layouts: idx.Layouts(), GPUResources: d.GPUResources(), GPUClaims: claims}
 }
 
 func layoutsOf(cfg *config.Configuration, nodes []corev1.Node) []*Layout {
@@ -191,9 +280,9 @@ func (gc goldenCase) layouts(t *testing.T) []*Layout {
 func TestGolden(t *testing.T) {
 	refresh := os.Getenv("REFRESH_GOLDEN") == "true"
 	forEachGolden(t, func(t *testing.T, base string, gc goldenCase) {
-		layouts := gc.layouts(t)
 		pod := gc.pod.DeepCopy()
-		res := Mutate(Input{Pod: pod, NamespaceLabels: gc.nsLabels, Layouts: layouts}, gc.cfg)
+		input := gc.input(t, pod)
+		res := Mutate(input, gc.cfg)
 		if res.Decision != DecisionInjected && len(res.Patch) > 0 {
 			t.Errorf("decision %s carries a patch", res.Decision)
 		}
@@ -233,7 +322,8 @@ func TestGolden(t *testing.T) {
 		assertHostPathsSafe(t, patched)
 
 		again := patched.DeepCopy()
-		res2 := Mutate(Input{Pod: again, NamespaceLabels: gc.nsLabels, Layouts: layouts}, gc.cfg)
+		input.Pod = again
+		res2 := Mutate(input, gc.cfg)
 		if !apiequality.Semantic.DeepEqual(again, patched) || len(res2.Patch) > 0 {
 			t.Errorf("second run changed the pod (patch %v):\n%s", res2.Patch, lineDiff(mustYAML(t, patched), mustYAML(t, again)))
 		}
@@ -248,7 +338,6 @@ func TestGolden(t *testing.T) {
 // whole pod: a field Mutate reads that decodePod skips shows up here.
 func TestDecodePodMatchesFullDecode(t *testing.T) {
 	forEachGolden(t, func(t *testing.T, _ string, gc goldenCase) {
-		layouts := gc.layouts(t)
 		raw, err := json.Marshal(gc.pod)
 		if err != nil {
 			t.Fatal(err)
@@ -257,8 +346,11 @@ func TestDecodePodMatchesFullDecode(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		full := Mutate(Input{Pod: gc.pod.DeepCopy(), NamespaceLabels: gc.nsLabels, Layouts: layouts, Seed: 7}, gc.cfg)
-		part := Mutate(Input{Pod: slim, NamespaceLabels: gc.nsLabels, Layouts: layouts, Seed: 7}, gc.cfg)
+		// The handler resolves the pod's claims from the partial pod too.
+		fullIn, partIn := gc.input(t, gc.pod.DeepCopy()), gc.input(t, slim)
+		fullIn.Seed, partIn.Seed = 7, 7
+		full := Mutate(fullIn, gc.cfg)
+		part := Mutate(partIn, gc.cfg)
 		a, b := mustJSON(t, full.Patch), mustJSON(t, part.Patch)
 		if full.Decision != part.Decision || full.Reason != part.Reason || !slices.Equal(full.Warnings, part.Warnings) || a != b {
 			t.Errorf("decoded in part: %s/%s %q\n%s\nwhole pod: %s/%s %q\n%s", part.Decision, part.Reason, part.Warnings, b, full.Decision, full.Reason, full.Warnings, a)

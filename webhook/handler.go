@@ -38,6 +38,14 @@ type Handler struct {
 	cfg        *config.Configuration
 	layouts    LayoutSource
 	namespaces NamespaceLabeler
+	dra        *DRA
+}
+
+// WithDRA makes the handler recognise GPUs that come through DRA: claims of
+// GPU DeviceClasses and the extended resources those classes serve.
+func (h *Handler) WithDRA(d *DRA) *Handler {
+	h.dra = d
+	return h
 }
 
 var _ admission.Handler = &Handler{}
@@ -87,7 +95,21 @@ func (h *Handler) Handle(ctx context.Context, req admission.Request) admission.R
 	// The patch is the mutation's own operations, each at a path it names:
 	// no diff of the pod, and a field this build's API types do not know (a
 	// newer API server's) is never in a patch, so it is never removed.
-	res := Mutate(Input{Pod: pod, NamespaceLabels: nsLabels, Layouts: h.layouts.Layouts(), Seed: Seed(string(req.UID))}, h.cfg)
+	in := Input{Pod: pod, NamespaceLabels: nsLabels, Layouts: h.layouts.Layouts(), Seed: Seed(string(req.UID))}
+	var draWarnings []string
+	if h.dra != nil {
+		in.GPUResources = h.dra.GPUResources()
+		if len(pod.Spec.ResourceClaims) > 0 {
+			in.GPUClaims, draWarnings = h.dra.GPUClaims(ctx, pod, req.Namespace)
+			for _, w := range draWarnings {
+				log.Error(nil, "failed to read a claim of the pod; it is not counted as a GPU claim", "detail", w)
+			}
+		}
+	}
+	res := Mutate(in, h.cfg)
+	for _, w := range draWarnings {
+		res.Warnings = append(res.Warnings, warnPrefix+w+"; the claim was not counted as a GPU claim")
+	}
 
 	log = log.WithValues("decision", res.Decision, "reason", res.Reason)
 	if res.Layout != nil {

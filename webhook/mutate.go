@@ -60,7 +60,7 @@ func Mutate(in Input, cfg *config.Configuration) Result {
 		return Result{Decision: DecisionSkipped, Reason: ReasonOptOut}
 	}
 
-	m := matcher{cfg: cfg}
+	m := matcher{cfg: cfg, resources: in.GPUResources, claims: in.GPUClaims}
 	m.fixResources(ed, warn)
 
 	targets := m.targetContainers(pod)
@@ -77,7 +77,19 @@ func Mutate(in Input, cfg *config.Configuration) Result {
 	}
 
 	prev := previousInjection(pod)
-	chosen, whyNot := chooseLayout(pod, in.Layouts, cfg, prev, in.Seed)
+	var ours []string
+	if prev != nil {
+		ours = prev.Volumes
+	}
+	legacy := m.legacyMounts(pod, targets, in.Layouts, ours)
+	layouts, keepWhy := in.Layouts, ""
+	if len(legacy) > 0 && cfg.LegacyMounts == config.LegacyMountsKeep {
+		layouts, keepWhy = keepsLegacy(layouts, legacy)
+	}
+	chosen, whyNot := chooseLayout(pod, layouts, cfg, prev, in.Seed)
+	if keepWhy != "" {
+		whyNot = keepWhy
+	}
 	if chosen == nil && prev != nil {
 		// Injected before, but that layout is gone: leave our earlier work alone
 		// rather than stack a second layout on top of it, and say what follows.
@@ -89,6 +101,11 @@ func Mutate(in Input, cfg *config.Configuration) Result {
 		switch cfg.NoLayout.Action {
 		case config.NoLayoutStatic:
 			s, _ := cfg.Static(cfg.NoLayout.StaticLayout)
+			if keepWhy != "" {
+				if _, why := keepsLegacy([]*Layout{{Static: s.Name, Plan: s.Plan}}, legacy); why != "" {
+					return Result{Decision: DecisionDenied, Reason: fmt.Sprintf("%s%s; nor does the static layout %q", warnPrefix, why, s.Name), Warnings: res.Warnings}
+				}
+			}
 			if k, ok := selectorConflict(pod, s.NodeSelector); ok {
 				return Result{
 					Decision: DecisionDenied,
@@ -102,6 +119,9 @@ func Mutate(in Input, cfg *config.Configuration) Result {
 			warn("no ready GPU node layout fits this pod (%s); admitted without the NVIDIA driver", whyNot)
 			return done(ReasonNoLayout)
 		default:
+			if keepWhy != "" {
+				return Result{Decision: DecisionDenied, Reason: warnPrefix + keepWhy + ", or set legacyMounts: " + config.LegacyMountsReplace + " in the webhook's configuration", Warnings: res.Warnings}
+			}
 			return Result{
 				Decision: DecisionDenied,
 				Reason:   warnPrefix + "no ready GPU node layout fits this pod: " + whyNot + `; check the pod's nodeName, nodeSelector, node affinity and tolerations, or opt the pod out with annotation ` + layout.AnnotationInject + `: "false"`,
@@ -110,6 +130,12 @@ func Mutate(in Input, cfg *config.Configuration) Result {
 		}
 	}
 
+	if chosen.Plan.RuntimeInjection != "" && cfg.RuntimeInjection == config.RuntimeInjectionSkip {
+		return done(ReasonRuntimeInjection)
+	}
+	if len(legacy) > 0 && cfg.LegacyMounts == config.LegacyMountsReplace {
+		replaceLegacy(ed, legacy, chosen, warn)
+	}
 	if prev == nil {
 		poolWarnings(chosen, warn)
 	}
@@ -138,10 +164,17 @@ func poolWarnings(l *Layout, warn func(string, ...any)) {
 
 type matcher struct {
 	cfg *config.Configuration
+	// resources and claims are Input.GPUResources and Input.GPUClaims.
+	resources []string
+	claims    []string
 }
 
-// isGPU reports whether a resource name is a configured GPU resource.
+// isGPU reports whether a resource name is a configured GPU resource, or one
+// that a GPU DeviceClass serves.
 func (m matcher) isGPU(name corev1.ResourceName) bool {
+	if slices.Contains(m.resources, string(name)) {
+		return true
+	}
 	for _, pat := range m.cfg.Resources.Names {
 		if string(name) == pat {
 			return true
@@ -156,6 +189,11 @@ func (m matcher) isGPU(name corev1.ResourceName) bool {
 }
 
 func (m matcher) wantsGPU(c *corev1.Container) bool {
+	for _, rc := range c.Resources.Claims {
+		if slices.Contains(m.claims, rc.Name) {
+			return true
+		}
+	}
 	for _, rl := range []corev1.ResourceList{c.Resources.Limits, c.Resources.Requests} {
 		for name, q := range rl {
 			if m.isGPU(name) && !q.IsZero() {

@@ -35,6 +35,9 @@ type Index struct {
 	pools  map[string]*poolState
 	memory map[string]PoolMemory
 	now    func() time.Time
+	// draGPUs are the GPUs that DRA ResourceSlices publish per node, which a
+	// Node's allocatable does not list (SetDRAGPUs).
+	draGPUs map[string]int64
 
 	snapshot atomic.Pointer[[]*Layout]
 	synced   atomic.Pointer[func() bool]
@@ -86,6 +89,7 @@ func NewIndex(cfg *config.Configuration, log logr.Logger) *Index {
 		layouts: map[string]*layoutState{},
 		pools:   map[string]*poolState{},
 		now:     time.Now,
+		draGPUs: map[string]int64{},
 	}
 	empty := []*Layout{}
 	idx.snapshot.Store(&empty)
@@ -166,6 +170,7 @@ func (idx *Index) Update(n *corev1.Node) {
 
 	idx.mu.Lock()
 	defer idx.mu.Unlock()
+	info.AllocatableGPUs = min(info.AllocatableGPUs+idx.draGPUs[n.Name], MaxNodeGPUs)
 	old := idx.nodes[n.Name]
 	st := &nodeState{info: info, source: source}
 	if eligible {
@@ -208,6 +213,36 @@ func (idx *Index) Update(n *corev1.Node) {
 		changed = append(changed, st.fingerprint)
 	}
 	idx.publish(changed)
+}
+
+// SetDRAGPUs records how many GPUs DRA ResourceSlices publish for a node;
+// they add to its allocatable GPUs, which on a node whose GPUs come through
+// DRA list none. The node may not be known yet: its next Update adds them.
+func (idx *Index) SetDRAGPUs(name string, gpus int64) {
+	gpus = max(min(gpus, MaxNodeGPUs), 0)
+	idx.mu.Lock()
+	defer idx.mu.Unlock()
+	old := idx.draGPUs[name]
+	if old == gpus {
+		return
+	}
+	if gpus == 0 {
+		delete(idx.draGPUs, name)
+	} else {
+		idx.draGPUs[name] = gpus
+	}
+	st, ok := idx.nodes[name]
+	if !ok {
+		return
+	}
+	// Published NodeInfos never change: replace this one.
+	info := *st.info
+	info.AllocatableGPUs = min(max(info.AllocatableGPUs-old, 0)+gpus, MaxNodeGPUs)
+	st.info = &info
+	if st.fingerprint != "" {
+		idx.putNode(st.fingerprint, &info)
+		idx.publish([]string{st.fingerprint})
+	}
 }
 
 // Delete forgets a Node.

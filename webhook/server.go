@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"slices"
 	"strings"
@@ -137,6 +138,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 	idx := NewIndex(cfg, log.WithName("nodes"))
 	byObject := map[client.Object]cache.ByObject{&corev1.Node{}: idx.CacheByObject()}
+	maps.Copy(byObject, DRACacheByObject())
 	if o.certs.mode == CertModeSelf && o.certs.namespace != "" {
 		// Only the one Secret, only to copy it into --cert-dir.
 		byObject[&corev1.Secret{}] = cache.ByObject{
@@ -185,6 +187,18 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := idx.Watch(ctx, mgr.GetCache()); err != nil {
 		return err
 	}
+	// Kubernetes 1.34+ serves resource.k8s.io/v1: GPUs may come through DRA,
+	// counted from ResourceSlices and claimed through DeviceClasses. An older
+	// API server gets no informer that could never sync.
+	var dra *DRA
+	if DRAServed(mgr.GetRESTMapper()) {
+		dra = NewDRA(cfg, idx, mgr.GetAPIReader(), log.WithName("dra"))
+		if err := dra.Watch(ctx, mgr.GetCache()); err != nil {
+			return err
+		}
+	} else {
+		log.Info("the API server does not serve resource.k8s.io/v1; GPUs are counted from Node allocatable only")
+	}
 	namespaces, err := WatchNamespaces(ctx, mgr.GetCache())
 	if err != nil {
 		return err
@@ -214,15 +228,19 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 	}
 
-	server.Register(Path, HTTPStatus(NewWebhook(NewHandler(cfg, idx, namespaces))))
+	server.Register(Path, HTTPStatus(NewWebhook(NewHandler(cfg, idx, namespaces).WithDRA(dra))))
 	if err := mgr.Add(startAfter{ready: certsReady, server: server}); err != nil {
 		return fmt.Errorf("failed to add the webhook server: %w", err)
 	}
-	for name, check := range map[string]healthz.Checker{
+	checks := map[string]healthz.Checker{
 		"webhook":    server.StartedChecker(),
 		"nodes":      idx.ReadyCheck,
 		"namespaces": namespaces.ReadyCheck,
-	} {
+	}
+	if dra != nil {
+		checks["dra"] = dra.ReadyCheck
+	}
+	for name, check := range checks {
 		if err := mgr.AddReadyzCheck(name, check); err != nil {
 			return fmt.Errorf("failed to add the %s readiness check: %w", name, err)
 		}

@@ -98,6 +98,9 @@ const (
 	ReasonExcludedNamespace = "excluded-namespace"
 	ReasonAlreadyInjected   = "already-injected"
 	ReasonNoLayout          = "no-layout"
+	// ReasonRuntimeInjection: the chosen layout's runtime injects the driver
+	// and the configuration says to leave such pods alone.
+	ReasonRuntimeInjection = "runtime-injection"
 )
 
 // Input is everything the mutation decides from.
@@ -110,6 +113,12 @@ type Input struct {
 	// Seed drives the Spread policy's weighted choice: the same seed gives
 	// the same layout, so the answer stays a function of the input.
 	Seed uint64
+	// GPUResources are more extended resource names that make a container a
+	// GPU container: those GPU DeviceClasses serve (DRA).
+	GPUResources []string
+	// GPUClaims name the pod's spec.resourceClaims entries that request a
+	// GPU DeviceClass; a container that uses one is a GPU container.
+	GPUClaims []string
 }
 
 // Result is the mutation's answer; Input.Pod is changed in place.

@@ -146,7 +146,9 @@ CEL: does resource name variable r match one of config.resources.names? A name w
 a path.Match meta character is compared exactly; a pattern matches by the literal prefix
 before its first meta character (nvidia.com/mig-* -> startsWith("nvidia.com/mig-")).
 The prefix test may send a few more pods than the pattern would match, never fewer: the
-webhook applies the exact pattern itself.
+webhook applies the exact pattern itself. Every DeviceClass's implicit extended resource
+(deviceclass.resource.kubernetes.io/<class>) is sent too: only the webhook knows which
+classes are GPUs.
 */}}
 {{- define "gpu-injector.celResourceMatch" -}}
 {{- $terms := list }}
@@ -158,5 +160,6 @@ webhook applies the exact pattern itself.
 {{- $terms = append $terms (printf "r.startsWith(%s)" (squote $prefix)) }}
 {{- end }}
 {{- end }}
+{{- $terms = append $terms "r.startsWith('deviceclass.resource.kubernetes.io/')" }}
 {{- join " || " $terms }}
 {{- end }}

@@ -41,8 +41,55 @@ func node(name string, p layout.Plan, gpus int64, labels map[string]string, tain
 	return n
 }
 
+const lib, bin = "/usr/local/nvidia/lib64", "/usr/local/nvidia/bin"
+
+// loose is a distribution's packaged driver: libraries file by file in a
+// shared folder, nvidia-smi in /usr/bin.
+func loose(version, cuda, libDir string) layout.Plan {
+	p := layout.Plan{SchemaVersion: "v1", DriverVersion: version, CUDADriverVersion: cuda, LibraryPaths: []string{lib}}
+	for _, f := range []string{"libcuda", "libnvidia-ml", "libnvidia-ptxjitcompiler", "libnvidia-nvvm"} {
+		so := ".so.1"
+		if f == "libnvidia-nvvm" {
+			so = ".so.4"
+		}
+		p.Mounts = append(p.Mounts, layout.Mount{libDir + "/" + f + ".so." + version, lib + "/" + f + so, layout.KindFile})
+	}
+	p.Mounts = append(p.Mounts, layout.Mount{"/usr/bin/nvidia-smi", bin + "/nvidia-smi", layout.KindFile})
+	return p
+}
+
+// modern is a cluster of today's nodes, where none of the classic tutorials'
+// driver folders exists: RHEL with NVIDIA's packages, GKE, Ubuntu's packaged
+// driver, a node whose GPUs come through DRA (no allocatable nvidia.com/gpu),
+// and nodes whose container runtime injects the driver.
+func modern() []corev1.Node {
+	rhel := loose("570.133.20", "12.8", "/usr/lib64")
+	ubuntu := loose("550.144.03", "12.4", "/usr/lib/x86_64-linux-gnu")
+	dra := loose("580.95.05", "13.0", "/usr/lib/x86_64-linux-gnu")
+	gke := layout.Plan{SchemaVersion: "v1", DriverVersion: "535.230.02", CUDADriverVersion: "12.2", LibraryPaths: []string{lib},
+		Mounts: []layout.Mount{{"/home/kubernetes/bin/nvidia/lib64", lib, layout.KindDirectory}, {"/home/kubernetes/bin/nvidia/bin", bin, layout.KindDirectory}}}
+	toolkit := layout.Plan{SchemaVersion: "v1", DriverVersion: "560.35.03", CUDADriverVersion: "12.6", RuntimeInjection: layout.RuntimeToolkit}
+	cdi := layout.Plan{SchemaVersion: "v1", DriverVersion: "570.86.15", CUDADriverVersion: "12.8", RuntimeInjection: layout.RuntimeCDI}
+	taint := []corev1.Taint{{Key: "nvidia.com/gpu", Value: "present", Effect: corev1.TaintEffectNoSchedule}}
+	return []corev1.Node{
+		node("gpu-rhel-1", rhel, 4, map[string]string{"accelerator": "nvidia-l4"}, nil, true, nil),
+		node("gpu-rhel-2", rhel, 4, map[string]string{"accelerator": "nvidia-l4"}, nil, true, nil),
+		node("gpu-gke-1", gke, 4, map[string]string{"cloud.google.com/gke-accelerator": "nvidia-tesla-t4", "accelerator": "nvidia-tesla-t4"}, taint, true, nil),
+		node("gpu-ubuntu-1", ubuntu, 2, map[string]string{"accelerator": "nvidia-tesla-v100"}, nil, true, nil),
+		// Its 8 GPUs are in ResourceSlices, which the golden cases add.
+		node("gpu-dra-1", dra, 0, map[string]string{"accelerator": "nvidia-h100"}, nil, true, func(n *corev1.Node) {
+			delete(n.Status.Allocatable, "nvidia.com/gpu")
+		}),
+		node("gpu-toolkit-1", toolkit, 4, map[string]string{"accelerator": "nvidia-a10g"}, nil, true, nil),
+		node("gpu-cdi-1", cdi, 2, map[string]string{"accelerator": "nvidia-l40s"}, nil, true, nil),
+	}
+}
+
 func main() {
-	lib, bin := "/usr/local/nvidia/lib64", "/usr/local/nvidia/bin"
+	if len(os.Args) > 1 && os.Args[1] == "modern" {
+		write(modern(), "nodes-modern.yaml", "A cluster of today's nodes, where the classic tutorials' driver folders do not exist")
+		return
+	}
 	ubuntu := layout.Plan{SchemaVersion: "v1", DriverVersion: "384.130", CUDADriverVersion: "9.0", LibraryPaths: []string{lib},
 		Mounts: []layout.Mount{{"/usr/lib/nvidia-384", lib, layout.KindDirectory}, {"/usr/lib/nvidia-384/bin", bin, layout.KindDirectory}}}
 	gke := layout.Plan{SchemaVersion: "v1", DriverVersion: "535.104.05", CUDADriverVersion: "12.2", LibraryPaths: []string{lib},
@@ -103,6 +150,10 @@ func main() {
 	cpu := corev1.Node{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Node"}, ObjectMeta: metav1.ObjectMeta{Name: "cpu-1", Labels: map[string]string{"kubernetes.io/hostname": "cpu-1"}},
 		Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}}}
 	nodes = append(nodes, cpu)
+	write(nodes, "nodes.yaml", "The default cluster of the golden tests")
+}
+
+func write(nodes []corev1.Node, file, title string) {
 	var docs []string
 	for _, n := range nodes {
 		u, _ := runtime.DefaultUnstructuredConverter.ToUnstructured(&n)
@@ -118,5 +169,9 @@ func main() {
 		b, _ := yaml.Marshal(u)
 		docs = append(docs, strings.TrimSpace(string(b)))
 	}
-	fmt.Fprintln(os.Stdout, "# The default cluster of the golden tests. Generated, fingerprints real:\n#   go run ./webhook/testdata/gen > webhook/testdata/nodes.yaml\n"+"---\n"+strings.Join(docs, "\n---\n"))
+	arg := ""
+	if file != "nodes.yaml" {
+		arg = " modern"
+	}
+	fmt.Fprintf(os.Stdout, "# %s. Generated, fingerprints real:\n#   go run ./webhook/testdata/gen%s > webhook/testdata/%s\n---\n%s\n", title, arg, file, strings.Join(docs, "\n---\n"))
 }
