@@ -403,7 +403,7 @@ func TestRender(t *testing.T) {
 					t.Errorf("service selector %v does not select the webhook pods %v", svc.Spec.Selector, dep.Spec.Selector.MatchLabels)
 				}
 				checkNodeprobe(t, r)
-				checkWebhookRBAC(t, r, true)
+				checkWebhookRBAC(t, r, true, true)
 				checkProbeRBAC(t, r)
 			},
 		},
@@ -418,7 +418,7 @@ func TestRender(t *testing.T) {
 					t.Errorf("ValidatingAdmissionPolicy rendered for 1.29")
 				}
 				checkNodeprobe(t, r)
-				checkWebhookRBAC(t, r, true)
+				checkWebhookRBAC(t, r, true, false)
 				checkProbeRBAC(t, r)
 			},
 		},
@@ -475,7 +475,7 @@ func TestRender(t *testing.T) {
 				if c := container(t, dep.Spec.Template, "webhook"); !slices.Contains(c.Args, "--cert-mode=external") {
 					t.Errorf("webhook args %q lack --cert-mode=external", c.Args)
 				}
-				checkWebhookRBAC(t, r, false)
+				checkWebhookRBAC(t, r, false, true)
 			},
 		},
 		"cert-manager with a cluster issuer": {
@@ -517,7 +517,7 @@ func TestRender(t *testing.T) {
 				if r.get("Secret", certSecret) != nil {
 					t.Errorf("certificate Secret rendered although the CA comes from webhook.caBundle")
 				}
-				checkWebhookRBAC(t, r, false)
+				checkWebhookRBAC(t, r, false, true)
 			},
 		},
 		"url with the webhook still in the cluster": {
@@ -744,7 +744,8 @@ func hostRootMount(t *testing.T, r rendered) corev1.VolumeMount {
 
 // checkWebhookRBAC: nodes and namespaces read-only, and in self cert mode only the
 // one Secret and the one webhook configuration writable.
-func checkWebhookRBAC(t *testing.T, r rendered, selfCerts bool) {
+// checkWebhookRBAC: dra is a cluster that serves resource.k8s.io/v1 (1.34+).
+func checkWebhookRBAC(t *testing.T, r rendered, selfCerts, dra bool) {
 	t.Helper()
 	cr := mustGet[rbacv1.ClusterRole](t, r, "ClusterRole", webhookSA)
 	crb := mustGet[rbacv1.ClusterRoleBinding](t, r, "ClusterRoleBinding", webhookSA)
@@ -754,6 +755,12 @@ func checkWebhookRBAC(t *testing.T, r rendered, selfCerts bool) {
 	want := []rbacv1.PolicyRule{
 		{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"list", "watch"}},
 		{APIGroups: []string{""}, Resources: []string{"namespaces"}, Verbs: []string{"list", "watch"}},
+	}
+	if dra {
+		want = append(want,
+			rbacv1.PolicyRule{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceslices", "deviceclasses"}, Verbs: []string{"list", "watch"}},
+			rbacv1.PolicyRule{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims", "resourceclaimtemplates"}, Verbs: []string{"get", "list", "watch"}},
+		)
 	}
 	if selfCerts {
 		want = append(want,
