@@ -1,0 +1,351 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/retry"
+
+	"github.com/gpu-injector/gpu-injector/config"
+	"github.com/gpu-injector/gpu-injector/e2e/env"
+	"github.com/gpu-injector/gpu-injector/layout"
+	"github.com/gpu-injector/gpu-injector/webhook"
+)
+
+// poolMemoryName is the chart's <fullname>-pools for the environment's release.
+const poolMemoryName = env.Release + "-pools"
+
+// TestPoolScaledToZero: with config.pinning.nodeLabels set to the label the
+// kubelet node registers with (accelerator, from its --node-labels, as a
+// cloud's node pool label comes from the node group), the elected webhook
+// remembers the pool's layout in its ConfigMap. The pool's only Node is
+// deleted: the pool is at zero. A GPU pod for that pool is then admitted,
+// injected with the remembered layout and pinned only by the pool's label
+// (no fingerprint selector), and stays Pending. A new node of the pool
+// appears (the kubelet starts again and registers its Node anew, with its
+// labels and no layout yet), and the pod is scheduled there and runs against
+// the injected driver. Finally the probe publishes on the new node and the
+// pool is live again.
+func TestPoolScaledToZero(t *testing.T) {
+	kn := testEnv.KubeletNode()
+	pool := env.LabelAccelerator + "=" + kn.Accelerator
+	fp := currentFingerprint(t, kn.Name)
+	cfg := enablePoolPinning(t, "config.pinning.nodeLabels={"+env.LabelAccelerator+"}")
+
+	var mem webhook.PoolMemory
+	waitFor(t, 2*time.Minute, "the elected webhook to remember pool "+pool, func(ctx context.Context) (bool, error) {
+		cm, err := client().CoreV1().ConfigMaps(env.Namespace).Get(ctx, poolMemoryName, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		entries, errs := webhook.DecodeMemory(cm.Data, cfg, time.Now())
+		if len(errs) > 0 {
+			return false, errs[0]
+		}
+		for _, m := range entries {
+			if m.Pool == pool && m.Plan.Fingerprint() == fp {
+				mem = m
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	t.Logf("remembered pool %s: layout %s (driver %s), node labels %v, taints %v", pool, fp, mem.Plan.DriverVersion, mem.NodeLabels, mem.Taints)
+	if _, ok := mem.NodeLabels[layout.LabelFingerprint]; ok {
+		t.Errorf("remembered node labels carry %s, which a new node does not have: %v", layout.LabelFingerprint, mem.NodeLabels)
+	}
+
+	// The pool scales to zero: its only node leaves.
+	if err := client().CoreV1().Nodes().Delete(testContext(t), kn.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatalf("failed to delete node %s: %v", kn.Name, err)
+	}
+	var rejoined bool
+	t.Cleanup(func() {
+		// Leave the suite's kubelet node as it was: registered, untainted,
+		// its layout published and seen by the webhook.
+		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+		defer cancel()
+		if !rejoined {
+			if err := testEnv.Cluster.RestartKubelet(ctx); err != nil {
+				t.Errorf("failed to bring node %s back: %v", kn.Name, err)
+				return
+			}
+			if err := untaintNotReady(ctx, client(), kn.Name); err != nil {
+				t.Error(err)
+			}
+		}
+		if _, err := testEnv.UpgradeDriver(ctx, kn.Name, kn.DriverVersion); err != nil {
+			t.Errorf("failed to have node %s's layout published again: %v", kn.Name, err)
+		}
+	})
+	waitPoolState(t, pool, "remembered")
+
+	ns := newNamespace(t, true)
+	warnings := &warningRecorder{}
+	warned := warningClient(t, warnings)
+	pod := gpuPod("at-zero", podOpts{resource: gpu, nodeSelector: map[string]string{env.LabelAccelerator: kn.Accelerator}})
+	created, err := warned.CoreV1().Pods(ns).Create(testContext(t), pod, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("a GPU pod for a pool at zero was refused: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = client().CoreV1().Pods(ns).Delete(context.Background(), created.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr(int64(0))})
+	})
+
+	rec, ok := injected(t, created)
+	if !ok {
+		t.Fatalf("pod was not injected; warnings %q", warnings.all())
+	}
+	if !rec.Remembered || rec.Pool != pool || rec.Fingerprint != fp || rec.DriverVersion != kn.DriverVersion {
+		t.Errorf("injection record %+v, want layout %s (driver %s) remembered for pool %s", rec, fp, kn.DriverVersion, pool)
+	}
+	for k := range created.Spec.NodeSelector {
+		if strings.HasPrefix(k, layout.Prefix) {
+			t.Errorf("pod pinned by %s, a label no autoscaler knows; nodeSelector %v", k, created.Spec.NodeSelector)
+		}
+	}
+	if got := created.Spec.NodeSelector[env.LabelAccelerator]; got != kn.Accelerator || len(created.Spec.NodeSelector) != 1 {
+		t.Errorf("nodeSelector %v, want only the pool label %s", created.Spec.NodeSelector, pool)
+	}
+	if got := created.Labels[layout.LabelPinnedLayout]; got != fp {
+		t.Errorf("label %s=%q, want %s", layout.LabelPinnedLayout, got, fp)
+	}
+	wantPaths := map[string]bool{}
+	for _, m := range mem.Plan.Mounts {
+		wantPaths[m.HostPath] = true
+	}
+	for name, p := range hostPaths(created) {
+		if !wantPaths[p] {
+			t.Errorf("volume %s mounts %s, not in the remembered layout %v", name, p, mem.Plan.Mounts)
+		}
+		delete(wantPaths, p)
+	}
+	if len(wantPaths) > 0 {
+		t.Errorf("remembered host paths not injected: %v", wantPaths)
+	}
+	if w := warnings.all(); !strings.Contains(w, "pool "+pool+" has no ready node") {
+		t.Errorf("warnings %q do not say the layout came from the pool's memory", w)
+	}
+
+	// Nothing can run it yet: the scheduler finds no node.
+	waitFor(t, apiTimeout, "the scheduler to find no node for the pod", func(ctx context.Context) (bool, error) {
+		p, err := client().CoreV1().Pods(ns).Get(ctx, created.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		if p.Spec.NodeName != "" {
+			return false, nil
+		}
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+
+	// A new node of the pool joins, with the pool's label and no layout yet.
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if err := testEnv.Cluster.RestartKubelet(ctx); err != nil {
+		t.Fatalf("failed to start the kubelet again: %v", err)
+	}
+	rejoined = true
+	if err := untaintNotReady(ctx, client(), kn.Name); err != nil {
+		t.Fatal(err)
+	}
+	node, err := client().CoreV1().Nodes().Get(ctx, kn.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if node.Labels[env.LabelAccelerator] != kn.Accelerator {
+		t.Fatalf("the new node has labels %v, want %s", node.Labels, pool)
+	}
+	t.Logf("node %s registered again: %s=%q, fingerprint label %q", kn.Name, env.LabelAccelerator, node.Labels[env.LabelAccelerator], node.Labels[layout.LabelFingerprint])
+
+	bound := waitBound(t, ns, created.Name)
+	if bound.Spec.NodeName != kn.Name {
+		t.Fatalf("pod bound to %s, want the pool's new node %s", bound.Spec.NodeName, kn.Name)
+	}
+	done := waitPodDone(t, ns, created.Name)
+	log := podLog(t, ns, created.Name, "cuda")
+	if done.Status.Phase != corev1.PodSucceeded || !strings.Contains(log, "driver="+kn.DriverVersion) {
+		t.Fatalf("pod on the new node: phase %s, log:\n%s\nwant Succeeded with driver=%s", done.Status.Phase, log, kn.DriverVersion)
+	}
+
+	// The probe publishes on the new node (it re-probes on SIGHUP, as a new
+	// node's probe pod does when it starts): the pool is live again.
+	if _, err := testEnv.UpgradeDriver(testContext(t), kn.Name, kn.DriverVersion); err != nil {
+		t.Fatal(err)
+	}
+	waitPoolState(t, pool, "live")
+}
+
+// enablePoolPinning renders the chart with the given values, applies the
+// webhook's RBAC and configuration from it (as a helm upgrade would), and
+// restarts the webhook; the test's cleanup restores both. It returns the
+// configuration the webhook now runs with.
+func enablePoolPinning(t *testing.T, sets ...string) *config.Configuration {
+	t.Helper()
+	ctx := testContext(t)
+	objs, err := env.RenderChart(ctx, testEnv.RepoRoot, testEnv.Helm, append([]string{"webhook.enabled=false"}, sets...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	original, err := os.ReadFile(testEnv.ConfigFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var data string
+	var applied []*unstructured.Unstructured
+	for _, o := range objs {
+		switch o.GetKind() {
+		case "ConfigMap":
+			if s, _, _ := unstructured.NestedString(o.Object, "data", "config.yaml"); s != "" {
+				data = s
+			}
+		case "ClusterRole", "Role", "RoleBinding":
+			if o.GetLabels()["app.kubernetes.io/component"] != "webhook" {
+				continue
+			}
+			if err := testEnv.Applier.Apply(ctx, o, false); err != nil {
+				t.Fatal(err)
+			}
+			applied = append(applied, o)
+		}
+	}
+	cfg, err := config.Parse([]byte(data))
+	if err != nil {
+		t.Fatalf("the chart rendered a bad configuration: %v", err)
+	}
+	if err := os.WriteFile(testEnv.ConfigFile, []byte(data), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		if err := os.WriteFile(testEnv.ConfigFile, original, 0o644); err != nil {
+			t.Error(err)
+		}
+		if err := testEnv.RestartWebhook(ctx); err != nil {
+			t.Errorf("failed to restart the webhook with its original configuration: %v", err)
+		}
+		// The default chart's rules again; the pool Role only exists with pools.
+		def, err := env.RenderChart(ctx, testEnv.RepoRoot, testEnv.Helm, "webhook.enabled=false")
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		for _, o := range def {
+			if o.GetKind() == "ClusterRole" && o.GetLabels()["app.kubernetes.io/component"] == "webhook" {
+				if err := testEnv.Applier.Apply(ctx, o, false); err != nil {
+					t.Error(err)
+				}
+			}
+		}
+		for _, o := range applied {
+			if o.GetKind() == "ClusterRole" || !strings.HasSuffix(o.GetName(), "-pools") {
+				continue
+			}
+			var err error
+			if o.GetKind() == "Role" {
+				err = client().RbacV1().Roles(o.GetNamespace()).Delete(ctx, o.GetName(), metav1.DeleteOptions{})
+			} else {
+				err = client().RbacV1().RoleBindings(o.GetNamespace()).Delete(ctx, o.GetName(), metav1.DeleteOptions{})
+			}
+			if err != nil && !apierrors.IsNotFound(err) {
+				t.Error(err)
+			}
+		}
+	})
+	if err := testEnv.RestartWebhook(ctx); err != nil {
+		t.Fatalf("failed to restart the webhook with pinning by pool: %v", err)
+	}
+	return cfg
+}
+
+// waitPoolState waits until the webhook's gpu_injector_pools metric shows the
+// pool in that state.
+func waitPoolState(t *testing.T, pool, state string) {
+	t.Helper()
+	want := `gpu_injector_pools{pool="` + pool + `",state="` + state + `"} 1`
+	waitFor(t, 2*time.Minute, "the webhook to see pool "+pool+" "+state, func(ctx context.Context) (bool, error) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, testEnv.WebhookMetricsURL, nil)
+		if err != nil {
+			return false, err
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return false, nil
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		return err == nil && strings.Contains(string(body), want), nil
+	})
+}
+
+// untaintNotReady lifts the not-ready taint every new Node gets, which the
+// node lifecycle controller (off in this environment) lifts on a real cluster
+// once the node is Ready.
+func untaintNotReady(ctx context.Context, cs kubernetes.Interface, name string) error {
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		n, err := cs.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		var keep []corev1.Taint
+		for _, tn := range n.Spec.Taints {
+			if tn.Key != corev1.TaintNodeNotReady {
+				keep = append(keep, tn)
+			}
+		}
+		if len(keep) == len(n.Spec.Taints) {
+			return nil
+		}
+		n.Spec.Taints = keep
+		_, err = cs.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{})
+		return err
+	})
+}
+
+// warningRecorder keeps the API server's warnings, which carry the webhook's.
+type warningRecorder struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (w *warningRecorder) HandleWarningHeader(_ int, _ string, text string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.msgs = append(w.msgs, text)
+}
+
+func (w *warningRecorder) all() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return strings.Join(w.msgs, "\n")
+}
+
+func warningClient(t *testing.T, w *warningRecorder) kubernetes.Interface {
+	t.Helper()
+	cfg := testEnv.RESTConfig()
+	cfg.WarningHandler = w
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cs
+}
