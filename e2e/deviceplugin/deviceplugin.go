@@ -4,6 +4,11 @@
 // that has no GPU. Allocate hands out no device node, only the
 // NVIDIA_VISIBLE_DEVICES variable that the real NVIDIA plugin sets; what a
 // container sees of the driver comes from gpu-injector's mounts alone.
+//
+// On a machine with a GPU, ServeHostDevices advertises the real device nodes
+// instead (/dev/nvidiaN) and hands each allocated container its node plus the
+// control nodes every CUDA process opens, as NVIDIA's own plugin does: device
+// nodes only, never a driver file, which remains gpu-injector's job.
 package deviceplugin
 
 import (
@@ -14,6 +19,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -69,18 +75,36 @@ func Serve(ctx context.Context, dir, resource string, count int) error {
 }
 
 func serve(ctx context.Context, dir, resource string, count int, interval time.Duration) error {
-	if errs := validation.IsQualifiedName(resource); len(errs) > 0 || !strings.Contains(resource, "/") {
-		return fmt.Errorf("invalid resource name %q: want an extended resource such as nvidia.com/gpu %v", resource, errs)
-	}
 	if count < 1 {
 		return fmt.Errorf("invalid device count %d: want at least 1", count)
+	}
+	return servePlugin(ctx, dir, resource, newPlugin(count), interval)
+}
+
+// ServeHostDevices is Serve for real device nodes: it advertises devices
+// (from HostDevices) and Allocate hands each container the DeviceSpecs of the
+// devices it got.
+func ServeHostDevices(ctx context.Context, dir, resource string, devices []HostDevice) error {
+	return serveHostDevices(ctx, dir, resource, devices, checkInterval)
+}
+
+func serveHostDevices(ctx context.Context, dir, resource string, devices []HostDevice, interval time.Duration) error {
+	if len(devices) == 0 {
+		return errors.New("invalid device list: no device to advertise")
+	}
+	return servePlugin(ctx, dir, resource, newHostPlugin(devices), interval)
+}
+
+func servePlugin(ctx context.Context, dir, resource string, p *plugin, interval time.Duration) error {
+	if errs := validation.IsQualifiedName(resource); len(errs) > 0 || !strings.Contains(resource, "/") {
+		return fmt.Errorf("invalid resource name %q: want an extended resource such as nvidia.com/gpu %v", resource, errs)
 	}
 	if !filepath.IsAbs(dir) {
 		return fmt.Errorf("invalid device plugin folder %q: not an absolute path", dir)
 	}
 	log := logr.FromContextOrDiscard(ctx).WithValues("resource", resource)
 	s := &state{
-		plugin:  newPlugin(count),
+		plugin:  p,
 		dir:     dir,
 		socket:  filepath.Join(dir, SocketName(resource)),
 		kubelet: filepath.Join(dir, kubeletSocket),
@@ -227,6 +251,80 @@ type plugin struct {
 	pluginapi.UnimplementedDevicePluginServer
 	devices []*pluginapi.Device
 	known   map[string]bool
+	// specs are the device nodes of each device; nil for made-up devices.
+	specs map[string][]*pluginapi.DeviceSpec
+}
+
+// HostDevice is one GPU's device node and the nodes it cannot work without.
+type HostDevice struct {
+	// ID is the node's name (nvidia0), which the kubelet records per pod.
+	ID string
+	// Specs are the nodes a container using this device gets.
+	Specs []*pluginapi.DeviceSpec
+}
+
+// controlNodes are opened by every CUDA and NVML process besides the GPU's
+// own node; nvidia-uvm carries CUDA's unified memory, without it cudaMalloc fails.
+var controlNodes = []string{"nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"}
+
+// HostDevices lists the GPUs whose nodes are in devDir (/dev on a GPU machine,
+// a folder of stand-in nodes in a rehearsal): one device per nvidiaN, each with
+// that node and the control nodes present. The container paths are always
+// under /dev, where the driver's libraries look.
+func HostDevices(devDir string) ([]HostDevice, error) {
+	entries, err := os.ReadDir(devDir)
+	if err != nil {
+		return nil, fmt.Errorf("failed to read %s: %w", devDir, err)
+	}
+	spec := func(name string) *pluginapi.DeviceSpec {
+		return &pluginapi.DeviceSpec{HostPath: filepath.Join(devDir, name), ContainerPath: "/dev/" + name, Permissions: "rw"}
+	}
+	var control []*pluginapi.DeviceSpec
+	for _, name := range controlNodes {
+		if isCharDevice(filepath.Join(devDir, name)) {
+			control = append(control, spec(name))
+		}
+	}
+	if len(control) == 0 || control[0].ContainerPath != "/dev/nvidiactl" {
+		return nil, fmt.Errorf("failed to find %s: no NVIDIA driver loaded on this machine", filepath.Join(devDir, "nvidiactl"))
+	}
+	var gpus []int
+	for _, e := range entries {
+		n, ok := strings.CutPrefix(e.Name(), "nvidia")
+		if !ok {
+			continue
+		}
+		i, err := strconv.Atoi(n)
+		if err != nil || strconv.Itoa(i) != n || !isCharDevice(filepath.Join(devDir, e.Name())) {
+			continue
+		}
+		gpus = append(gpus, i)
+	}
+	if len(gpus) == 0 {
+		return nil, fmt.Errorf("failed to find a GPU device node (nvidia0, ...) in %s", devDir)
+	}
+	slices.Sort(gpus)
+	devices := make([]HostDevice, 0, len(gpus))
+	for _, i := range gpus {
+		name := "nvidia" + strconv.Itoa(i)
+		devices = append(devices, HostDevice{ID: name, Specs: append([]*pluginapi.DeviceSpec{spec(name)}, control...)})
+	}
+	return devices, nil
+}
+
+func isCharDevice(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && st.Mode()&fs.ModeCharDevice != 0
+}
+
+func newHostPlugin(devices []HostDevice) *plugin {
+	p := &plugin{known: map[string]bool{}, specs: map[string][]*pluginapi.DeviceSpec{}}
+	for _, d := range devices {
+		p.devices = append(p.devices, &pluginapi.Device{ID: d.ID, Health: pluginapi.Healthy})
+		p.known[d.ID] = true
+		p.specs[d.ID] = d.Specs
+	}
+	return p
 }
 
 func newPlugin(count int) *plugin {
@@ -261,9 +359,20 @@ func (p *plugin) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*p
 				return nil, status.Errorf(codes.InvalidArgument, "unknown device %q", id)
 			}
 		}
-		resp.ContainerResponses = append(resp.ContainerResponses, &pluginapi.ContainerAllocateResponse{
+		cr := &pluginapi.ContainerAllocateResponse{
 			Envs: map[string]string{VisibleDevicesEnv: strings.Join(ids, ",")},
-		})
+		}
+		// Control nodes are shared by every device: each goes in once.
+		seen := map[string]bool{}
+		for _, id := range ids {
+			for _, s := range p.specs[id] {
+				if !seen[s.ContainerPath] {
+					seen[s.ContainerPath] = true
+					cr.Devices = append(cr.Devices, s)
+				}
+			}
+		}
+		resp.ContainerResponses = append(resp.ContainerResponses, cr)
 	}
 	return resp, nil
 }

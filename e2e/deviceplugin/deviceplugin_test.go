@@ -287,3 +287,113 @@ func waitFor(t *testing.T, cond func() bool) {
 		time.Sleep(testInterval)
 	}
 }
+
+// fakeDev is a folder of stand-in device nodes: links to /dev/null, a real
+// character device, so no mknod (and no root) is needed.
+func fakeDev(t *testing.T, nodes ...string) string {
+	t.Helper()
+	dir := t.TempDir()
+	for _, n := range nodes {
+		if err := os.Symlink("/dev/null", filepath.Join(dir, n)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+func TestHostDevices(t *testing.T) {
+	dev := fakeDev(t, "nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-caps", "nvidia01x", "nvidia-modeset-not")
+	// A regular file named like a GPU is not one.
+	if err := os.WriteFile(filepath.Join(dev, "nvidia7"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	devices, err := HostDevices(dev)
+	if err != nil {
+		t.Fatalf("HostDevices: %v", err)
+	}
+	var got []string
+	for _, d := range devices {
+		var paths []string
+		for _, s := range d.Specs {
+			if s.HostPath != filepath.Join(dev, filepath.Base(s.ContainerPath)) || s.Permissions != "rw" {
+				t.Errorf("device %s: spec %v", d.ID, s)
+			}
+			paths = append(paths, s.ContainerPath)
+		}
+		got = append(got, d.ID+"="+strings.Join(paths, ","))
+	}
+	want := []string{
+		"nvidia0=/dev/nvidia0,/dev/nvidiactl,/dev/nvidia-uvm,/dev/nvidia-uvm-tools",
+		"nvidia1=/dev/nvidia1,/dev/nvidiactl,/dev/nvidia-uvm,/dev/nvidia-uvm-tools",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("devices\n%v\nwant\n%v", got, want)
+	}
+
+	for name, nodes := range map[string][]string{
+		"no driver":     {"nvidia0"},
+		"no GPU node":   {"nvidiactl", "nvidia-uvm"},
+		"empty machine": nil,
+	} {
+		t.Run(name, func(t *testing.T) {
+			if _, err := HostDevices(fakeDev(t, nodes...)); err == nil {
+				t.Errorf("HostDevices of %v succeeded, want an error", nodes)
+			}
+		})
+	}
+}
+
+func TestServeHostDevicesAllocate(t *testing.T) {
+	devices, err := HostDevices(fakeDev(t, "nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := shortDir(t)
+	kubelet := startKubelet(t, dir)
+	ctx, cancel := context.WithCancel(logr.NewContext(context.Background(), testr.New(t)))
+	done := make(chan error, 1)
+	go func() { done <- serveHostDevices(ctx, dir, "nvidia.com/gpu", devices, testInterval) }()
+	t.Cleanup(func() { cancel(); <-done })
+	client := dialPlugin(t, dir, kubelet.waitRegister(t))
+
+	var ids []string
+	for _, d := range listDevices(t, client) {
+		ids = append(ids, d.ID)
+	}
+	if !slices.Equal(ids, []string{"nvidia0", "nvidia1"}) {
+		t.Errorf("devices %v", ids)
+	}
+	tests := map[string]struct {
+		ids  []string
+		want []string
+	}{
+		"one GPU":  {ids: []string{"nvidia1"}, want: []string{"/dev/nvidia1", "/dev/nvidiactl", "/dev/nvidia-uvm"}},
+		"two GPUs": {ids: []string{"nvidia0", "nvidia1"}, want: []string{"/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia1"}},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			resp, err := client.Allocate(context.Background(), &pluginapi.AllocateRequest{
+				ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: tc.ids}},
+			})
+			if err != nil {
+				t.Fatalf("Allocate: %v", err)
+			}
+			c := resp.ContainerResponses[0]
+			var paths []string
+			for _, d := range c.Devices {
+				paths = append(paths, d.ContainerPath)
+			}
+			if !slices.Equal(paths, tc.want) {
+				t.Errorf("devices %v, want %v", paths, tc.want)
+			}
+			if c.Envs[VisibleDevicesEnv] != strings.Join(tc.ids, ",") || len(c.Mounts) != 0 {
+				t.Errorf("envs %v mounts %v: want only %s and no mount (the driver is gpu-injector's)", c.Envs, c.Mounts, VisibleDevicesEnv)
+			}
+		})
+	}
+	if _, err := client.Allocate(context.Background(), &pluginapi.AllocateRequest{
+		ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{"nvidia2"}}},
+	}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("Allocate of an unknown GPU: %v, want InvalidArgument", err)
+	}
+}

@@ -1,0 +1,567 @@
+#!/usr/bin/env bash
+# gpu-cluster.sh: a one-node Kubernetes on a GPU machine with gpu-injector
+# installed by Helm, and the classic GPU workloads run on it (docs/real-gpu.md).
+#
+#   hack/gpu-cluster.sh --build [DIR]   here, with Go and apt: build the payload
+#                          into DIR (default .device/gpu-cluster): part1/ (the
+#                          Kubernetes components as one binary, etcd, helm) and
+#                          part2/ (containerd, runc, CNI plugins, cluster-up, the
+#                          gpu-injector image, standin-server), xz-compressed
+#   hack/gpu-cluster.sh --stage DIR     on the GPU machine: keep a payload part in
+#                          /tmp/gpu-cluster-payload, for a transport that carries
+#                          one part at a time
+#   hack/gpu-cluster.sh [--payload DIR]...   on the GPU machine (root, nvcc, no Go,
+#                          no network), from the repository root: the run
+#   hack/gpu-cluster.sh --fake [--payload DIR]...   the same run here against the
+#                          stand-in driver (e2e/standin), in a private mount
+#                          namespace where it sits at /usr/local/nvidia: needs Go,
+#                          gcc and root; proves the plumbing, not a GPU
+#
+# The run: unpack the payload; build the CUDA program (nvcc -cudart static) and a
+# driverless image around it (make-driverless-root.sh, root-image.sh); start the
+# local cluster (hack/cluster-up: etcd, kube-apiserver, controller-manager,
+# scheduler, containerd + runc, a kubelet on cgroup v2 with the cgroupfs driver)
+# with the test device plugin advertising the machine's /dev/nvidiaN and handing
+# them to GPU pods; import both images into containerd; `helm install` the chart;
+# wait for the probe pod to label the Node from NVML; label a namespace; run the
+# nvidia-smi Job, the CUDA pod and the TensorFlow-style Deployment of
+# hack/gpu/cluster/; the negative controls; a PASS/FAIL table. Exit status 0
+# only when every check passed.
+#
+# Payload folders are searched in order: each --payload DIR, .device/gpu-cluster/
+# part1 and part2, /tmp/gpu-cluster-payload.
+#
+# Environment: OUT (results, default ./gpu-cluster-out), NVCC, NVCC_ARCH (default
+# sm_90), EXPECT_GPU (default H100), EXPECT_DRIVER (default 580.), EXPECT_MEMORY_MIB
+# (default 81559), KEEP=1 (leave the cluster running until Ctrl-C).
+#
+# Results in $OUT (at most 8 files): summary.txt, gpu-cluster.log (every command
+# and its output), node.yaml (the Node after the probe), workloads.txt (the
+# workloads' logs and the webhook's changes), cluster-logs.tar.gz (component and
+# pod logs, `kubectl get -A`, events).
+set -uo pipefail
+
+self=$(readlink -f "${BASH_SOURCE[0]}")
+cd "$(dirname "$self")/.." || exit 1
+repo=$(pwd)
+# Run from a copy in a side folder (.gpucarry/), the repository is its parent.
+[[ -d $repo/charts/gpu-injector ]] || { echo "gpu-cluster: run from the repository (no charts/ in $repo)" >&2; exit 1; }
+
+STAGE=/tmp/gpu-cluster-payload
+K8S_VERSION=v1.36.3
+ETCD_VERSION=v3.5.21
+KUBE_COMPONENTS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
+DRIVERLESS_IMAGE=gpu-injector.local/driverless-cuda:gpu
+# The gpu-injector image as `make image` builds it, under the name a user of a
+# private registry would give it (image.repository and image.tag below).
+IMAGE_REPOSITORY=gpu-injector.local/gpu-injector
+IMAGE_TAG=gpu
+RELEASE_NS=gpu-injector
+NS=gpu-demo
+NS_OFF=gpu-demo-unlabelled
+
+usage() {
+	sed -n '2,45p' "$self" | sed 's/^# \{0,1\}//' >&2
+	exit 2
+}
+
+mode=real
+payloads=()
+build_dir=.device/gpu-cluster
+while [[ $# -gt 0 ]]; do
+	case "$1" in
+	--build)
+		mode=build
+		if [[ $# -ge 2 && $2 != -* ]]; then build_dir=$2; shift; fi
+		;;
+	--stage)
+		[[ $# -ge 2 ]] || usage
+		mkdir -p "$STAGE" && cp -a "$2"/. "$STAGE"/ && ls -la "$STAGE" && exit 0
+		exit 1
+		;;
+	--fake) mode=fake ;;
+	--payload)
+		[[ $# -ge 2 ]] || usage
+		payloads+=("$(cd "$2" && pwd)") || exit 1
+		shift
+		;;
+	--in-namespace) in_ns=1 ;;
+	*) usage ;;
+	esac
+	shift
+done
+payloads+=("$repo/.device/gpu-cluster/part1" "$repo/.device/gpu-cluster/part2" "$STAGE")
+
+# ---------------------------------------------------------------------------
+# --build: here, with Go. Each part stays under 60 MiB so that one part fits a
+# 64 MiB transport beside the repository.
+if [[ $mode == build ]]; then
+	set -e
+	mkdir -p "$build_dir/part1" "$build_dir/part2"
+	b=$(cd "$build_dir" && pwd)
+	cache=${GPU_INJECTOR_CACHE:-$repo/bin}
+	hack/tools.sh all
+	xzf() { # xzf SRC DEST.xz: compress unless DEST is newer than SRC
+		if [[ ! -f $2 || $1 -nt $2 ]]; then
+			echo "xz $1 -> $2" >&2
+			xz -9 -T1 -c "$1" >"$2.tmp" && mv "$2.tmp" "$2"
+		fi
+	}
+	tmp=$(mktemp -d)
+	trap 'rm -rf "$tmp"' EXIT
+	# The five Kubernetes components as one binary (they share most of their
+	# code: 137 MB against 417 MB for five), built from the same module
+	# versions as hack/tools.sh, so the build cache has every package.
+	if [[ ! -f $b/part1/kube.xz ]]; then
+		mkdir "$tmp/kube"
+		(
+			cd "$tmp/kube"
+			go mod init gpu-injector.local/kube-multicall >/dev/null 2>&1
+			gomod=$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')
+			{
+				echo "require k8s.io/kubernetes $K8S_VERSION"
+				echo "replace ("
+				for m in $(awk '/=> \.\/staging\/src\// { print $1 }' "$gomod" | sort -u); do echo "	$m => $m v0.${K8S_VERSION#v1.}"; done
+				echo ")"
+			} >>go.mod
+			sed '/^\/\/go:build ignore/d' "$repo/hack/gpu/kube-multicall.go" >main.go
+			go mod tidy >/dev/null
+			minor=${K8S_VERSION#v1.}
+			minor=${minor%%.*}
+			CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean -X k8s.io/component-base/version.buildDate=1970-01-01T00:00:00Z" -o kube .
+		)
+		xzf "$tmp/kube/kube" "$b/part1/kube.xz"
+	fi
+	if [[ ! -f $b/part1/etcd.xz ]]; then
+		cp "$cache/etcd-$ETCD_VERSION/etcd" "$tmp/etcd" && strip "$tmp/etcd"
+		xzf "$tmp/etcd" "$b/part1/etcd.xz"
+	fi
+	xzf "$(ls "$cache"/helm-*/helm | head -1)" "$b/part1/helm.xz"
+	# containerd 1.6, runc 1.1 and the CNI plugins from Debian's packages, as
+	# hack/install-runtime.sh installs them here.
+	if [[ ! -f $b/part2/runtime.tar.xz ]]; then
+		mkdir "$tmp/deb" && (cd "$tmp/deb" && apt-get download containerd runc containernetworking-plugins)
+		for d in "$tmp"/deb/*.deb; do dpkg-deb -x "$d" "$tmp/deb/x"; done
+		tar -C "$tmp/deb/x" -cf - usr/bin/containerd usr/bin/containerd-shim-runc-v2 usr/bin/ctr usr/sbin/runc \
+			usr/lib/cni/bridge usr/lib/cni/host-local usr/lib/cni/loopback | xz -9 -T1 >"$b/part2/runtime.tar.xz"
+	fi
+	CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$tmp/cluster-up" ./hack/cluster-up
+	xzf "$tmp/cluster-up" "$b/part2/cluster-up.xz"
+	CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$tmp/standin-server" ./hack/demo/standin-server
+	xzf "$tmp/standin-server" "$b/part2/standin-server.xz"
+	go run ./hack/image -o "$tmp/gpu-injector-image.tar" -ref "$IMAGE_REPOSITORY:$IMAGE_TAG"
+	xzf "$tmp/gpu-injector-image.tar" "$b/part2/gpu-injector-image.tar.xz"
+	ls -la "$b"/part1 "$b"/part2
+	for p in part1 part2; do
+		size=$(du -sb "$b/$p" | cut -f1)
+		echo "$p: $((size / 1024 / 1024)) MiB" >&2
+		[[ $size -lt $((60 * 1024 * 1024)) ]] || echo "warning: $p is over 60 MiB" >&2
+	done
+	exit 0
+fi
+
+# ---------------------------------------------------------------------------
+# --fake: the stand-in driver must sit at the real /usr/local/nvidia, where the
+# kubelet bind-mounts it from; a private mount namespace with an overlay on
+# /usr/local gives it that path without touching this machine.
+if [[ $mode == fake && -z ${in_ns:-} ]]; then
+	[[ $EUID -eq 0 ]] || { echo "gpu-cluster --fake: needs root" >&2; exit 1; }
+	args=(--fake --in-namespace)
+	for p in "${payloads[@]}"; do args+=(--payload "$p"); done
+	exec unshare --mount --propagation private -- "$self" "${args[@]}"
+fi
+
+OUT=${OUT:-./gpu-cluster-out}
+EXPECT_GPU=${EXPECT_GPU:-H100}
+EXPECT_DRIVER=${EXPECT_DRIVER:-580.}
+EXPECT_MEMORY_MIB=${EXPECT_MEMORY_MIB:-81559}
+NVCC_ARCH=${NVCC_ARCH:-sm_90}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+LOG=$OUT/gpu-cluster.log
+: >"$LOG"
+: >"$OUT/workloads.txt"
+work=$(mktemp -d /tmp/gpu-cluster.XXXXXX)
+chmod 755 "$work"
+cluster_pid=
+
+names=()
+results=()
+details=()
+record() {
+	names+=("$1")
+	results+=("$2")
+	details+=("$3")
+	printf '\n>>> %s: %s (%s)\n' "$2" "$1" "$3" | tee -a "$LOG"
+}
+section() { printf '\n===== %s [%s] =====\n' "$1" "$(date -u +%H:%M:%S)" | tee -a "$LOG"; }
+# run CMD...: the command and its output into the log; returns its status.
+run() {
+	local rc
+	printf '$ %s\n' "$*" | tee -a "$LOG"
+	"$@" >"$work/run.out" 2>&1
+	rc=$?
+	tee -a "$LOG" <"$work/run.out"
+	printf '[exit status %d]\n' "$rc" | tee -a "$LOG"
+	return "$rc"
+}
+now() { date +%s.%N; }
+since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+timings=()
+timing() { timings+=("$(printf '%-48s %6s s' "$1" "$2")"); }
+
+collect() {
+	section "collect"
+	if [[ -n ${KUBECONFIG:-} ]]; then
+		mkdir -p "$work/logs/kubectl"
+		{
+			$kubectl get nodes -o wide
+			$kubectl get all,events -A -o wide
+		} >"$work/logs/kubectl/get-all.txt" 2>&1
+		$kubectl get node "$NODE_NAME" -o yaml >"$work/logs/kubectl/node.yaml" 2>&1
+		$kubectl describe pods -A >"$work/logs/kubectl/describe-pods.txt" 2>&1
+		for p in $($kubectl get pods -n "$RELEASE_NS" -o name 2>/dev/null); do
+			$kubectl logs -n "$RELEASE_NS" --all-containers "$p" >"$work/logs/kubectl/$RELEASE_NS-${p#pod/}.log" 2>&1
+		done
+	fi
+	tar -C "$work" -czf "$OUT/cluster-logs.tar.gz" logs 2>/dev/null
+}
+cleanup() {
+	collect
+	if [[ -n $cluster_pid ]] && kill -0 "$cluster_pid" 2>/dev/null; then
+		kill -TERM "$cluster_pid"
+		for _ in $(seq 60); do kill -0 "$cluster_pid" 2>/dev/null || break; sleep 0.5; done
+	fi
+	rm -rf "$work"
+}
+trap cleanup EXIT
+
+section "machine"
+{
+	echo "mode: $mode"
+	echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+	echo "kernel: $(uname -srm)"
+	grep PRETTY_NAME /etc/os-release 2>/dev/null
+	echo "cgroup: $(stat -fc %T /sys/fs/cgroup)"
+	echo "git: $(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+	ls -la /dev/nvidia* 2>&1
+	[[ $mode == real ]] && nvidia-smi -L 2>&1
+} 2>&1 | tee -a "$LOG"
+
+# ---------------------------------------------------------------------------
+section "1. unpack the payload"
+t0=$(now)
+find_payload() { # find_payload FILE: the first payload folder that has it
+	local d
+	for d in "${payloads[@]}"; do
+		[[ -f $d/$1 ]] && { echo "$d/$1"; return 0; }
+	done
+	return 1
+}
+missing=()
+for f in kube.xz etcd.xz helm.xz runtime.tar.xz cluster-up.xz standin-server.xz gpu-injector-image.tar.xz; do
+	find_payload "$f" >/dev/null || missing+=("$f")
+done
+if [[ ${#missing[@]} -gt 0 ]]; then
+	record "payload" FAIL "missing ${missing[*]} in ${payloads[*]}: run hack/gpu-cluster.sh --build here and copy .device/gpu-cluster"
+	exit 1
+fi
+cache=$work/cache
+bin=$work/bin
+mkdir -p "$cache/kubernetes-$K8S_VERSION" "$cache/etcd-$ETCD_VERSION" "$bin" "$work/rt" "$work/images"
+xz -dc "$(find_payload kube.xz)" >"$cache/kubernetes-$K8S_VERSION/kube"
+for c in "${KUBE_COMPONENTS[@]}"; do ln -s kube "$cache/kubernetes-$K8S_VERSION/$c"; done
+xz -dc "$(find_payload etcd.xz)" >"$cache/etcd-$ETCD_VERSION/etcd"
+xz -dc "$(find_payload helm.xz)" >"$bin/helm"
+xz -dc "$(find_payload cluster-up.xz)" >"$bin/cluster-up"
+xz -dc "$(find_payload standin-server.xz)" >"$work/standin-server"
+xz -dc "$(find_payload gpu-injector-image.tar.xz)" >"$work/images/gpu-injector.tar"
+tar -C "$work/rt" -xJf "$(find_payload runtime.tar.xz)"
+cp "$work"/rt/usr/bin/* "$work"/rt/usr/sbin/* "$bin"/
+chmod +x "$bin"/* "$cache/kubernetes-$K8S_VERSION/kube" "$cache/etcd-$ETCD_VERSION/etcd" "$work/standin-server"
+# The launcher looks for the CNI plugins where Debian installs them.
+mkdir -p /usr/lib/cni
+for p in bridge host-local loopback; do
+	[[ -x /usr/lib/cni/$p ]] || cp "$work/rt/usr/lib/cni/$p" /usr/lib/cni/
+done
+export PATH=$bin:$PATH GPU_INJECTOR_CACHE=$cache
+# helm keeps a cache and config per user; keep them with the run.
+export HELM_CACHE_HOME=$work/helm/cache HELM_CONFIG_HOME=$work/helm/config HELM_DATA_HOME=$work/helm/data
+kubectl=$cache/kubernetes-$K8S_VERSION/kubectl
+helm=$bin/helm
+run "$kubectl" version --client && run "$helm" version --short && run containerd --version && run runc --version
+t_unpack=$(since "$t0")
+timing "unpack the payload" "$t_unpack"
+record "payload unpacked" PASS "$(du -sh "$work" | cut -f1) from $(for f in kube etcd helm; do basename "$(dirname "$(find_payload $f.xz)")"; done | sort -u | xargs)"
+
+# ---------------------------------------------------------------------------
+section "2. the CUDA program and the driverless image"
+prog=$work/cuda-smoke
+if [[ $mode == fake ]]; then
+	# The stand-in runs no kernels: its test program is e2e/workloads'
+	# cuda-check, which loads libcuda.so.1 by SONAME as the CUDA runtime does.
+	expect_cuda_ok='loaded libcuda\.so\.1 from /usr/local/nvidia/lib64/'
+	expect_cuda_fail='cannot load libcuda\.so\.1'
+	expect_gpu='Stand-in GPU'
+	run gcc -O2 -o "$prog" e2e/workloads/csrc/cuda-check.c -ldl && record "build the CUDA program" PASS "gcc e2e/workloads/csrc/cuda-check.c (stand-in)" ||
+		record "build the CUDA program" FAIL "gcc failed"
+	# The stand-in driver at /usr/local/nvidia, in this namespace only.
+	mkdir -p "$work/usrlocal/upper" "$work/usrlocal/work" "$work/node"
+	run go run ./hack/gpu/standin-node --root "$work/node" --layout usr-local-nvidia --version 580.159.04 &&
+		mount -t overlay overlay -o "lowerdir=/usr/local,upperdir=$work/usrlocal/upper,workdir=$work/usrlocal/work" /usr/local &&
+		mkdir -p /usr/local/nvidia && mount --bind -o ro "$work/node/usr/local/nvidia" /usr/local/nvidia &&
+		record "stand-in driver at /usr/local/nvidia" PASS "private mount namespace" ||
+		record "stand-in driver at /usr/local/nvidia" FAIL "see the log"
+	# Device nodes for the plugin to hand out: /dev/null's numbers.
+	gpu_dev=$work/dev
+	mkdir -p "$gpu_dev"
+	for n in nvidia0 nvidiactl nvidia-uvm; do mknod -m 666 "$gpu_dev/$n" c 1 3; done
+else
+	expect_cuda_ok='CUDA kernel result: OK'
+	expect_cuda_fail='CUDA error|insufficient|cannot open shared object'
+	expect_gpu=$EXPECT_GPU
+	gpu_dev=/dev
+	nvcc=${NVCC:-$(command -v nvcc || ls /usr/local/cuda*/bin/nvcc 2>/dev/null | head -1)}
+	if [[ -n $nvcc ]] && run "$nvcc" -O2 -cudart static -arch="$NVCC_ARCH" -o "$prog" hack/gpu/cuda-smoke.cu; then
+		record "build the CUDA program" PASS "$nvcc -cudart static -arch=$NVCC_ARCH"
+	else
+		record "build the CUDA program" FAIL "no nvcc, or nvcc failed"
+	fi
+fi
+cp "$work/standin-server" "$work/standin-server.bin"
+libs_for=()
+[[ -x /usr/local/nvidia/bin/nvidia-smi ]] && libs_for=(--libs-for /usr/local/nvidia/bin/nvidia-smi)
+root=$work/driverless-root
+if run bash hack/gpu/make-driverless-root.sh "${libs_for[@]}" "$root" "$prog" "$work/standin-server" &&
+	run bash hack/gpu/root-image.sh "$root" "$DRIVERLESS_IMAGE" "$work/images/driverless.tar"; then
+	record "driverless image" PASS "$DRIVERLESS_IMAGE: $(cd "$root" && find . -type f | wc -l) files, none matching nvidia|libcuda"
+else
+	record "driverless image" FAIL "make-driverless-root.sh or root-image.sh failed"
+fi
+
+# ---------------------------------------------------------------------------
+section "3. the cluster"
+t0=$(now)
+mkdir -p "$work/logs/cluster"
+# nvidia.com/gpu.present is what NVIDIA's GPU feature discovery labels GPU nodes
+# with; the chart's probe DaemonSet selects it.
+cluster_args=(--node-labels nvidia.com/gpu.present=true --gpu-dev-dir "$gpu_dev"
+	--import-image "$work/images/gpu-injector.tar" --import-image "$work/images/driverless.tar"
+	--write-env "$work/cluster.env" --logs-dir "$work/logs/cluster" --timeout 5m)
+printf '$ cluster-up %s\n' "${cluster_args[*]}" | tee -a "$LOG"
+setsid cluster-up "${cluster_args[@]}" >"$work/logs/cluster-up.log" 2>&1 &
+cluster_pid=$!
+for _ in $(seq 600); do
+	[[ -f $work/cluster.env ]] && break
+	kill -0 "$cluster_pid" 2>/dev/null || break
+	sleep 0.5
+done
+cat "$work/logs/cluster-up.log" >>"$LOG"
+if [[ ! -f $work/cluster.env ]]; then
+	record "cluster up" FAIL "cluster-up did not start the cluster (log in cluster-logs.tar.gz)"
+	tail -30 "$work/logs/cluster-up.log"
+	exit 1
+fi
+# shellcheck disable=SC1091
+source "$work/cluster.env"
+export KUBECONFIG
+t_cluster=$(since "$t0")
+timing "cluster start (etcd to node Ready, images imported)" "$t_cluster"
+record "cluster up" PASS "node $NODE_NAME ($NODE_IP), Kubernetes $K8S_VERSION, in ${t_cluster}s"
+# The device plugin registers right after the node turns Ready.
+gpus=
+for _ in $(seq 120); do
+	gpus=$($kubectl get node "$NODE_NAME" -o jsonpath='{.status.allocatable.nvidia\.com/gpu}' 2>/dev/null)
+	[[ -n $gpus && $gpus != 0 ]] && break
+	sleep 0.5
+done
+run "$kubectl" get node "$NODE_NAME" -o jsonpath='{.status.allocatable}{"\n"}'
+[[ -n $gpus && $gpus != 0 ]] && record "device plugin advertises the GPU" PASS "nvidia.com/gpu: $gpus ($(cd "$gpu_dev" && ls -d nvidia[0-9]* | xargs))" ||
+	record "device plugin advertises the GPU" FAIL "no nvidia.com/gpu in the node's allocatable"
+
+# cluster-up imported both images once the node was Ready: their time is the
+# gap between its "local cluster ready" and its last "imported image" lines.
+t_import=$(awk '/local cluster ready/ { r = $1 } /imported image/ { i = $1 }
+	function secs(t) { split(substr(t, 12, 12), a, ":"); return a[1] * 3600 + a[2] * 60 + a[3] }
+	END { if (r != "" && i != "") printf "%.1f", secs(i) - secs(r) }' "$work/logs/cluster-up.log")
+timing "image import (gpu-injector, driverless)" "${t_import:-?}"
+run "$CTR" --address "$CONTAINERD_SOCKET" --namespace k8s.io images ls -q
+if grep -q "^$IMAGE_REPOSITORY:$IMAGE_TAG\$" "$work/run.out" && grep -q "^$DRIVERLESS_IMAGE\$" "$work/run.out"; then
+	record "images imported into containerd" PASS "$IMAGE_REPOSITORY:$IMAGE_TAG and $DRIVERLESS_IMAGE in ${t_import:-?}s"
+else
+	record "images imported into containerd" FAIL "an image is missing from containerd's k8s.io namespace"
+fi
+
+# ---------------------------------------------------------------------------
+section "4. helm install"
+t0=$(now)
+# privileged: the probe reads NVML, which opens /dev/nvidiactl and /dev/nvidia0.
+# This node has no NVIDIA container toolkit, so no RuntimeClass adds those
+# nodes (runtimeClassName would name a handler containerd does not have), and
+# the probe asks for no GPU, so the device plugin gives it none either: only a
+# privileged container passes the device cgroup. It stays non-root with every
+# capability dropped and the host root read-only.
+helm_args=(install gpu-injector charts/gpu-injector --namespace "$RELEASE_NS" --create-namespace
+	--set image.repository=$IMAGE_REPOSITORY --set image.tag=$IMAGE_TAG --set image.pullPolicy=Never
+	--set nodeprobe.privileged=true
+	--wait --timeout 4m)
+if run "$helm" "${helm_args[@]}"; then
+	record "helm install" PASS "release gpu-injector in $RELEASE_NS, ready in $(since "$t0")s"
+else
+	record "helm install" FAIL "helm install --wait failed"
+fi
+timing "helm install --wait (chart pods Ready)" "$(since "$t0")"
+run "$kubectl" get pods -n "$RELEASE_NS" -o wide
+not_running=$($kubectl get pods -n "$RELEASE_NS" --no-headers 2>/dev/null | awk '$3 != "Running" {print $1}')
+total=$($kubectl get pods -n "$RELEASE_NS" --no-headers 2>/dev/null | wc -l)
+[[ $total -gt 0 && -z $not_running ]] && record "chart pods Running" PASS "$total pods" ||
+	record "chart pods Running" FAIL "$total pods, not running: ${not_running:-none listed}"
+
+t0=$(now)
+state=
+for _ in $(seq 240); do
+	state=$($kubectl get node "$NODE_NAME" -o jsonpath='{.metadata.labels.gpu-injector\.io/state}' 2>/dev/null)
+	[[ $state == ready ]] && break
+	sleep 0.5
+done
+timing "probe pod labels the Node" "$(since "$t0")"
+$kubectl get node "$NODE_NAME" -o yaml >"$OUT/node.yaml" 2>&1
+run "$kubectl" get node "$NODE_NAME" -o jsonpath='{range .metadata.labels}{}{end}' >/dev/null
+grep -E 'gpu-injector.io/' "$OUT/node.yaml" | tee -a "$LOG"
+label() { $kubectl get node "$NODE_NAME" -o jsonpath="{.metadata.labels.gpu-injector\.io/$1}"; }
+drv=$(label driver-version) product=$(label gpu-product) mem=$(label gpu-memory-mib) src=$($kubectl get node "$NODE_NAME" -o jsonpath='{.metadata.annotations.gpu-injector\.io/driver-version-source}')
+if [[ $mode == fake ]]; then
+	want_product='Stand-in' want_mem='.*'
+else
+	want_product=$EXPECT_GPU want_mem=$EXPECT_MEMORY_MIB
+fi
+if [[ $state == ready && $drv == "$EXPECT_DRIVER"* && $product == *"$want_product"* && $mem =~ ^$want_mem$ && $src == NVML ]]; then
+	record "probe pod labels the Node from NVML" PASS "driver $drv, $product, $mem MiB, source $src"
+else
+	record "probe pod labels the Node from NVML" FAIL "state '$state', driver '$drv', product '$product', memory '$mem', source '$src'"
+fi
+
+# ---------------------------------------------------------------------------
+section "5. the workloads in an opted-in namespace"
+run "$kubectl" create namespace "$NS"
+run "$kubectl" label namespace "$NS" gpu-injector.io/inject=enabled
+run "$kubectl" create namespace "$NS_OFF"
+# wait_pod NS SELECTOR PHASES SECONDS: until a pod matching SELECTOR is in one of PHASES.
+pod_of() { $kubectl get pods -n "$1" -l "$2" -o jsonpath='{.items[0].metadata.name}' 2>/dev/null; }
+wait_phase() {
+	local ns=$1 pod=$2 want=$3 secs=$4 phase
+	for _ in $(seq $((secs * 2))); do
+		phase=$($kubectl get pod -n "$ns" "$pod" -o jsonpath='{.status.phase}' 2>/dev/null)
+		[[ $phase =~ ^($want)$ ]] && { echo "$phase"; return 0; }
+		sleep 0.5
+	done
+	echo "${phase:-none}"
+	return 1
+}
+workload_log() { # workload_log TITLE CMD...: into workloads.txt and the log
+	{
+		printf '\n## %s\n$ %s\n' "$1" "${*:2}"
+		"${@:2}" 2>&1
+	} | tee -a "$OUT/workloads.txt" >>"$LOG"
+}
+
+t0=$(now)
+run "$kubectl" create -n "$NS" -f hack/gpu/cluster/nvidia-smi-job.yaml
+if run "$kubectl" wait -n "$NS" --for=condition=Complete job/nvidia-smi --timeout=180s; then
+	t_job=$(since "$t0")
+	timing "nvidia-smi Job: kubectl create to Complete" "$t_job"
+fi
+pod=$(pod_of "$NS" job-name=nvidia-smi)
+workload_log "nvidia-smi Job: what the webhook changed" $kubectl get pod -n "$NS" "$pod" -o jsonpath='{.metadata.annotations}{"\n"}{.spec.nodeSelector}{"\n"}{.spec.volumes}{"\n"}{.spec.containers[0].volumeMounts}{"\n"}{.spec.containers[0].env}{"\n"}{.spec.containers[0].resources}{"\n"}'
+workload_log "kubectl logs job/nvidia-smi" $kubectl logs -n "$NS" job/nvidia-smi
+$kubectl logs -n "$NS" job/nvidia-smi >"$work/smi.log" 2>&1
+if [[ -n ${t_job:-} ]] && grep -q "$expect_gpu" "$work/smi.log"; then
+	record "nvidia-smi Job Completed, GPU in its log" PASS "in ${t_job}s: $(grep -m1 -o "[^|]*$expect_gpu[^|]*" "$work/smi.log" | xargs)"
+else
+	record "nvidia-smi Job Completed, GPU in its log" FAIL "job not Complete or no '$expect_gpu' in its log"
+fi
+
+t0=$(now)
+run "$kubectl" create -n "$NS" -f hack/gpu/cluster/cuda-pod.yaml
+phase=$(wait_phase "$NS" cuda-smoke 'Succeeded|Failed' 180)
+t_cuda=$(since "$t0")
+workload_log "kubectl logs cuda-smoke" $kubectl logs -n "$NS" cuda-smoke
+$kubectl logs -n "$NS" cuda-smoke >"$work/cuda.log" 2>&1
+timing "CUDA pod: kubectl create to Succeeded" "$t_cuda"
+[[ $phase == Succeeded ]] && grep -Eq "$expect_cuda_ok" "$work/cuda.log" &&
+	record "CUDA pod: kernel OK" PASS "Succeeded in ${t_cuda}s, log matches '$expect_cuda_ok'" ||
+	record "CUDA pod: kernel OK" FAIL "phase $phase; want Succeeded and '$expect_cuda_ok'"
+
+t0=$(now)
+run "$kubectl" create -n "$NS" -f hack/gpu/cluster/tensorflow-style.yaml
+if run "$kubectl" rollout status -n "$NS" deployment/tensorflow-style --timeout=180s; then
+	timing "TensorFlow-style Deployment: create to Available" "$(since "$t0")"
+fi
+sleep 1
+workload_log "kubectl logs deployment/tensorflow-style" $kubectl logs -n "$NS" deployment/tensorflow-style
+$kubectl logs -n "$NS" deployment/tensorflow-style >"$work/tf.log" 2>&1
+restarts=$($kubectl get pods -n "$NS" -l app=tensorflow-style -o jsonpath='{.items[0].status.containerStatuses[0].restartCount}')
+[[ $restarts == 0 ]] && grep -Eq "$expect_cuda_ok" "$work/tf.log" &&
+	record "TensorFlow-style Deployment: kernel OK" PASS "Available, 0 restarts, log matches '$expect_cuda_ok'" ||
+	record "TensorFlow-style Deployment: kernel OK" FAIL "restarts '$restarts'; want 0 and '$expect_cuda_ok'"
+
+# ---------------------------------------------------------------------------
+section "6. negative controls in a namespace that did not opt in"
+run "$kubectl" create -n "$NS_OFF" -f hack/gpu/cluster/nvidia-smi-job.yaml
+pending=
+for _ in $(seq 60); do
+	pod=$(pod_of "$NS_OFF" job-name=nvidia-smi)
+	[[ -n $pod ]] && pending=$($kubectl get events -n "$NS_OFF" --field-selector "involvedObject.name=$pod,reason=FailedScheduling" -o jsonpath='{.items[*].message}' 2>/dev/null)
+	[[ -n $pending ]] && break
+	sleep 0.5
+done
+phase=$($kubectl get pod -n "$NS_OFF" "$pod" -o jsonpath='{.status.phase}' 2>/dev/null)
+workload_log "unlabelled namespace: the same Job" $kubectl get events -n "$NS_OFF" --field-selector "involvedObject.name=$pod"
+[[ $phase == Pending && $pending == *"Insufficient alpha.kubernetes.io/nvidia-gpu"* ]] &&
+	record "same Job, no opt-in: Pending" PASS "$pending" ||
+	record "same Job, no opt-in: Pending" FAIL "phase '$phase', scheduler said '$pending'"
+
+# The resource renamed by hand, no injection: it schedules and runs, without the driver.
+sed -e 's/alpha.kubernetes.io\/nvidia-gpu/nvidia.com\/gpu/' -e 's/name: nvidia-smi$/name: nvidia-smi-renamed/' hack/gpu/cluster/nvidia-smi-job.yaml >"$work/renamed-job.yaml"
+run "$kubectl" create -n "$NS_OFF" -f "$work/renamed-job.yaml"
+run "$kubectl" wait -n "$NS_OFF" --for=condition=Failed job/nvidia-smi-renamed --timeout=120s
+pod=$(pod_of "$NS_OFF" job-name=nvidia-smi-renamed)
+why=$($kubectl get pod -n "$NS_OFF" "$pod" -o jsonpath='{.status.containerStatuses[0].state.terminated.reason}: {.status.containerStatuses[0].state.terminated.message}' 2>/dev/null)
+workload_log "unlabelled namespace: nvidia-smi Job with nvidia.com/gpu by hand" $kubectl get pod -n "$NS_OFF" "$pod" -o jsonpath='{.status.phase} {.status.containerStatuses[0].state}{"\n"}'
+vols=$($kubectl get pod -n "$NS_OFF" "$pod" -o jsonpath='{.spec.volumes[*].hostPath.path}')
+[[ -z $vols && $why == *nvidia-smi* ]] &&
+	record "renamed by hand, no injection: no nvidia-smi" PASS "${why//$'\n'/ }" ||
+	record "renamed by hand, no injection: no nvidia-smi" FAIL "hostPath volumes '$vols', container ended '$why'"
+
+sed -e 's/name: cuda-smoke$/name: cuda-smoke-uninjected/' hack/gpu/cluster/cuda-pod.yaml >"$work/cuda-off.yaml"
+run "$kubectl" create -n "$NS_OFF" -f "$work/cuda-off.yaml"
+phase=$(wait_phase "$NS_OFF" cuda-smoke-uninjected 'Succeeded|Failed' 120)
+workload_log "kubectl logs cuda-smoke-uninjected (no opt-in)" $kubectl logs -n "$NS_OFF" cuda-smoke-uninjected
+$kubectl logs -n "$NS_OFF" cuda-smoke-uninjected >"$work/cuda-off.log" 2>&1
+[[ $phase == Failed ]] && grep -Eq "$expect_cuda_fail" "$work/cuda-off.log" &&
+	record "CUDA pod, no injection: no driver" PASS "Failed: $(grep -Em1 "$expect_cuda_fail" "$work/cuda-off.log" | cut -c1-100)" ||
+	record "CUDA pod, no injection: no driver" FAIL "phase $phase; want Failed and '$expect_cuda_fail'"
+
+# ---------------------------------------------------------------------------
+section "summary"
+failed=0
+{
+	printf '%-4s  %-44s  %s\n' "" "check" "detail"
+	for i in "${!names[@]}"; do
+		printf '%-4s  %-44s  %s\n' "${results[$i]}" "${names[$i]}" "${details[$i]}"
+		[[ ${results[$i]} == PASS ]] || failed=$((failed + 1))
+	done
+	echo
+	printf '%s\n' "${timings[@]}"
+	echo
+	if [[ $failed -eq 0 ]]; then
+		echo "gpu-cluster ($mode): PASS, ${#names[@]} checks"
+	else
+		echo "gpu-cluster ($mode): FAIL, $failed of ${#names[@]} checks failed"
+	fi
+} | tee "$OUT/summary.txt" | tee -a "$LOG"
+if [[ ${KEEP:-} == 1 ]]; then
+	echo "KEEP=1: cluster left running; KUBECONFIG=$KUBECONFIG; Ctrl-C to stop" >&2
+	wait "$cluster_pid"
+fi
+grep -q ': PASS,' "$OUT/summary.txt"
