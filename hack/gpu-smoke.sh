@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # gpu-smoke.sh: proof on a real GPU that a container whose image holds no file
 # of the NVIDIA driver runs nvidia-smi and a CUDA kernel with only what
-# gpu-injector injects, and fails without it (issue 5; docs/real-gpu.md).
+# gpu-injector injects, and fails without it (docs/real-gpu.md).
 #
 #   hack/gpu-smoke.sh --build   here, with Go: build .device/bin/gpu-injector (cgo,
 #                               for NVML) and .device/bin/podsim (static)
-#   hack/gpu-smoke.sh           on the GPU machine (root, nvcc, no Go), from the
-#                               repository root, with .device/ carried along
+#   hack/gpu-smoke.sh           on a GPU machine (root, nvcc, no Go), from the
+#                               repository root, with .device/ copied there
 #   hack/gpu-smoke.sh --fake    the same run on this machine, against the project's
 #                               stand-in driver (e2e/standin) in a fake node folder:
 #                               needs Go, gcc and root; proves the plumbing, not a GPU
