@@ -90,6 +90,7 @@ while [[ $# -gt 0 ]]; do
 	esac
 	shift
 done
+given=("${payloads[@]}")
 payloads+=("$repo/.device/gpu-cluster/part1" "$repo/.device/gpu-cluster/part2" "$STAGE")
 
 # ---------------------------------------------------------------------------
@@ -167,7 +168,7 @@ fi
 if [[ $mode == fake && -z ${in_ns:-} ]]; then
 	[[ $EUID -eq 0 ]] || { echo "gpu-cluster --fake: needs root" >&2; exit 1; }
 	args=(--fake --in-namespace)
-	for p in "${payloads[@]}"; do args+=(--payload "$p"); done
+	for p in "${given[@]}"; do args+=(--payload "$p"); done
 	exec unshare --mount --propagation private -- "$self" "${args[@]}"
 fi
 
@@ -507,6 +508,9 @@ restarts=$($kubectl get pods -n "$NS" -l app=tensorflow-style -o jsonpath='{.ite
 
 # ---------------------------------------------------------------------------
 section "6. negative controls in a namespace that did not opt in"
+# The Deployment holds the GPU; the controls that schedule need it back.
+run "$kubectl" delete -n "$NS" -f hack/gpu/cluster/tensorflow-style.yaml --wait=true
+run "$kubectl" wait -n "$NS" --for=delete pod -l app=tensorflow-style --timeout=60s
 run "$kubectl" create -n "$NS_OFF" -f hack/gpu/cluster/nvidia-smi-job.yaml
 pending=
 for _ in $(seq 60); do
