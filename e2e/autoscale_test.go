@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/util/retry"
 
 	"github.com/gpu-injector/gpu-injector/config"
+	"github.com/gpu-injector/gpu-injector/e2e/cluster"
 	"github.com/gpu-injector/gpu-injector/e2e/env"
 	"github.com/gpu-injector/gpu-injector/layout"
 	"github.com/gpu-injector/gpu-injector/webhook"
@@ -37,8 +38,9 @@ const poolMemoryName = env.Release + "-pools"
 // (no fingerprint selector), and stays Pending. A new node of the pool
 // appears (the kubelet starts again and registers its Node anew, with its
 // labels and no layout yet), and the pod is scheduled there and runs against
-// the injected driver. Finally the probe publishes on the new node and the
-// pool is live again.
+// the injected driver. Then the probe publishes on the new node and the
+// pool is live again; a pod pinned by the pool to another layout than the
+// node's gets the LayoutMismatch Event from the elected webhook.
 func TestPoolScaledToZero(t *testing.T) {
 	kn := testEnv.KubeletNode()
 	pool := env.LabelAccelerator + "=" + kn.Accelerator
@@ -192,6 +194,35 @@ func TestPoolScaledToZero(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitPoolState(t, pool, "live")
+
+	// A pod pinned by the pool to a layout the node does not publish (what a
+	// wrong memory makes) gets an Event that names both layouts and says what
+	// to do. Made by hand in a namespace the webhook leaves alone.
+	plain := newNamespace(t, false)
+	const wrong = "00000000000000000000"
+	stray := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:   "wrong-layout",
+			Labels: map[string]string{layout.LabelPinnedLayout: wrong},
+			Annotations: map[string]string{layout.AnnotationInjected: layout.Injected{
+				Fingerprint: wrong, DriverVersion: "470.82.01", Pool: pool, Remembered: true, Containers: []string{"pause"},
+			}.String()},
+		},
+		Spec: corev1.PodSpec{
+			NodeSelector:                 map[string]string{env.LabelAccelerator: kn.Accelerator},
+			AutomountServiceAccountToken: ptr(false),
+			Containers: []corev1.Container{{
+				Name: "pause", Image: cluster.PauseImage, ImagePullPolicy: corev1.PullNever, SecurityContext: restrictedContext(),
+			}},
+		},
+	}
+	createPod(t, plain, stray)
+	msg := waitEvent(t, plain, stray.Name, webhook.ReasonLayoutMismatch, "publishes layout "+fp)
+	for _, want := range []string{wrong, "driver 470.82.01", "pool's memory", "node " + kn.Name + " of pool " + pool, "Delete the pod"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("LayoutMismatch event %q lacks %q", msg, want)
+		}
+	}
 }
 
 // enablePoolPinning renders the chart with the given values, applies the
