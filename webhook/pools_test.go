@@ -1,6 +1,7 @@
 package webhook
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
@@ -9,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	"github.com/gpu-injector/gpu-injector/config"
 	"github.com/gpu-injector/gpu-injector/layout"
@@ -300,5 +302,70 @@ func TestMismatchEvent(t *testing.T) {
 		if !strings.Contains(ev, want) {
 			t.Errorf("event %q lacks %q", ev, want)
 		}
+	}
+}
+
+func TestMemorySync(t *testing.T) {
+	cfg := poolConfig(t, "")
+	plan := ixPlan("535.104.05")
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	idx := NewIndex(cfg, logr.Discard())
+	synced := func() bool { return true }
+	idx.synced.Store(&synced)
+	idx.Update(ixNode("a1", plan, 4, inPool("a")))
+	c := fake.NewClientBuilder().Build()
+	m := NewMemory(cfg, idx, c, "gpu-injector", "gpu-injector-pools", logr.Discard())
+	m.now = func() time.Time { return now }
+	ctx := context.Background()
+	get := func() *corev1.ConfigMap {
+		cm := &corev1.ConfigMap{}
+		if err := c.Get(ctx, types.NamespacedName{Namespace: "gpu-injector", Name: "gpu-injector-pools"}, cm); err != nil {
+			t.Fatal(err)
+		}
+		return cm
+	}
+	if err := m.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	first := get()
+	mem, errs := DecodeMemory(first.Data, cfg, now)
+	if len(errs) > 0 || len(mem) != 1 || mem[0].Pool != "karpenter.sh/nodepool=a" || !mem[0].LastSeen.Equal(now) {
+		t.Fatalf("memory after the first sync: %+v %v", mem, errs)
+	}
+	// Steady: no write.
+	now = now.Add(time.Minute)
+	if err := m.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if get().ResourceVersion != first.ResourceVersion {
+		t.Error("a steady pool was written again before its refresh")
+	}
+	// The pool leaves: its entry stays until it expires, then goes.
+	idx.Delete("a1")
+	now = now.Add(cfg.Pinning.Remember() - 2*time.Minute)
+	if err := m.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if len(get().Data) != 1 {
+		t.Fatal("a pool at zero was forgotten before rememberFor")
+	}
+	now = now.Add(2 * time.Minute)
+	if err := m.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if d := get().Data; len(d) != 0 {
+		t.Fatalf("an expired pool is still remembered: %v", d)
+	}
+	// Garbage someone wrote is dropped at the next write.
+	cm := get()
+	cm.Data = map[string]string{"pool-junk": "{"}
+	if err := c.Update(ctx, cm); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if d := get().Data; len(d) != 0 {
+		t.Fatalf("a broken entry survived a write: %v", d)
 	}
 }
