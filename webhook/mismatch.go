@@ -62,7 +62,11 @@ func PodCacheByObject() cache.ByObject {
 				p.ManagedFields = nil
 				p.Spec = corev1.PodSpec{NodeName: p.Spec.NodeName}
 				p.Status = corev1.PodStatus{Phase: p.Status.Phase}
-				p.Annotations = map[string]string{layout.AnnotationInjected: p.Annotations[layout.AnnotationInjected]}
+				if v, ok := p.Annotations[layout.AnnotationInjected]; ok {
+					p.Annotations = map[string]string{layout.AnnotationInjected: v}
+				} else {
+					p.Annotations = nil
+				}
 			}
 			return obj, nil
 		},
