@@ -138,6 +138,7 @@ func TestPoolScaledToZero(t *testing.T) {
 	if len(wantPaths) > 0 {
 		t.Errorf("remembered host paths not injected: %v", wantPaths)
 	}
+	t.Logf("admitted with warnings: %s", warnings.all())
 	if w := warnings.all(); !strings.Contains(w, "pool "+pool+" has no ready node") {
 		t.Errorf("warnings %q do not say the layout came from the pool's memory", w)
 	}
@@ -218,6 +219,7 @@ func TestPoolScaledToZero(t *testing.T) {
 	}
 	createPod(t, plain, stray)
 	msg := waitEvent(t, plain, stray.Name, webhook.ReasonLayoutMismatch, "publishes layout "+fp)
+	t.Logf("event on %s/%s: %s", plain, stray.Name, msg)
 	for _, want := range []string{wrong, "driver 470.82.01", "pool's memory", "node " + kn.Name + " of pool " + pool, "Delete the pod"} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("LayoutMismatch event %q lacks %q", msg, want)
