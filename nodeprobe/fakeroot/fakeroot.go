@@ -87,11 +87,13 @@ func executable(p string) node {
 	return node{path: p, kind: kindFile, data: "#!/bin/sh\necho " + path.Base(p) + "\n", mode: 0o755}
 }
 func dir(p string) node        { return node{path: p, kind: kindDir, mode: 0o755} }
-func binaries(d string) []node { return binariesNamed(d, driverBinaries...) }
-func binariesNamed(d string, names ...string) []node {
+// binaries are the driver's programs of a version: scripts that print their
+// name and the version, as nvidia-smi prints the driver's.
+func binaries(d, version string) []node { return binariesNamed(d, version, driverBinaries...) }
+func binariesNamed(d, version string, names ...string) []node {
 	var out []node
 	for _, n := range names {
-		out = append(out, executable(path.Join(d, n)))
+		out = append(out, node{path: path.Join(d, n), kind: kindFile, data: "#!/bin/sh\necho " + n + " " + version + "\n", mode: 0o755})
 	}
 	return out
 }
@@ -272,7 +274,7 @@ func Layouts() map[string]Layout {
 				without(computeLibs("/usr/lib/nvidia-384", Version384, 384), "libcuda"),
 				graphicsLibs("/usr/lib/nvidia-384", Version384),
 				[]node{dir("/usr/lib/nvidia-384/xorg"), lib("/usr/lib/nvidia-384/libGL.so.1.0.0", "libGL.so.1")},
-				binaries("/usr/lib/nvidia-384/bin"),
+				binaries("/usr/lib/nvidia-384/bin", Version384),
 				// The libcuda1-384 package put libcuda beside the system's libraries.
 				driverLib(x8664LibDir, "libcuda", Version384, "1"),
 				[]node{link("/usr/bin/nvidia-smi", "/usr/lib/nvidia-384/bin/nvidia-smi")},
@@ -293,7 +295,7 @@ func Layouts() map[string]Layout {
 				driverLib("/usr/lib64", "libnvidia-opencl", Version460, "1"),
 				driverLib("/usr/lib64", "libnvidia-allocator", Version460, "1"),
 				driverLib("/usr/lib64", "libnvidia-compiler", Version460, ""),
-				binaries("/usr/bin"),
+				binaries("/usr/bin", Version460),
 			),
 		},
 		{
@@ -305,7 +307,7 @@ func Layouts() map[string]Layout {
 				system("/usr/lib64", "/usr/bin"),
 				computeLibs(kubernetesCOS+"/lib64", Version535, 535),
 				graphicsLibs(kubernetesCOS+"/lib64", Version535),
-				binaries(kubernetesCOS+"/bin"),
+				binaries(kubernetesCOS+"/bin", Version535),
 				[]node{executable(kubernetesCOS + "/bin/nvidia-installer")},
 			),
 		},
@@ -319,7 +321,7 @@ func Layouts() map[string]Layout {
 				system(x8664LibDir, "/usr/bin"),
 				computeLibs(x8664LibDir, Version550, 550),
 				graphicsLibs(x8664LibDir, Version550),
-				binaries("/usr/bin"),
+				binaries("/usr/bin", Version550),
 			),
 		},
 		{
@@ -351,9 +353,9 @@ func Layouts() map[string]Layout {
 			nodes: concat(
 				system(x8664LibDir, "/usr/bin"),
 				computeLibs("/usr/lib/nvidia-384", Version384, 384),
-				binaries("/usr/lib/nvidia-384/bin"),
+				binaries("/usr/lib/nvidia-384/bin", Version384),
 				computeLibs("/usr/lib/nvidia-390", Version390, 390),
-				binaries("/usr/lib/nvidia-390/bin"),
+				binaries("/usr/lib/nvidia-390/bin", Version390),
 				[]node{link("/usr/bin/nvidia-smi", "/usr/lib/nvidia-390/bin/nvidia-smi")},
 			),
 		},
@@ -365,7 +367,7 @@ func Layouts() map[string]Layout {
 			nodes: concat(
 				system(x8664LibDir, "/usr/bin"),
 				computeLibs(x8664LibDir, Version550, 550),
-				binaries("/usr/bin"),
+				binaries("/usr/bin", Version550),
 				[]node{
 					lib("/usr/local/cuda/lib64/stubs/libcuda.so", "libcuda.so.1"),
 					lib(x8664LibDir+"/libnvidia-tls.so", "libnvidia-tls.so"),
@@ -397,7 +399,7 @@ func Layouts() map[string]Layout {
 				system(gpuOperator+x8664LibDir, gpuOperator+"/usr/bin"),
 				computeLibs(gpuOperator+x8664LibDir, Version550, 550),
 				graphicsLibs(gpuOperator+x8664LibDir, Version550),
-				binaries(gpuOperator+"/usr/bin"),
+				binaries(gpuOperator+"/usr/bin", Version550),
 			),
 		},
 
@@ -413,7 +415,7 @@ func Layouts() map[string]Layout {
 				computeLibs(x8664LibDir, Version570, 570),
 				graphicsLibs(x8664LibDir, Version570),
 				libsFor(elf.EM_386, computeLibs("/usr/lib/i386-linux-gnu", Version570, 450)),
-				binaries("/usr/bin"),
+				binaries("/usr/bin", Version570),
 			),
 		},
 		{
@@ -427,7 +429,7 @@ func Layouts() map[string]Layout {
 				system(x8664LibDir, "/usr/bin"),
 				computeLibs(x8664LibDir, Version535Server, 535),
 				driverLib(x8664LibDir, "libnvidia-nscq", Version535Server, "2"),
-				binaries("/usr/bin"),
+				binaries("/usr/bin", Version535Server),
 			),
 		},
 		{
@@ -451,7 +453,7 @@ func Layouts() map[string]Layout {
 				graphicsLibs("/usr/lib64", Version570),
 				// Leftovers of 550: versioned files only, no links.
 				[]node{lib("/usr/lib64/libcuda.so."+Version550Old, "libcuda.so.1"), lib("/usr/lib64/libnvidia-ml.so."+Version550Old, "libnvidia-ml.so.1"), lib("/usr/lib64/libnvidia-ptxjitcompiler.so."+Version550Old, "libnvidia-ptxjitcompiler.so.1")},
-				binaries("/usr/bin"),
+				binaries("/usr/bin", Version570),
 			),
 		},
 		{
@@ -463,7 +465,7 @@ func Layouts() map[string]Layout {
 			nodes: concat(
 				system("/usr/lib64", "/usr/bin"),
 				computeLibs("/usr/lib64", Version550, 550),
-				binaries("/usr/bin"),
+				binaries("/usr/bin", Version550),
 				[]node{file("/etc/containerd/config.toml", containerdToolkitDefault("/usr/bin/nvidia-container-runtime")), executable("/usr/bin/nvidia-container-runtime")},
 			),
 		},
@@ -477,7 +479,7 @@ func Layouts() map[string]Layout {
 				[]node{link("/lib64", "usr/lib64")},
 				system("/usr/lib64", "/usr/bin"),
 				computeLibs("/usr/lib64", Version570, 570),
-				binaries("/usr/bin"),
+				binaries("/usr/bin", Version570),
 				[]node{
 					file("/etc/containerd/config.toml", "version = 3\nimports = [\"/etc/containerd/conf.d/*.toml\"]\n[plugins.'io.containerd.cri.v1.runtime'.containerd]\n  default_runtime_name = \"runc\"\n"),
 					file("/etc/containerd/conf.d/99-nvidia.toml", "version = 3\n[plugins.'io.containerd.cri.v1.runtime'.containerd]\n  default_runtime_name = \"nvidia\"\n[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.nvidia]\n  runtime_type = \"io.containerd.runc.v2\"\n[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.nvidia.options]\n  BinaryName = \"/usr/bin/nvidia-container-runtime\"\n"),
@@ -495,7 +497,7 @@ func Layouts() map[string]Layout {
 				system("/usr/lib64", "/usr/bin"),
 				computeLibs("/usr/lib64", Version570, 570),
 				libsFor(elf.EM_386, computeLibs("/usr/lib", Version570, 450)),
-				binaries("/usr/bin"),
+				binaries("/usr/bin", Version570),
 			),
 		},
 		{
@@ -508,7 +510,7 @@ func Layouts() map[string]Layout {
 				[]node{link("/lib", "usr/lib"), link("/lib64", "usr/lib")},
 				system("/usr/lib", "/usr/bin"),
 				computeLibs("/usr/lib/nvidia/tesla", Version570, 570),
-				binaries("/usr/libexec/nvidia/tesla/bin"),
+				binaries("/usr/libexec/nvidia/tesla/bin", Version570),
 				[]node{file("/etc/containerd/config.toml", containerdToolkitDefault("nvidia-container-runtime"))},
 			),
 		},
@@ -522,7 +524,7 @@ func Layouts() map[string]Layout {
 			nodes: concat(
 				computeLibs("/usr/local/lib", Version570, 570),
 				graphicsLibs("/usr/local/lib", Version570),
-				binaries("/usr/local/bin"),
+				binaries("/usr/local/bin", Version570),
 				[]node{link("/usr/bin/nvidia-smi", "/usr/local/bin/nvidia-smi"), file("/run/cdi/nvidia.yaml", cdiSpec(Version570, "/usr/local/lib"))},
 			),
 		},
@@ -535,9 +537,9 @@ func Layouts() map[string]Layout {
 			nodes: concat(
 				system("/usr/lib64", "/usr/bin"),
 				computeLibs("/opt/nvidia/"+Version570Short+"/lib64", Version570Short, 570),
-				binaries("/opt/nvidia/"+Version570Short+"/bin"),
+				binaries("/opt/nvidia/"+Version570Short+"/bin", Version570Short),
 				computeLibs("/opt/nvidia/"+Version550+"/lib64", Version550, 550),
-				binaries("/opt/nvidia/"+Version550+"/bin"),
+				binaries("/opt/nvidia/"+Version550+"/bin", Version550),
 				[]node{link("/opt/nvidia/current", Version570Short)},
 				[]node{link("/opt/bin/nvidia-smi", "/opt/nvidia/current/bin/nvidia-smi")},
 			),
@@ -560,7 +562,7 @@ func Layouts() map[string]Layout {
 				system(x8664LibDir, "/usr/bin"),
 				system(gpuOperator+x8664LibDir, gpuOperator+"/usr/bin"),
 				computeLibs(gpuOperator+x8664LibDir, Version550, 550),
-				binaries(gpuOperator+"/usr/bin"),
+				binaries(gpuOperator+"/usr/bin", Version550),
 				[]node{file("/etc/containerd/config.toml", containerdToolkitDefault("/usr/local/nvidia/toolkit/nvidia-container-runtime"))},
 			),
 		},
@@ -575,7 +577,7 @@ func Layouts() map[string]Layout {
 				system("/usr/lib/aarch64-linux-gnu", "/usr/bin"),
 				computeLibs("/usr/lib/aarch64-linux-gnu", Version570, 570),
 				driverLib("/usr/lib/aarch64-linux-gnu", "libnvidia-nscq", Version570, "2"),
-				binaries("/usr/bin"),
+				binaries("/usr/bin", Version570),
 			)),
 		},
 		{
@@ -591,7 +593,7 @@ func Layouts() map[string]Layout {
 				graphicsLibs(x8664LibDir, Version580Run),
 				driverLib(x8664LibDir, "libnvidia-egl-wayland", "1.1.13", "1"),
 				libsFor(elf.EM_386, computeLibs("/usr/lib/i386-linux-gnu", Version580Run, 450)),
-				binaries("/usr/bin"),
+				binaries("/usr/bin", Version580Run),
 				[]node{executable("/usr/bin/nvidia-uninstall"), executable("/usr/bin/nvidia-installer")},
 			),
 		},
@@ -604,7 +606,7 @@ func Layouts() map[string]Layout {
 			nodes: concat(
 				system(x8664LibDir, "/usr/bin"),
 				computeLibs(x8664LibDir, Version575, 575),
-				binaries("/usr/bin"),
+				binaries("/usr/bin", Version575),
 				[]node{file("/etc/cdi/nvidia.yaml", cdiSpec(Version575, x8664LibDir)), file("/etc/containerd/config.toml", containerdRunc)},
 			),
 		},
@@ -617,7 +619,7 @@ func Layouts() map[string]Layout {
 			nodes: concat(
 				system("/usr/lib64", "/usr/bin"),
 				computeLibs("/usr/lib64", Version570, 570),
-				binaries("/usr/bin"),
+				binaries("/usr/bin", Version570),
 				[]node{
 					file("/etc/crio/crio.conf", "[crio.runtime]\ndefault_runtime = \"crun\"\n"),
 					file("/etc/crio/crio.conf.d/99-nvidia.conf", "[crio.runtime]\ndefault_runtime = \"nvidia\"\n[crio.runtime.runtimes.nvidia]\nruntime_path = \"/usr/bin/nvidia-container-runtime\"\nruntime_type = \"oci\"\n"),
@@ -633,7 +635,7 @@ func Layouts() map[string]Layout {
 			nodes: concat(
 				system(x8664LibDir, "/usr/bin"),
 				computeLibs(x8664LibDir, Version550, 550),
-				binaries("/usr/bin"),
+				binaries("/usr/bin", Version550),
 				[]node{
 					file("/etc/docker/daemon.json", `{"default-runtime": "nvidia", "runtimes": {"nvidia": {"args": [], "path": "nvidia-container-runtime"}}}`+"\n"),
 					executable("/usr/bin/cri-dockerd"),
@@ -665,10 +667,10 @@ func debian() []node {
 		system(x8664LibDir, "/usr/bin"),
 		computeLibs(private, v, 535),
 		graphicsLibs(private, v),
-		binariesNamed(bins, "nvidia-smi", "nvidia-debugdump"),
+		binariesNamed(bins, v, "nvidia-smi", "nvidia-debugdump"),
 		[]node{file(bins+"/nvidia-smi.1.gz", "man\n"), executable(bins + "/nvidia-bug-report.sh"), lib(bins+"/nvidia_drv.so", "nvidia_drv.so")},
-		binariesNamed("/usr/bin", "nvidia-cuda-mps-control", "nvidia-persistenced"),
-		binariesNamed("/usr/sbin", "nvidia-cuda-mps-server"),
+		binariesNamed("/usr/bin", v, "nvidia-cuda-mps-control", "nvidia-persistenced"),
+		binariesNamed("/usr/sbin", v, "nvidia-cuda-mps-server"),
 		alternative("/usr/bin/nvidia-smi", "nvidia--nvidia-smi", bins+"/nvidia-smi"),
 		alternative("/usr/bin/nvidia-debugdump", "nvidia--nvidia-debugdump", bins+"/nvidia-debugdump"),
 	)
@@ -692,7 +694,7 @@ func nixos() []node {
 		[]node{lib(glibc+"/lib/libc.so.6", "libc.so.6"), lib(mesa+"/lib/libGLX_mesa.so.0.0.0", "libGLX_mesa.so.0")},
 		computeLibs(pkg+"/lib", Version565, 565),
 		graphicsLibs(pkg+"/lib", Version565),
-		binaries(bin+"/bin"),
+		binaries(bin+"/bin", Version565),
 		[]node{link("/run/opengl-driver", drivers), link(drivers+"/lib/libGLX_mesa.so.0", mesa+"/lib/libGLX_mesa.so.0.0.0")},
 		[]node{executable("/nix/store/3e4r5t6y7u8i9o0p1a2s3d4f5g6h7j8k-coreutils-9.5/bin/ls"), link("/run/current-system/sw/bin/ls", "/nix/store/3e4r5t6y7u8i9o0p1a2s3d4f5g6h7j8k-coreutils-9.5/bin/ls")},
 	)
@@ -714,7 +716,7 @@ func usrLocalNvidia() []node {
 		graphicsLibs(localNvidia+"/lib64", Version580),
 		// Not a driver file, but the folder is the driver's own: mounted whole anyway.
 		[]node{lib(localNvidia+"/lib64/libOpenCL.so.1.0.0", "libOpenCL.so.1"), file(localNvidia+"/lib64/README.txt", "driver\n")},
-		binaries(localNvidia+"/bin"),
+		binaries(localNvidia+"/bin", Version580),
 		driverLib("/usr/lib", "libcuda", Version580, "1"),
 		driverLib("/usr/lib", "libnvidia-ml", Version580, "1"),
 		driverLib("/usr/lib", "libnvidia-ptxjitcompiler", Version580, "1"),
