@@ -1,0 +1,168 @@
+package nodeprobe
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/gpu-injector/gpu-injector/layout"
+)
+
+// TestDetectRuntimeInjection covers the configuration files as real nodes
+// have them, besides the fake roots: the toolkit registered but not the
+// default, k3s, containerd 1's inline default runtime, runc's binary replaced,
+// a CDI spec of another vendor, broken and oversized files, and links that try
+// to leave the host root.
+func TestDetectRuntimeInjection(t *testing.T) {
+	for name, tc := range map[string]struct {
+		files    map[string]string
+		links    map[string]string
+		want     string
+		evidence string
+		note     string
+	}{
+		"nothing": {want: ""},
+		"toolkit registered, runc the default": {files: map[string]string{"/etc/containerd/config.toml": `version = 2
+[plugins."io.containerd.grpc.v1.cri".containerd]
+  default_runtime_name = "runc"
+  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia.options]
+    BinaryName = "/usr/bin/nvidia-container-runtime"
+`}, want: ""},
+		"no default named: runc": {files: map[string]string{"/etc/containerd/config.toml": `version = 2
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia.options]
+  BinaryName = "/usr/bin/nvidia-container-runtime"
+`}, want: ""},
+		"runc's binary replaced by the toolkit": {files: map[string]string{"/etc/containerd/config.toml": `version = 2
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+  BinaryName = "/usr/bin/nvidia-container-runtime"
+`}, want: layout.RuntimeToolkit, evidence: `"runc"`},
+		"k3s with --default-runtime nvidia": {files: map[string]string{"/var/lib/rancher/k3s/agent/etc/containerd/config.toml": `version = 2
+[plugins."io.containerd.grpc.v1.cri".containerd]
+  default_runtime_name = "nvidia"
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes."nvidia"]
+  runtime_type = "io.containerd.runc.v2"
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes."nvidia".options]
+  BinaryName = "/usr/bin/nvidia-container-runtime"
+`}, want: layout.RuntimeToolkit, evidence: "k3s"},
+		"containerd 1 inline default runtime": {files: map[string]string{"/etc/containerd/config.toml": `[plugins.cri.containerd.default_runtime]
+  runtime_type = "io.containerd.runtime.v1.linux"
+  runtime_engine = "/usr/bin/nvidia-container-runtime"
+`}, want: layout.RuntimeToolkit},
+		"toolkit in CDI mode is the toolkit": {files: map[string]string{"/etc/containerd/config.toml": `version = 3
+[plugins.'io.containerd.cri.v1.runtime'.containerd]
+  default_runtime_name = "nvidia-cdi"
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.nvidia-cdi.options]
+  BinaryName = "/usr/local/nvidia/toolkit/nvidia-container-runtime.cdi"
+`, "/etc/cdi/nvidia.yaml": "kind: nvidia.com/gpu\ndevices:\n- name: all\n"}, want: layout.RuntimeToolkit},
+		"a drop-in overrides the main file": {files: map[string]string{
+			"/etc/containerd/config.toml":          "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd]\n  default_runtime_name = \"nvidia\"\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.nvidia.options]\n  BinaryName = \"/usr/bin/nvidia-container-runtime\"\n",
+			"/etc/containerd/conf.d/50-runc.toml": "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd]\n  default_runtime_name = \"runc\"\n",
+		}, want: ""},
+		"broken TOML is a note": {files: map[string]string{"/etc/containerd/config.toml": "[plugins\nnot toml"}, want: "", note: "config.toml"},
+		"oversized file is a note": {files: map[string]string{"/etc/containerd/config.toml": strings.Repeat("#", maxConfigBytes+1)}, want: "", note: "not a regular file under"},
+		"config linked out of the root": {
+			// outside.toml is written beside the root, where a link
+			// followed on this machine instead of the host would land.
+			links: map[string]string{"/etc/containerd/config.toml": "../../../outside.toml", "/etc/crio/crio.conf": "/../../outside.toml"},
+			want:  "",
+		},
+		"CRI-O hook always on": {files: map[string]string{"/usr/share/containers/oci/hooks.d/oci-nvidia-hook.json": `{"version": "1.0.0", "hook": {"path": "/usr/bin/nvidia-container-toolkit", "args": ["nvidia-container-toolkit", "prestart"]}, "when": {"always": true, "commands": [".*"]}, "stages": ["prestart"]}`},
+			want: layout.RuntimeToolkit, evidence: "OCI hook"},
+		"hook only on annotation": {files: map[string]string{"/usr/share/containers/oci/hooks.d/oci-nvidia-hook.json": `{"version": "1.0.0", "hook": {"path": "/usr/bin/nvidia-container-toolkit"}, "when": {"annotations": {"^nvidia": ".*"}}, "stages": ["prestart"]}`},
+			want: ""},
+		"docker without cri-dockerd": {files: map[string]string{"/etc/docker/daemon.json": `{"default-runtime": "nvidia", "runtimes": {"nvidia": {"path": "nvidia-container-runtime"}}}`}, want: ""},
+		"CDI spec in /var/run/cdi through /var/run -> /run": {
+			files: map[string]string{"/run/cdi/nvidia.json": `{"cdiVersion": "0.6.0", "kind": "nvidia.com/gpu", "devices": [{"name": "0"}]}`},
+			links: map[string]string{"/var/run": "../run"},
+			want:  layout.RuntimeCDI, evidence: "/run/cdi/nvidia.json: 1 nvidia.com/gpu devices"},
+		"CDI spec of another vendor":    {files: map[string]string{"/etc/cdi/amd.yaml": "kind: amd.com/gpu\ndevices:\n- name: \"0\"\n"}, want: ""},
+		"CDI spec without devices":      {files: map[string]string{"/etc/cdi/nvidia.yaml": "kind: nvidia.com/gpu\ndevices: []\n"}, want: ""},
+		"CDI spec that is not YAML":     {files: map[string]string{"/etc/cdi/nvidia.yaml": "kind: [\n"}, want: "", note: "/etc/cdi/nvidia.yaml"},
+		"containerd imports a drop-in": {files: map[string]string{"/etc/containerd/config.toml": "version = 2\nimports = [\"/etc/containerd/extra/*.toml\"]\n", "/etc/containerd/extra/nvidia.toml": "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd]\n  default_runtime_name = \"nvidia\"\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.nvidia.options]\n  BinaryName = \"/usr/bin/nvidia-container-runtime\"\n"}, want: layout.RuntimeToolkit},
+	} {
+		t.Run(name, func(t *testing.T) {
+			root := filepath.Join(t.TempDir(), "root")
+			write(t, filepath.Dir(root), "/outside.toml", "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd]\n  default_runtime_name = \"runc\"\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc.options]\n  BinaryName = \"/usr/bin/nvidia-container-runtime\"\n[crio.runtime]\ndefault_runtime = \"nvidia\"\n[crio.runtime.runtimes.nvidia]\nruntime_path = \"/usr/bin/nvidia-container-runtime\"\n")
+			if err := os.MkdirAll(root, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			for p, data := range tc.files {
+				write(t, root, p, data)
+			}
+			for p, target := range tc.links {
+				if err := os.MkdirAll(filepath.Dir(filepath.Join(root, p)), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.Symlink(target, filepath.Join(root, p)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			r := DetectRuntimeInjection(root)
+			if r.Kind != tc.want {
+				t.Errorf("kind %q, want %q (evidence %v, notes %v)", r.Kind, tc.want, r.Evidence, r.Notes)
+			}
+			if tc.evidence != "" && !strings.Contains(strings.Join(r.Evidence, "\n"), tc.evidence) {
+				t.Errorf("evidence %v lacks %q", r.Evidence, tc.evidence)
+			}
+			if tc.note != "" && !strings.Contains(strings.Join(r.Notes, "\n"), tc.note) {
+				t.Errorf("notes %v lack %q", r.Notes, tc.note)
+			}
+		})
+	}
+}
+
+// TestProbeIgnoreRuntimeInjection: with detection off, a runtime-injected
+// node gets mounts like any other.
+func TestProbeIgnoreRuntimeInjection(t *testing.T) {
+	root, l := buildRoot(t, "amazonlinux2-eks-gpu")
+	res, err := Probe(ProbeOptions{HostRoot: root, OpenNVML: noNVML, IgnoreRuntimeInjection: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.Ready() || res.Plan.RuntimeInjection != "" || len(res.Plan.Mounts) == 0 || res.Plan.DriverVersion != l.DriverVersion {
+		t.Fatalf("got %s %+v", res.Reason(), res.Plan)
+	}
+}
+
+// TestProbeNoDriverNeedsNoDevice: a node with an NVIDIA GPU on its PCI bus
+// but no driver is an error to fix, not a CPU node.
+func TestProbeNoDriverNeedsNoDevice(t *testing.T) {
+	for name, tc := range map[string]struct {
+		vendor, class string
+		want          Condition
+	}{
+		"NVIDIA 3D controller": {"0x10de", "0x030200", ConditionDriverFilesNotFound},
+		"NVIDIA VGA":           {"0x10de\n", "0x030000\n", ConditionDriverFilesNotFound},
+		"NVIDIA NVSwitch":      {"0x10de", "0x068000", ConditionNoDriver},
+		"another vendor's GPU": {"0x1002", "0x030000", ConditionNoDriver},
+	} {
+		t.Run(name, func(t *testing.T) {
+			root, _ := buildRoot(t, "no-driver")
+			write(t, root, "/sys/bus/pci/devices/0000:41:00.0/vendor", tc.vendor)
+			write(t, root, "/sys/bus/pci/devices/0000:41:00.0/class", tc.class)
+			res := probeRoot(t, root, noNVML)
+			if res.Condition != tc.want {
+				t.Errorf("condition %s (%s), want %s", res.Condition, res.Message, tc.want)
+			}
+			if tc.want == ConditionDriverFilesNotFound && !strings.Contains(res.Message, "0000:41:00.0") {
+				t.Errorf("message %q does not name the GPU", res.Message)
+			}
+		})
+	}
+	root, _ := buildRoot(t, "no-driver")
+	write(t, root, "/proc/driver/nvidia/version", "")
+	if res := probeRoot(t, root, noNVML); res.Condition == ConditionNoDriver {
+		t.Errorf("/proc/driver/nvidia exists but the node is %s", res.Condition)
+	}
+}
+
+func write(t *testing.T, root, p, data string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(filepath.Join(root, p)), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, p), []byte(data), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
