@@ -56,10 +56,10 @@ func TestDetectRuntimeInjection(t *testing.T) {
   BinaryName = "/usr/local/nvidia/toolkit/nvidia-container-runtime.cdi"
 `, "/etc/cdi/nvidia.yaml": "kind: nvidia.com/gpu\ndevices:\n- name: all\n"}, want: layout.RuntimeToolkit},
 		"a drop-in overrides the main file": {files: map[string]string{
-			"/etc/containerd/config.toml":          "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd]\n  default_runtime_name = \"nvidia\"\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.nvidia.options]\n  BinaryName = \"/usr/bin/nvidia-container-runtime\"\n",
+			"/etc/containerd/config.toml":         "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd]\n  default_runtime_name = \"nvidia\"\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.nvidia.options]\n  BinaryName = \"/usr/bin/nvidia-container-runtime\"\n",
 			"/etc/containerd/conf.d/50-runc.toml": "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd]\n  default_runtime_name = \"runc\"\n",
 		}, want: ""},
-		"broken TOML is a note": {files: map[string]string{"/etc/containerd/config.toml": "[plugins\nnot toml"}, want: "", note: "config.toml"},
+		"broken TOML is a note":    {files: map[string]string{"/etc/containerd/config.toml": "[plugins\nnot toml"}, want: "", note: "config.toml"},
 		"oversized file is a note": {files: map[string]string{"/etc/containerd/config.toml": strings.Repeat("#", maxConfigBytes+1)}, want: "", note: "not a regular file under"},
 		"config linked out of the root": {
 			// outside.toml is written beside the root, where a link
@@ -76,9 +76,9 @@ func TestDetectRuntimeInjection(t *testing.T) {
 			files: map[string]string{"/run/cdi/nvidia.json": `{"cdiVersion": "0.6.0", "kind": "nvidia.com/gpu", "devices": [{"name": "0"}]}`},
 			links: map[string]string{"/var/run": "../run"},
 			want:  layout.RuntimeCDI, evidence: "/run/cdi/nvidia.json: 1 nvidia.com/gpu devices"},
-		"CDI spec of another vendor":    {files: map[string]string{"/etc/cdi/amd.yaml": "kind: amd.com/gpu\ndevices:\n- name: \"0\"\n"}, want: ""},
-		"CDI spec without devices":      {files: map[string]string{"/etc/cdi/nvidia.yaml": "kind: nvidia.com/gpu\ndevices: []\n"}, want: ""},
-		"CDI spec that is not YAML":     {files: map[string]string{"/etc/cdi/nvidia.yaml": "kind: [\n"}, want: "", note: "/etc/cdi/nvidia.yaml"},
+		"CDI spec of another vendor":   {files: map[string]string{"/etc/cdi/amd.yaml": "kind: amd.com/gpu\ndevices:\n- name: \"0\"\n"}, want: ""},
+		"CDI spec without devices":     {files: map[string]string{"/etc/cdi/nvidia.yaml": "kind: nvidia.com/gpu\ndevices: []\n"}, want: ""},
+		"CDI spec that is not YAML":    {files: map[string]string{"/etc/cdi/nvidia.yaml": "kind: [\n"}, want: "", note: "/etc/cdi/nvidia.yaml"},
 		"containerd imports a drop-in": {files: map[string]string{"/etc/containerd/config.toml": "version = 2\nimports = [\"/etc/containerd/extra/*.toml\"]\n", "/etc/containerd/extra/nvidia.toml": "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd]\n  default_runtime_name = \"nvidia\"\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.nvidia.options]\n  BinaryName = \"/usr/bin/nvidia-container-runtime\"\n"}, want: layout.RuntimeToolkit},
 	} {
 		t.Run(name, func(t *testing.T) {

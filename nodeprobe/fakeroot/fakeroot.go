@@ -86,7 +86,8 @@ func file(p, data string) node   { return node{path: p, kind: kindFile, data: da
 func executable(p string) node {
 	return node{path: p, kind: kindFile, data: "#!/bin/sh\necho " + path.Base(p) + "\n", mode: 0o755}
 }
-func dir(p string) node        { return node{path: p, kind: kindDir, mode: 0o755} }
+func dir(p string) node { return node{path: p, kind: kindDir, mode: 0o755} }
+
 // binaries are the driver's programs of a version: scripts that print their
 // name and the version, as nvidia-smi prints the driver's.
 func binaries(d, version string) []node { return binariesNamed(d, version, driverBinaries...) }
