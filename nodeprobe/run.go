@@ -60,6 +60,7 @@ type options struct {
 	healthAddr  string
 	metricsAddr string
 	verbosity   int
+	ignoreRI    bool
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
@@ -77,6 +78,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.healthAddr, "health-probe-bind-address", ":8082", "address of /healthz and /readyz; 0 disables")
 	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8083", "address of /metrics; 0 disables")
 	fs.IntVar(&o.verbosity, "v", 0, "log verbosity; 1 logs every probe's notes")
+	fs.BoolVar(&o.ignoreRI, "ignore-runtime-injection", false, "plan mounts even where the container runtime injects the driver itself (NVIDIA toolkit as the default runtime, CDI specs)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil, err
@@ -116,7 +118,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	popts := ProbeOptions{HostRoot: o.hostRoot, NVMLLibrary: o.nvmlLibrary, Config: cfg}
+	popts := ProbeOptions{HostRoot: o.hostRoot, NVMLLibrary: o.nvmlLibrary, Config: cfg, IgnoreRuntimeInjection: o.ignoreRI}
 	if o.once {
 		return runOnce(o, popts, log, stdout)
 	}

@@ -166,3 +166,21 @@ func write(t *testing.T, root, p, data string) {
 		t.Fatal(err)
 	}
 }
+
+// TestProbeTalosWithoutCDISpec: before the extension's service has written
+// its CDI spec, Talos' driver is found in /usr/local (no /etc/ld.so.cache).
+func TestProbeTalosWithoutCDISpec(t *testing.T) {
+	root, l := buildRoot(t, "talos-nvidia-extension")
+	if err := os.Remove(filepath.Join(root, "run/cdi/nvidia.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	res := probeRoot(t, root, noNVML)
+	if !res.Ready() || res.Plan.RuntimeInjection != "" || res.Plan.DriverVersion != l.DriverVersion {
+		t.Fatalf("got %s %+v", res.Reason(), res.Plan)
+	}
+	for _, m := range res.Plan.Mounts {
+		if !strings.HasPrefix(m.HostPath, "/usr/local/lib/") && !strings.HasPrefix(m.HostPath, "/usr/local/bin/") {
+			t.Errorf("mount of %s", m.HostPath)
+		}
+	}
+}
