@@ -222,16 +222,20 @@ func (idx *Index) withPools(byFP []*Layout, now time.Time) ([]*Layout, time.Time
 			Pool: key, NodeSelector: m.Labels, Remembered: &Remembered{LastSeen: m.LastSeen, Until: until}})
 	}
 	poolLayouts.Reset()
+	// Prometheus panics on a label value that is not UTF-8, and a pool key
+	// is made of node label values: the API server validates those, a
+	// --nodes file of the offline command does not.
+	metricKey := func(k string) string { return strings.ToValidUTF8(k, "\uFFFD") }
 	for key := range idx.pools {
 		state := "live"
 		if mixed[key] {
 			state = "mixed"
 		}
-		poolLayouts.WithLabelValues(key, state).Set(1)
+		poolLayouts.WithLabelValues(metricKey(key), state).Set(1)
 	}
 	for _, l := range out {
 		if l.Remembered != nil {
-			poolLayouts.WithLabelValues(l.Pool, "remembered").Set(1)
+			poolLayouts.WithLabelValues(metricKey(l.Pool), "remembered").Set(1)
 		}
 	}
 	slices.SortFunc(out, func(a, b *Layout) int {
