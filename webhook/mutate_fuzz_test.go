@@ -288,13 +288,28 @@ func checkMutation(t *testing.T, pod *corev1.Pod, nsLabels map[string]string, la
 	// The patch the webhook sends makes the same pod out of the one it got.
 	checkPatch(t, before, pod, res.Patch)
 
-	// The pod's own volumes stay as they were.
+	// The pod's own volumes stay as they were; only a hand-written driver
+	// mount (a hostPath) may go, replaced by the injected layout, and then
+	// nothing mounts it any more.
 	had := map[string]bool{}
 	for _, v := range before.Spec.Volumes {
 		had[v.Name] = true
 		i := slices.IndexFunc(pod.Spec.Volumes, func(w corev1.Volume) bool { return w.Name == v.Name })
-		if i < 0 || !apiequality.Semantic.DeepEqual(v, pod.Spec.Volumes[i]) {
-			t.Fatalf("the pod's volume %q was changed or removed", v.Name)
+		if i >= 0 {
+			if !apiequality.Semantic.DeepEqual(v, pod.Spec.Volumes[i]) {
+				t.Fatalf("the pod's volume %q was changed", v.Name)
+			}
+			continue
+		}
+		if v.HostPath == nil {
+			t.Fatalf("the pod's volume %q, no hostPath, was removed", v.Name)
+		}
+		for _, c := range allContainers(pod) {
+			for _, vm := range c.VolumeMounts {
+				if vm.Name == v.Name {
+					t.Fatalf("container %q still mounts the removed volume %q", c.Name, v.Name)
+				}
+			}
 		}
 	}
 	// What was added is a read-only hostPath of the chosen layout.
