@@ -49,6 +49,9 @@ type Index struct {
 // nodeState is what the index remembers of one Node between events.
 type nodeState struct {
 	info *NodeInfo
+	// ownGPUs are the GPUs of the node's allocatable, before DRA's are
+	// added: info's sum is capped, so it cannot be taken apart again.
+	ownGPUs int64
 	// fingerprint is the layout the node is a candidate of; empty if none.
 	fingerprint string
 	// source is the annotation and fingerprint label last seen, so an
@@ -170,9 +173,10 @@ func (idx *Index) Update(n *corev1.Node) {
 
 	idx.mu.Lock()
 	defer idx.mu.Unlock()
-	info.AllocatableGPUs = min(info.AllocatableGPUs+idx.draGPUs[n.Name], MaxNodeGPUs)
+	own := info.AllocatableGPUs
+	info.AllocatableGPUs = min(own+idx.draGPUs[n.Name], MaxNodeGPUs)
 	old := idx.nodes[n.Name]
-	st := &nodeState{info: info, source: source}
+	st := &nodeState{info: info, ownGPUs: own, source: source}
 	if eligible {
 		switch {
 		case old != nil && old.source == source && old.rejection != "":
@@ -237,7 +241,7 @@ func (idx *Index) SetDRAGPUs(name string, gpus int64) {
 	}
 	// Published NodeInfos never change: replace this one.
 	info := *st.info
-	info.AllocatableGPUs = min(max(info.AllocatableGPUs-old, 0)+gpus, MaxNodeGPUs)
+	info.AllocatableGPUs = min(st.ownGPUs+gpus, MaxNodeGPUs)
 	st.info = &info
 	if st.fingerprint != "" {
 		idx.putNode(st.fingerprint, &info)
