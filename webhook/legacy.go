@@ -56,6 +56,9 @@ func (m matcher) legacyMounts(pod *corev1.Pod, targets []containerRef, layouts [
 			if !ok || vm.SubPath != "" || vm.SubPathExpr != "" {
 				continue
 			}
+			if !path.IsAbs(vm.MountPath) {
+				continue
+			}
 			mp := path.Clean(vm.MountPath)
 			// A whole shared folder (/usr/bin, /usr/lib64) is the driver's
 			// only where the recipes put the driver; anywhere else it is the
@@ -73,7 +76,9 @@ func (m matcher) legacyMounts(pod *corev1.Pod, targets []containerRef, layouts [
 // allowlist admits (a driver folder, or a driver file in a shared system
 // folder), or a published layout's host path or a path inside one.
 func (m matcher) isDriverPath(p string, layouts []*Layout) bool {
-	if p == "/" {
+	// The walks up the folders below end at "/": only a clean absolute path
+	// gets there (a pod's mountPath may be anything).
+	if p == "/" || !path.IsAbs(p) || path.Clean(p) != p {
 		return false
 	}
 	for _, a := range m.cfg.HostPaths.Allowlist {
