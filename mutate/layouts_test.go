@@ -275,3 +275,53 @@ func resolveInRoot(root, p string) (string, error) {
 	}
 	return cur, nil
 }
+
+// TestDRAObjectsOffline: `gpu-injector mutate` takes ResourceSlices and
+// DeviceClasses with the Nodes (kubectl get nodes,resourceslices,deviceclasses
+// -o yaml) and the claim templates with the workloads, and answers as the
+// webhook does: the Deployment whose pods claim a GPU only through a template
+// is injected, with the layout of the node whose GPUs are in ResourceSlices
+// (without them, the RHEL pool would win).
+func TestDRAObjectsOffline(t *testing.T) {
+	manifest := `apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata:
+  name: single-gpu
+spec:
+  spec:
+    devices:
+      requests:
+      - name: gpu
+        exactly:
+          deviceClassName: gpu.nvidia.com
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: claims-a-gpu
+spec:
+  selector: {matchLabels: {app: x}}
+  template:
+    metadata: {labels: {app: x}}
+    spec:
+      resourceClaims:
+      - name: gpu
+        resourceClaimTemplateName: single-gpu
+      containers:
+      - name: ctr
+        image: ubuntu:22.04
+        resources:
+          claims:
+          - name: gpu
+`
+	out, stderr, err := runMutate(t, manifest, "-f", "-", "--nodes", "../webhook/testdata/nodes-modern.yaml", "--nodes", "../webhook/testdata/nodes-dra-slices.yaml")
+	if err != nil {
+		t.Fatalf("mutate: %v\n%s", err, stderr)
+	}
+	if !strings.Contains(stderr, "injected: Deployment/claims-a-gpu") || !strings.Contains(stderr, "driver 580.95.05") {
+		t.Errorf("want the Deployment injected with the DRA node's driver 580.95.05; stderr:\n%s", stderr)
+	}
+	if !strings.Contains(out, "/usr/lib/x86_64-linux-gnu/libcuda.so.580.95.05") {
+		t.Errorf("the output lacks the DRA node's libcuda:\n%s", out)
+	}
+}

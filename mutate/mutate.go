@@ -5,6 +5,7 @@ package mutate
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -21,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
 	"github.com/gpu-injector/gpu-injector/config"
@@ -67,22 +69,15 @@ func Run(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 		return err
 	}
 	var nodes []corev1.Node
+	var draObjects []client.Object
 	for _, nf := range nodeFiles {
-		ns, err := ReadNodes(nf)
+		ns, objs, err := readCluster(nf)
 		if err != nil {
 			return err
 		}
 		nodes = append(nodes, ns...)
+		draObjects = append(draObjects, objs...)
 	}
-	idx := webhook.NewIndex(cfg, stderrLogger(stderr))
-	for i := range nodes {
-		idx.Update(&nodes[i])
-	}
-	layouts := idx.Layouts()
-	if len(layouts) == 0 {
-		fmt.Fprintf(stderr, "warning: none of the %d nodes publishes a usable layout\n", len(nodes))
-	}
-
 	in, err := readInput(*file, stdin)
 	if err != nil {
 		return err
@@ -91,7 +86,26 @@ func Run(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("failed to read %s: %w", *file, err)
 	}
-	m := &mutator{cfg: cfg, layouts: layouts, namespace: *namespace, stderr: stderr}
+	// Claims and claim templates applied with the workloads say which pods
+	// claim GPUs, as the cluster's would.
+	for _, doc := range docs {
+		if obj := draDocument(doc, *namespace); obj != nil {
+			draObjects = append(draObjects, obj)
+		}
+	}
+	idx := webhook.NewIndex(cfg, stderrLogger(stderr))
+	dra := webhook.NewDRA(cfg, idx, nil, stderrLogger(stderr))
+	for _, o := range draObjects {
+		dra.Add(o)
+	}
+	for i := range nodes {
+		idx.Update(&nodes[i])
+	}
+	layouts := idx.Layouts()
+	if len(layouts) == 0 {
+		fmt.Fprintf(stderr, "warning: none of the %d nodes publishes a usable layout\n", len(nodes))
+	}
+	m := &mutator{cfg: cfg, layouts: layouts, dra: dra, namespace: *namespace, stderr: stderr}
 	var out [][]byte
 	for i, doc := range docs {
 		res, err := m.document(doc, isJSON)
@@ -204,6 +218,7 @@ type mutator struct {
 	namespace string
 	stderr    io.Writer
 	denied    int
+	dra       *webhook.DRA
 }
 
 // document mutates one document and returns its new bytes, or the original
@@ -346,7 +361,12 @@ func applyOps(doc map[string]any, ops []jsonpatch.Operation) error {
 // pod mutates and reports, and returns the patch; false means leave the
 // document as written.
 func (m *mutator) pod(what string, pod *corev1.Pod) ([]jsonpatch.Operation, bool) {
-	res := webhook.Mutate(webhook.Input{Pod: pod, Layouts: m.layouts, Seed: webhook.Seed(pod.Namespace + "/" + what)}, m.cfg)
+	in := webhook.Input{Pod: pod, Layouts: m.layouts, Seed: webhook.Seed(pod.Namespace + "/" + what)}
+	if m.dra != nil {
+		in.GPUResources = m.dra.GPUResources()
+		in.GPUClaims, _ = m.dra.GPUClaims(context.Background(), pod, pod.Namespace)
+	}
+	res := webhook.Mutate(in, m.cfg)
 	for _, w := range res.Warnings {
 		fmt.Fprintf(m.stderr, "warning: %s: %s\n", what, w)
 	}
@@ -367,17 +387,47 @@ func (m *mutator) pod(what string, pod *corev1.Pod) ([]jsonpatch.Operation, bool
 }
 
 // ReadNodes reads Node objects from a YAML or JSON file, also a List such
-// as `kubectl get nodes -o yaml` prints.
+// as kubectl get -o yaml writes; DRA objects in it are skipped.
 func ReadNodes(file string) ([]corev1.Node, error) {
+	nodes, _, err := readCluster(file)
+	return nodes, err
+}
+
+// draDocument decodes a ResourceClaim or ResourceClaimTemplate of the
+// manifests, in the namespace it would be applied to; nil for anything else.
+func draDocument(doc []byte, namespace string) client.Object {
+	var meta struct {
+		Kind string `json:"kind"`
+	}
+	if yaml.Unmarshal(doc, &meta) != nil || (meta.Kind != "ResourceClaim" && meta.Kind != "ResourceClaimTemplate" && meta.Kind != "DeviceClass") {
+		return nil
+	}
+	obj := webhook.NewDRAObject(meta.Kind)
+	if yaml.Unmarshal(doc, obj) != nil {
+		return nil
+	}
+	if obj.GetNamespace() == "" && meta.Kind != "DeviceClass" {
+		obj.SetNamespace(namespace)
+	}
+	return obj
+}
+
+// readCluster reads Node objects, and the DRA objects that say how many GPUs
+// nodes have and which classes are GPUs (ResourceSlices, DeviceClasses,
+// ResourceClaims, ResourceClaimTemplates), from a YAML or JSON file, also a
+// List such
+// as `kubectl get nodes -o yaml` prints.
+func readCluster(file string) ([]corev1.Node, []client.Object, error) {
 	data, err := os.ReadFile(file)
 	if err != nil {
-		return nil, fmt.Errorf("failed to read nodes %s: %w", file, err)
+		return nil, nil, fmt.Errorf("failed to read nodes %s: %w", file, err)
 	}
 	docs, _, err := splitDocuments(data)
 	if err != nil {
-		return nil, fmt.Errorf("failed to read nodes %s: %w", file, err)
+		return nil, nil, fmt.Errorf("failed to read nodes %s: %w", file, err)
 	}
 	var nodes []corev1.Node
+	var objs []client.Object
 	var add func(obj map[string]any, where string) error
 	add = func(obj map[string]any, where string) error {
 		u := unstructured.Unstructured{Object: obj}
@@ -402,19 +452,25 @@ func ReadNodes(file string) ([]corev1.Node, error) {
 				return fmt.Errorf("%s: invalid Node: %w", where, err)
 			}
 			nodes = append(nodes, n)
+		case webhook.IsDRAKind(u.GetKind()):
+			o := webhook.NewDRAObject(u.GetKind())
+			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(obj, o); err != nil {
+				return fmt.Errorf("%s: invalid %s: %w", where, u.GetKind(), err)
+			}
+			objs = append(objs, o)
 		default:
-			return fmt.Errorf("%s is a %q, not a Node", where, u.GetKind())
+			return fmt.Errorf("%s is a %q, not a Node or a DRA object", where, u.GetKind())
 		}
 		return nil
 	}
 	for i, doc := range docs {
 		obj := map[string]any{}
 		if err := yaml.Unmarshal(doc, &obj); err != nil {
-			return nil, fmt.Errorf("failed to read nodes %s: document %d: %w", file, i+1, err)
+			return nil, nil, fmt.Errorf("failed to read nodes %s: document %d: %w", file, i+1, err)
 		}
 		if err := add(obj, fmt.Sprintf("document %d", i+1)); err != nil {
-			return nil, fmt.Errorf("failed to read nodes %s: %w", file, err)
+			return nil, nil, fmt.Errorf("failed to read nodes %s: %w", file, err)
 		}
 	}
-	return nodes, nil
+	return nodes, objs, nil
 }

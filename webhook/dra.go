@@ -147,6 +147,49 @@ func (d *DRA) Watch(ctx context.Context, c cache.Cache) error {
 	return nil
 }
 
+// Add records a DRA object as its informer would (stripped first); other
+// objects are ignored. It feeds the offline command and tests.
+func (d *DRA) Add(obj any) {
+	switch o := obj.(type) {
+	case *resourcev1.ResourceSlice:
+		s, _ := stripSlice(o.DeepCopy())
+		d.setSlice(s)
+	case *resourcev1.DeviceClass:
+		c, _ := stripClass(o.DeepCopy())
+		d.setClass(c)
+	case *resourcev1.ResourceClaim:
+		c, _ := stripClaim(o.DeepCopy())
+		d.setClaim(c)
+	case *resourcev1.ResourceClaimTemplate:
+		c, _ := stripTemplate(o.DeepCopy())
+		d.setTemplate(c)
+	}
+}
+
+// IsDRAKind reports whether Add takes objects of this kind.
+func IsDRAKind(kind string) bool {
+	switch kind {
+	case "ResourceSlice", "DeviceClass", "ResourceClaim", "ResourceClaimTemplate":
+		return true
+	}
+	return false
+}
+
+// NewDRAObject returns an empty object of a kind IsDRAKind accepts.
+func NewDRAObject(kind string) client.Object {
+	switch kind {
+	case "ResourceSlice":
+		return &resourcev1.ResourceSlice{}
+	case "DeviceClass":
+		return &resourcev1.DeviceClass{}
+	case "ResourceClaim":
+		return &resourcev1.ResourceClaim{}
+	case "ResourceClaimTemplate":
+		return &resourcev1.ResourceClaimTemplate{}
+	}
+	return nil
+}
+
 // ReadyCheck is a healthz checker for /readyz.
 func (d *DRA) ReadyCheck(_ *http.Request) error {
 	for _, s := range d.synced {

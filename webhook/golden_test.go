@@ -222,17 +222,7 @@ func (gc goldenCase) input(t *testing.T, pod *corev1.Pod) Input {
 	}
 	d := NewDRA(gc.cfg, idx, nil, logr.Discard())
 	for _, o := range gc.dra {
-		switch o := o.(type) {
-		case *resourcev1.ResourceSlice:
-			s, _ := stripSlice(o.DeepCopy())
-			d.setSlice(s)
-		case *resourcev1.DeviceClass:
-			d.setClass(o)
-		case *resourcev1.ResourceClaim:
-			d.setClaim(o)
-		case *resourcev1.ResourceClaimTemplate:
-			d.setTemplate(o)
-		}
+		d.Add(o)
 	}
 	for i := range gc.nodes {
 		idx.Update(&gc.nodes[i])
