@@ -243,24 +243,6 @@ func layoutsOf(cfg *config.Configuration, nodes []corev1.Node) []*Layout {
 // pools are aged.
 var goldenNow = time.Date(2026, 3, 8, 12, 0, 0, 0, time.UTC)
 
-// layouts is what the webhook's index offers for the case's nodes and memory.
-func (gc goldenCase) layouts(t *testing.T) []*Layout {
-	t.Helper()
-	idx := NewIndex(gc.cfg, logr.Discard())
-	idx.now = func() time.Time { return goldenNow }
-	if gc.memory != nil {
-		mem, errs := DecodeMemory(gc.memory, gc.cfg, goldenNow)
-		if len(errs) > 0 {
-			t.Fatalf("bad memory in the case: %v", errs)
-		}
-		idx.SetMemory(mem)
-	}
-	for i := range gc.nodes {
-		idx.Update(&gc.nodes[i])
-	}
-	return idx.Layouts()
-}
-
 // TestGolden runs every testdata/*.yaml through Mutate and compares with its
 // .golden twin (REFRESH_GOLDEN=true rewrites them): the decision, the JSON
 // Patch and the pod that patch makes of the input's JSON. It checks that the
