@@ -25,7 +25,9 @@ import (
 // probe publishes it, and follows every GPU container's mounts into that fake
 // root: libcuda.so.1 and libnvidia-ml.so.1 on LD_LIBRARY_PATH and
 // /usr/local/nvidia/bin/nvidia-smi must resolve to the node's driver files of
-// its version, not to a stale or missing folder.
+// its version, not to a stale or missing folder. Where the probe finds that
+// the runtime injects the driver, the pod is pinned there with no driver
+// mount left.
 func TestClassicManifestsOnEveryProbedLayout(t *testing.T) {
 	manifests := classicManifests(t)
 	if len(manifests) < 6 {
@@ -43,10 +45,13 @@ func TestClassicManifestsOnEveryProbedLayout(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !res.Ready() || res.Plan.RuntimeInjection != "" {
-				t.Skipf("the probe publishes no mounts for this layout (%s)", res.Condition)
+			if !res.Ready() {
+				t.Skipf("the probe publishes no layout here (%s)", res.Condition)
 			}
-			ready++
+			runtime := res.Plan.RuntimeInjection != ""
+			if !runtime {
+				ready++
+			}
 			nodes := writeProbedNode(t, name, res)
 			for file, manifest := range manifests {
 				t.Run(strings.TrimSuffix(filepath.Base(file), ".yaml"), func(t *testing.T) {
@@ -61,6 +66,10 @@ func TestClassicManifestsOnEveryProbedLayout(t *testing.T) {
 					var pod corev1.Pod
 					if err := yaml.Unmarshal(out.Bytes(), &pod); err != nil {
 						t.Fatal(err)
+					}
+					if runtime {
+						checkRuntimeInjected(t, res.Plan.Fingerprint(), &pod)
+						return
 					}
 					checkDriverResolves(t, root, res.Plan.DriverVersion, &pod)
 				})
@@ -189,6 +198,27 @@ func checkDriverResolves(t *testing.T, root, version string, pod *corev1.Pod) {
 	}
 	if gpus == 0 {
 		t.Fatalf("no GPU container after mutation: %+v", pod.Spec.Containers)
+	}
+}
+
+// checkRuntimeInjected: on a node whose runtime injects the driver, the pod
+// is pinned there and keeps no driver mount, neither ours nor its own.
+func checkRuntimeInjected(t *testing.T, fp string, pod *corev1.Pod) {
+	t.Helper()
+	if got := pod.Spec.NodeSelector["gpu-injector.io/layout-fingerprint"]; got != fp {
+		t.Errorf("nodeSelector fingerprint %q, want %q", got, fp)
+	}
+	for _, c := range pod.Spec.Containers {
+		if _, ok := c.Resources.Limits["nvidia.com/gpu"]; !ok {
+			continue
+		}
+		for _, vm := range c.VolumeMounts {
+			for _, v := range pod.Spec.Volumes {
+				if v.Name == vm.Name && v.HostPath != nil && (strings.HasPrefix(v.Name, "gpu-injector-") || strings.Contains(v.HostPath.Path, "nvidia")) {
+					t.Errorf("container %q mounts driver volume %q (%s) on a runtime-injected node", c.Name, v.Name, v.HostPath.Path)
+				}
+			}
+		}
 	}
 }
 
