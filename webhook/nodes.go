@@ -32,9 +32,10 @@ type Index struct {
 	nodes   map[string]*nodeState
 	layouts map[string]*layoutState
 	// pools and memory are the pool view, with pinning.nodeLabels only.
-	pools  map[string]*poolState
-	memory map[string]PoolMemory
-	now    func() time.Time
+	pools     map[string]*poolState
+	memory    map[string]PoolMemory
+	poolViews map[string]poolView
+	now       func() time.Time
 	// draGPUs are the GPUs that DRA ResourceSlices publish per node, which a
 	// Node's allocatable does not list (SetDRAGPUs).
 	draGPUs map[string]int64
@@ -381,7 +382,7 @@ func nodeEligible(n *corev1.Node) bool {
 }
 
 func (idx *Index) nodeInfo(n *corev1.Node) *NodeInfo {
-	info := &NodeInfo{Name: n.Name, Labels: n.Labels}
+	info := &NodeInfo{Name: n.Name, Labels: n.Labels, pool: PoolKey(n.Labels, idx.cfg.Pinning.NodeLabels)}
 	for _, t := range n.Spec.Taints {
 		if t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute {
 			info.Taints = append(info.Taints, t)

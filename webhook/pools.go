@@ -41,6 +41,25 @@ type PoolMemory struct {
 type poolState struct {
 	labels  map[string]string
 	members map[string]string
+	// counts is how many members have each value, so that uniformity is
+	// known without a scan.
+	counts map[string]int
+}
+
+func (ps *poolState) add(name, value string) {
+	ps.members[name] = value
+	ps.counts[value]++
+}
+
+func (ps *poolState) remove(name string) {
+	v, ok := ps.members[name]
+	if !ok {
+		return
+	}
+	delete(ps.members, name)
+	if ps.counts[v]--; ps.counts[v] == 0 {
+		delete(ps.counts, v)
+	}
 }
 
 // rejectedMember marks a ready node whose probe failed or whose layout was
@@ -49,14 +68,13 @@ const rejectedMember = "!"
 
 // uniform returns the one fingerprint every member publishes.
 func (ps *poolState) uniform() (string, bool) {
-	fp := ""
-	for _, v := range ps.members {
-		if v == rejectedMember || (fp != "" && v != fp) {
-			return "", false
-		}
-		fp = v
+	if len(ps.counts) != 1 {
+		return "", false
 	}
-	return fp, fp != ""
+	for v := range ps.counts {
+		return v, v != rejectedMember
+	}
+	return "", false
 }
 
 // perNodeLabels differ from node to node by design, so they never describe a
@@ -108,7 +126,7 @@ func (idx *Index) setPoolMember(name string, old, st *nodeState, n *corev1.Node)
 		return false
 	}
 	if n != nil {
-		st.pool = PoolKey(n.Labels, idx.cfg.Pinning.NodeLabels)
+		st.pool = st.info.pool
 		st.member, st.isMember = poolMember(n, st)
 	}
 	if old != nil && st != nil && old.pool == st.pool && old.isMember == st.isMember && old.member == st.member {
@@ -116,7 +134,7 @@ func (idx *Index) setPoolMember(name string, old, st *nodeState, n *corev1.Node)
 	}
 	if old != nil && old.pool != "" && old.isMember {
 		ps := idx.pools[old.pool]
-		delete(ps.members, name)
+		ps.remove(name)
 		if len(ps.members) == 0 {
 			delete(idx.pools, old.pool)
 		}
@@ -128,10 +146,10 @@ func (idx *Index) setPoolMember(name string, old, st *nodeState, n *corev1.Node)
 			for _, k := range idx.cfg.Pinning.NodeLabels {
 				labels[k] = n.Labels[k]
 			}
-			ps = &poolState{labels: labels, members: map[string]string{}}
+			ps = &poolState{labels: labels, members: map[string]string{}, counts: map[string]int{}}
 			idx.pools[st.pool] = ps
 		}
-		ps.members[name] = st.member
+		ps.add(name, st.member)
 	}
 	return (old != nil && old.isMember) || (st != nil && st.isMember)
 }
@@ -172,15 +190,26 @@ func (idx *Index) withPools(byFP []*Layout, now time.Time) ([]*Layout, time.Time
 			mixed[key] = true
 		}
 	}
-	keys := idx.cfg.Pinning.NodeLabels
+	// The split of a fingerprint's nodes depends only on its Layout (a new
+	// one is published on every change of its nodes) and on the pools'
+	// states: reuse it while both are unchanged, so that one node's event
+	// rebuilds one layout's view, not every node's.
+	sig := poolSignature(uniform, mixed)
+	views := make(map[string]poolView, len(byFP))
 	out := make([]*Layout, 0, len(byFP)+len(uniform)+len(idx.memory))
 	for _, l := range byFP {
+		if v, ok := idx.poolViews[l.Fingerprint]; ok && v.src == l && v.sig == sig {
+			views[l.Fingerprint] = v
+			out = append(out, v.out...)
+			continue
+		}
+		first := len(out)
 		byPool := map[string][]*NodeInfo{}
 		var rest []*NodeInfo
 		var restGPUs int64
 		var mixedHere []string
 		for _, n := range l.Nodes {
-			key := PoolKey(n.Labels, keys)
+			key := n.pool
 			if key != "" && uniform[key] == l.Fingerprint {
 				byPool[key] = append(byPool[key], n)
 				continue
@@ -203,7 +232,9 @@ func (idx *Index) withPools(byFP []*Layout, now time.Time) ([]*Layout, time.Time
 			out = append(out, &Layout{Fingerprint: l.Fingerprint, Plan: l.Plan, AllocatableGPUs: gpus, Nodes: nodes,
 				Pool: key, NodeSelector: idx.pools[key].labels})
 		}
+		views[l.Fingerprint] = poolView{src: l, sig: sig, out: slices.Clone(out[first:])}
 	}
+	idx.poolViews = views
 	var next time.Time
 	remember := idx.cfg.Pinning.Remember()
 	for key, m := range idx.memory {
@@ -245,6 +276,27 @@ func (idx *Index) withPools(byFP []*Layout, now time.Time) ([]*Layout, time.Time
 		return strings.Compare(a.Pool, b.Pool)
 	})
 	return out, next
+}
+
+// poolView is the pool view of one fingerprint's Layout, as last built.
+type poolView struct {
+	src *Layout
+	sig string
+	out []*Layout
+}
+
+// poolSignature sums up the pools' states: each uniform pool's layout and
+// each mixed pool.
+func poolSignature(uniform map[string]string, mixed map[string]bool) string {
+	keys := make([]string, 0, len(uniform)+len(mixed))
+	for k, fp := range uniform {
+		keys = append(keys, k+"\x00"+fp)
+	}
+	for k := range mixed {
+		keys = append(keys, k+"\x00!")
+	}
+	slices.Sort(keys)
+	return strings.Join(keys, "\x01")
 }
 
 // LivePools returns what the memory should hold of each pool whose ready

@@ -369,3 +369,33 @@ func TestMemorySync(t *testing.T) {
 		t.Fatalf("a broken entry survived a write: %v", d)
 	}
 }
+
+// BenchmarkIndexUpdatePools is BenchmarkIndexUpdate with pinning by pool:
+// 5,000 nodes in three uniform pools (by zone). A change rebuilds the pool
+// view over every node; a heartbeat must stay as cheap as without pools.
+func BenchmarkIndexUpdatePools(b *testing.B) {
+	cfg := config.Default()
+	cfg.Pinning.NodeLabels = []string{"topology.kubernetes.io/zone"}
+	b.Run("change", func(b *testing.B) {
+		idx, nodes := benchIndex(b, cfg)
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			n := nodes[i%benchNodes]
+			q := n.Status.Allocatable["nvidia.com/gpu"]
+			q.Set(12 - q.Value())
+			n.Status.Allocatable["nvidia.com/gpu"] = q
+			idx.Update(n)
+			i++
+		}
+	})
+	b.Run("heartbeat", func(b *testing.B) {
+		idx, nodes := benchIndex(b, cfg)
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			idx.Update(nodes[i%benchNodes])
+			i++
+		}
+	})
+}

@@ -20,6 +20,10 @@ type NodeInfo struct {
 	Taints []corev1.Taint
 	// AllocatableGPUs sums the node's allocatable GPU resources.
 	AllocatableGPUs int64
+
+	// pool is the node's pool key with pinning.nodeLabels, "" for none;
+	// computed once per change so the pool view does not rebuild it.
+	pool string
 }
 
 // Layout is one candidate driver layout and the ready nodes that publish it.
