@@ -411,9 +411,9 @@ func TestHandlerKeepsUnknownFields(t *testing.T) {
 func TestHandlerPatchesNullAndEmpty(t *testing.T) {
 	srv, plan := testServer(t, config.Default())
 	for name, object := range map[string]string{
-		"null":   `{"metadata":{"generateName":"x-","annotations":null},"spec":{"nodeSelector":null,"volumes":null,"containers":[{"name":"c","env":null,"volumeMounts":null,"resources":{"limits":{"nvidia.com/gpu":"1"}}}]}}`,
-		"empty":  `{"metadata":{"generateName":"x-","annotations":{}},"spec":{"nodeSelector":{},"volumes":[],"containers":[{"name":"c","env":[],"volumeMounts":[],"resources":{"limits":{"nvidia.com/gpu":"1"}}}]}}`,
-		"absent": `{"metadata":{"generateName":"x-"},"spec":{"containers":[{"name":"c","resources":{"limits":{"nvidia.com/gpu":"1"}}}]}}`,
+		"null":                       `{"metadata":{"generateName":"x-","annotations":null},"spec":{"nodeSelector":null,"volumes":null,"containers":[{"name":"c","env":null,"volumeMounts":null,"resources":{"limits":{"nvidia.com/gpu":"1"}}}]}}`,
+		"empty":                      `{"metadata":{"generateName":"x-","annotations":{}},"spec":{"nodeSelector":{},"volumes":[],"containers":[{"name":"c","env":[],"volumeMounts":[],"resources":{"limits":{"nvidia.com/gpu":"1"}}}]}}`,
+		"absent":                     `{"metadata":{"generateName":"x-"},"spec":{"containers":[{"name":"c","resources":{"limits":{"nvidia.com/gpu":"1"}}}]}}`,
 		"requests only, limits null": `{"metadata":{},"spec":{"containers":[{"name":"c","resources":{"limits":null,"requests":{"nvidia.com/gpu":"1"}}}]}}`,
 	} {
 		t.Run(name, func(t *testing.T) {
