@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/gpu-injector/gpu-injector/config"
+	"github.com/gpu-injector/gpu-injector/hack/loadtest/workload"
 	"github.com/gpu-injector/gpu-injector/layout"
 )
 
@@ -43,43 +44,82 @@ func benchIndex(b *testing.B, cfg *config.Configuration) (*Index, []*corev1.Node
 	return idx, nodes
 }
 
+// looseFileIndex is 5,000 GPU nodes as the load script creates them: three
+// pools, most GPUs on a loose-file layout (19 file mounts), every tenth node
+// tainted, three zones, a kubelet's labels and status.
+func looseFileIndex(b *testing.B, cfg *config.Configuration) *Index {
+	b.Helper()
+	idx := NewIndex(cfg, logr.Discard())
+	for i := 0; i < benchNodes; i++ {
+		n := workload.ReadyNode(i)
+		if _, err := idx.Transform(n); err != nil {
+			b.Fatal(err)
+		}
+		idx.Add(n)
+	}
+	if got := len(idx.Layouts()); got != len(workload.Pools()) {
+		b.Fatalf("index has %d layouts, want %d", got, len(workload.Pools()))
+	}
+	return idx
+}
+
 // BenchmarkHandler is one GPU pod's AdmissionReview through the real
-// controller-runtime webhook handler, in process: body decode, Mutate, patch,
-// response encode.
+// controller-runtime webhook handler, in process: "http" is body decode,
+// Mutate, patch and response encode; "handle" the admission.Handler alone.
+// "tiny" is a one-container pod against two-folder layouts; small, medium
+// and large are the load script's pods (2, 10 and 80 KB of JSON, three
+// containers) against its loose-file cluster.
 func BenchmarkHandler(b *testing.B) {
 	cfg := config.Default()
-	idx, _ := benchIndex(b, cfg)
-	hook := NewWebhook(NewHandler(cfg, idx, staticNamespaces{"ml": {layout.LabelInject: layout.InjectEnabled}}))
-	body := review(b, admissionv1.Create, "ml", hPod("nvidia.com/gpu", nil), podKind)
-
-	b.Run("http", func(b *testing.B) {
-		h := HTTPStatus(hook)
-		b.ReportAllocs()
-		for b.Loop() {
-			req := httptest.NewRequest(http.MethodPost, Path, bytes.NewReader(body))
-			req.Header.Set("Content-Type", "application/json")
-			rec := httptest.NewRecorder()
-			h.ServeHTTP(rec, req)
-			if rec.Code != http.StatusOK || !bytes.Contains(rec.Body.Bytes(), []byte(`"patch":`)) {
-				b.Fatalf("HTTP %d: %s", rec.Code, rec.Body.Bytes())
+	folders, _ := benchIndex(b, cfg)
+	loose := looseFileIndex(b, cfg)
+	type tc struct {
+		idx *Index
+		pod *corev1.Pod
+	}
+	cases := []struct {
+		name string
+		tc
+	}{{"tiny", tc{folders, hPod("nvidia.com/gpu", nil)}}}
+	for _, s := range workload.Sizes {
+		cases = append(cases, struct {
+			name string
+			tc
+		}{s.Name, tc{loose, workload.Pod(s.Name, s.Bytes)}})
+	}
+	ns := staticNamespaces{"ml": {layout.LabelInject: layout.InjectEnabled}}
+	for _, c := range cases {
+		body := review(b, admissionv1.Create, "ml", c.pod, podKind)
+		b.Run("http/"+c.name, func(b *testing.B) {
+			h := HTTPStatus(NewWebhook(NewHandler(cfg, c.idx, ns)))
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				req := httptest.NewRequest(http.MethodPost, Path, bytes.NewReader(body))
+				req.Header.Set("Content-Type", "application/json")
+				rec := httptest.NewRecorder()
+				h.ServeHTTP(rec, req)
+				if rec.Code != http.StatusOK || !bytes.Contains(rec.Body.Bytes(), []byte(`"patch":`)) {
+					b.Fatalf("HTTP %d: %s", rec.Code, rec.Body.Bytes())
+				}
 			}
-		}
-	})
-	b.Run("handle", func(b *testing.B) {
-		h := NewHandler(cfg, idx, staticNamespaces{"ml": {}})
-		raw := bodyPod(b, body)
-		req := admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
-			UID: types.UID("1"), Kind: podKind, Namespace: "ml", Operation: admissionv1.Create,
-		}}
-		req.Object.Raw = raw
-		ctx := context.Background()
-		b.ReportAllocs()
-		for b.Loop() {
-			if resp := h.Handle(ctx, req); !resp.Allowed || len(resp.Patches) == 0 {
-				b.Fatalf("response %+v", resp.Result)
+		})
+		b.Run("handle/"+c.name, func(b *testing.B) {
+			h := NewHandler(cfg, c.idx, ns)
+			req := admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
+				UID: types.UID("1"), Kind: podKind, Namespace: "ml", Operation: admissionv1.Create,
+			}}
+			req.Object.Raw = bodyPod(b, body)
+			b.SetBytes(int64(len(req.Object.Raw)))
+			ctx := context.Background()
+			b.ReportAllocs()
+			for b.Loop() {
+				if resp := h.Handle(ctx, req); !resp.Allowed || len(resp.Patches) == 0 {
+					b.Fatalf("response %+v", resp.Result)
+				}
 			}
-		}
-	})
+		})
+	}
 }
 
 func bodyPod(b *testing.B, body []byte) []byte {

@@ -1,0 +1,337 @@
+package main
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/gpu-injector/gpu-injector/config"
+	"github.com/gpu-injector/gpu-injector/e2e/cluster"
+	"github.com/gpu-injector/gpu-injector/e2e/env"
+	"github.com/gpu-injector/gpu-injector/hack/loadtest/workload"
+	"github.com/gpu-injector/gpu-injector/layout"
+	"github.com/gpu-injector/gpu-injector/webhook"
+)
+
+const (
+	namespace    = "loadtest"
+	sizeLabelKey = workload.SizeLabel
+)
+
+// run is one load run's state.
+type run struct {
+	o       *options
+	dir     string
+	cp      *controlPlane
+	cfg     *config.Configuration
+	mwc     *admissionregistrationv1.MutatingWebhookConfiguration
+	ca      []byte
+	certDir string
+	pods    map[string][]byte // size -> the pod's JSON
+	patches map[string][]byte // size -> our JSON Patch for it
+
+	webhookURL     string
+	webhookMetrics string
+	webhookProc    *exec.Cmd
+	noop, same     *floorWebhook
+
+	rssIdleKiB, rssPeakKiB, rssHWMKiB int64
+	results                           []result
+}
+
+func newRun(ctx context.Context, o *options, dir string, cp *controlPlane) (*run, error) {
+	r := &run{o: o, dir: dir, cp: cp, pods: map[string][]byte{}, patches: map[string][]byte{}}
+	r.certDir = filepath.Join(dir, "webhook-certs")
+	var err error
+	if r.ca, err = cluster.ServingCerts(r.certDir, "127.0.0.1", "localhost"); err != nil {
+		return r, err
+	}
+	if err := r.chart(ctx); err != nil {
+		return r, err
+	}
+	if err := r.namespaces(ctx); err != nil {
+		return r, err
+	}
+	if err := r.createNodes(ctx); err != nil {
+		return r, err
+	}
+	if err := r.ourPatches(); err != nil {
+		return r, err
+	}
+	if err := r.startWebhook(ctx); err != nil {
+		return r, err
+	}
+	if r.noop, err = startFloor(filepath.Join(r.certDir, "tls.crt"), filepath.Join(r.certDir, "tls.key"), nil); err != nil {
+		return r, err
+	}
+	if r.same, err = startFloor(filepath.Join(r.certDir, "tls.crt"), filepath.Join(r.certDir, "tls.key"), r.patches); err != nil {
+		return r, err
+	}
+	return r, nil
+}
+
+func (r *run) close() {
+	if r.webhookProc != nil {
+		stopProcess(r.webhookProc)
+	}
+	if r.noop != nil {
+		r.noop.close()
+	}
+	if r.same != nil {
+		r.same.close()
+	}
+}
+
+// chart takes the chart's webhook configuration and configuration file, as
+// helm template renders them.
+func (r *run) chart(ctx context.Context) error {
+	var objs []*unstructured.Unstructured
+	if r.o.chartObjects != "" {
+		data, err := os.ReadFile(r.o.chartObjects)
+		if err != nil {
+			return err
+		}
+		if objs, err = decodeYAMLObjects(data); err != nil {
+			return err
+		}
+	} else {
+		helm := filepath.Join(r.o.cacheDir, "helm-"+cluster.HelmVersion, "helm")
+		if _, err := os.Stat(helm); err != nil {
+			return fmt.Errorf("%s is missing: run hack/tools.sh all, or pass -chart-objects", helm)
+		}
+		wd, err := os.Getwd()
+		if err != nil {
+			return err
+		}
+		// The URL and caBundle are set below; the chart decides the rest.
+		if objs, err = env.RenderChart(ctx, wd, helm, "webhook.enabled=false", "webhook.url=https://127.0.0.1:1"); err != nil {
+			return err
+		}
+	}
+	for _, o := range objs {
+		switch o.GetKind() {
+		case "MutatingWebhookConfiguration":
+			r.mwc = &admissionregistrationv1.MutatingWebhookConfiguration{}
+			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, r.mwc); err != nil {
+				return fmt.Errorf("failed to read the chart's webhook configuration: %w", err)
+			}
+		case "ConfigMap":
+			if data, _, _ := unstructured.NestedString(o.Object, "data", "config.yaml"); data != "" {
+				file := filepath.Join(r.dir, "config.yaml")
+				if err := os.WriteFile(file, []byte(data), 0o644); err != nil {
+					return err
+				}
+				cfg, err := config.Load(file)
+				if err != nil {
+					return err
+				}
+				r.cfg = cfg
+			}
+		}
+	}
+	if r.mwc == nil || len(r.mwc.Webhooks) != 1 || r.cfg == nil {
+		return errors.New("the rendered chart lacks the webhook configuration (one webhook) or the ConfigMap with config.yaml")
+	}
+	return nil
+}
+
+func (r *run) namespaces(ctx context.Context) error {
+	cs := r.cp.client
+	for _, ns := range []*corev1.Namespace{
+		{ObjectMeta: metav1.ObjectMeta{Name: env.Namespace}},
+		{ObjectMeta: metav1.ObjectMeta{Name: namespace, Labels: map[string]string{layout.LabelInject: layout.InjectEnabled}}},
+	} {
+		if _, err := cs.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("failed to create namespace %s: %w", ns.Name, err)
+		}
+	}
+	// No controller manager makes it; the ServiceAccount admission needs it.
+	_, err := cs.CoreV1().ServiceAccounts(namespace).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{})
+	return err
+}
+
+// createNodes registers the nodes as kubelets would: created with the
+// not-ready taint, then Ready through the status subresource, then the taint
+// lifted as the node lifecycle controller would.
+func (r *run) createNodes(ctx context.Context) error {
+	start := time.Now()
+	progress("creating %d GPU nodes", r.o.nodes)
+	cs := r.cp.client.CoreV1().Nodes()
+	var next, done atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, r.o.nodeWorkers)
+	lift := []byte(`{"spec":{"taints":null}}`)
+	for range r.o.nodeWorkers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= r.o.nodes || ctx.Err() != nil {
+					return
+				}
+				n, err := cs.Create(ctx, workload.Node(i), metav1.CreateOptions{})
+				if err == nil {
+					n.Status = workload.NodeStatus(i)
+					n, err = cs.UpdateStatus(ctx, n, metav1.UpdateOptions{})
+				}
+				if err == nil {
+					keep := workload.ReadyNode(i).Spec.Taints
+					patch := lift
+					if len(keep) > 0 {
+						b, _ := json.Marshal(map[string]any{"spec": map[string]any{"taints": keep}})
+						patch = b
+					}
+					_, err = cs.Patch(ctx, n.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+				}
+				if err != nil {
+					errs <- fmt.Errorf("failed to register node %d: %w", i, err)
+					return
+				}
+				if d := done.Add(1); d%1000 == 0 {
+					progress("%d nodes", d)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		return err
+	}
+	progress("%d nodes in %s", r.o.nodes, time.Since(start).Round(time.Second))
+	return nil
+}
+
+// ourPatches computes, offline, the patch the webhook gives each pod: the
+// same-patch floor answers with it and the admission policy applies it.
+func (r *run) ourPatches() error {
+	idx := webhook.NewIndex(r.cfg, logr.Discard())
+	for i := range r.o.nodes {
+		idx.Add(workload.ReadyNode(i))
+	}
+	for _, s := range workload.Sizes {
+		if !contains(r.o.sizes, s.Name) {
+			continue
+		}
+		pod := workload.Pod(s.Name, s.Bytes)
+		raw, err := json.Marshal(pod)
+		if err != nil {
+			return err
+		}
+		r.pods[s.Name] = raw
+		p := pod.DeepCopy()
+		p.Namespace = namespace
+		res := webhook.Mutate(webhook.Input{Pod: p, Layouts: idx.Layouts()}, r.cfg)
+		if res.Decision != webhook.DecisionInjected {
+			return fmt.Errorf("the %s pod is not injected offline: %s %s", s.Name, res.Decision, res.Reason)
+		}
+		if r.patches[s.Name], err = json.Marshal(res.Patch); err != nil {
+			return err
+		}
+		progress("%s pod: %d bytes, our patch %d operations, %d bytes", s.Name, len(raw), len(res.Patch), len(r.patches[s.Name]))
+	}
+	return nil
+}
+
+func (r *run) startWebhook(ctx context.Context) error {
+	bin := r.o.binary
+	if bin == "" {
+		bin = filepath.Join(r.dir, "gpu-injector")
+		progress("building gpu-injector")
+		cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", bin, ".")
+		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+		if err := cmd.Run(); err != nil {
+			return fmt.Errorf("failed to build gpu-injector: %w", err)
+		}
+	}
+	ports, err := freePorts(3)
+	if err != nil {
+		return err
+	}
+	r.webhookURL = fmt.Sprintf("https://127.0.0.1:%d/mutate-v1-pod", ports[0])
+	r.webhookMetrics = fmt.Sprintf("http://127.0.0.1:%d/metrics", ports[1])
+	ready := fmt.Sprintf("http://127.0.0.1:%d/readyz", ports[2])
+	if r.webhookProc, err = startProcess(r.dir, "webhook", bin, "webhook",
+		"--cert-mode=external", "--cert-dir="+r.certDir,
+		fmt.Sprintf("--port=%d", ports[0]),
+		"--config="+filepath.Join(r.dir, "config.yaml"),
+		"--kubeconfig="+r.cp.kubeconfig,
+		"--namespace="+env.Namespace,
+		fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", ports[1]),
+		fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", ports[2]),
+	); err != nil {
+		return err
+	}
+	start := time.Now()
+	for {
+		resp, err := httpGet(ctx, http.DefaultClient, ready)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				break
+			}
+		}
+		if time.Since(start) > 2*time.Minute {
+			return fmt.Errorf("the webhook is not ready after 2m; see %s", filepath.Join(r.dir, "webhook.log"))
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	progress("webhook ready in %s with %d nodes cached", time.Since(start).Round(time.Millisecond), r.o.nodes)
+	// Idle: after the initial list, once the garbage of decoding it is gone
+	// (the Go runtime returns freed memory to the OS over minutes, so this
+	// forces nothing and waits a little).
+	time.Sleep(5 * time.Second)
+	r.rssIdleKiB, _, _ = rss(r.webhookProc.Process.Pid)
+	return nil
+}
+
+// rss reads a process's resident set (now) and its high-water mark, in KiB.
+func rss(pid int) (now, hwm int64, err error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, l := range strings.Split(string(data), "\n") {
+		var v int64
+		if _, err := fmt.Sscanf(l, "VmRSS: %d kB", &v); err == nil {
+			now = v
+		}
+		if _, err := fmt.Sscanf(l, "VmHWM: %d kB", &v); err == nil {
+			hwm = v
+		}
+	}
+	return now, hwm, nil
+}
+
+func webhookFor(base *admissionregistrationv1.MutatingWebhookConfiguration, name, url string, ca []byte) *admissionregistrationv1.MutatingWebhookConfiguration {
+	m := base.DeepCopy()
+	m.ObjectMeta = metav1.ObjectMeta{Name: name}
+	m.Webhooks[0].Name = name + ".loadtest.gpu-injector.io"
+	m.Webhooks[0].ClientConfig = admissionregistrationv1.WebhookClientConfig{URL: &url, CABundle: ca}
+	return m
+}
+
+func b64(b []byte) string { return base64.StdEncoding.EncodeToString(b) }
