@@ -42,6 +42,12 @@ type Index struct {
 
 	snapshot atomic.Pointer[[]*Layout]
 	synced   atomic.Pointer[func() bool]
+
+	// strs interns the strings that repeat across cached Nodes: label keys
+	// and common values, and the layout annotation, which every node of a
+	// pool publishes byte for byte (a few KiB each, 5,000 times over).
+	strsMu sync.Mutex
+	strs   map[string]string
 	// expires is when a remembered layout in the snapshot expires (Unix
 	// nanoseconds, 0 for none): the next reader after it publishes anew.
 	expires atomic.Int64
@@ -159,7 +165,8 @@ func (idx *Index) onEvent(obj any, deleted bool) {
 		idx.Delete(n.Name)
 		return
 	}
-	idx.Update(n)
+	// A cached Node is never changed, so the index may keep its labels.
+	idx.update(n, false)
 }
 
 // Add records a Node; it is Update under the name informers use.
@@ -167,7 +174,9 @@ func (idx *Index) Add(n *corev1.Node) { idx.Update(n) }
 
 // Update records the current state of a Node. It keeps nothing of n that
 // the caller may change later.
-func (idx *Index) Update(n *corev1.Node) {
+func (idx *Index) Update(n *corev1.Node) { idx.update(n, true) }
+
+func (idx *Index) update(n *corev1.Node, cloneLabels bool) {
 	info := idx.nodeInfo(n)
 	eligible := nodeEligible(n)
 	source := layoutSource{annotation: n.Annotations[layout.AnnotationLayout], label: n.Labels[layout.LabelFingerprint]}
@@ -206,8 +215,10 @@ func (idx *Index) Update(n *corev1.Node) {
 			return
 		}
 	}
-	// Published NodeInfo must not share the caller's label map.
-	info.Labels = maps.Clone(info.Labels)
+	if cloneLabels {
+		// Published NodeInfo must not share the caller's label map.
+		info.Labels = maps.Clone(info.Labels)
+	}
 	changed := make([]string, 0, 2)
 	if oldFP != "" && oldFP != st.fingerprint {
 		idx.removeNode(oldFP, n.Name)
@@ -434,16 +445,30 @@ func (idx *Index) Transform(obj any) (any, error) {
 	n.ManagedFields = nil
 	n.OwnerReferences = nil
 	n.Finalizers = nil
+	idx.strsMu.Lock()
+	defer idx.strsMu.Unlock()
+	if len(idx.strs) > maxInterned {
+		// Values of nodes long gone: start over rather than grow forever.
+		idx.strs = nil
+	}
 	var ann map[string]string
 	for k, v := range n.Annotations {
 		if strings.HasPrefix(k, layout.Prefix) {
 			if ann == nil {
 				ann = map[string]string{}
 			}
-			ann[k] = v
+			ann[idx.intern(k)] = idx.intern(v)
 		}
 	}
 	n.Annotations = ann
+	labels := make(map[string]string, len(n.Labels))
+	for k, v := range n.Labels {
+		if k != corev1.LabelHostname {
+			v = idx.intern(v)
+		}
+		labels[idx.intern(k)] = v
+	}
+	n.Labels = labels
 	n.Spec = corev1.NodeSpec{Unschedulable: n.Spec.Unschedulable, Taints: n.Spec.Taints}
 	status := corev1.NodeStatus{}
 	for _, c := range n.Status.Conditions {
@@ -462,6 +487,22 @@ func (idx *Index) Transform(obj any) (any, error) {
 	}
 	n.Status = status
 	return n, nil
+}
+
+// maxInterned bounds the interned strings: far above the distinct label
+// keys and values of a large cluster.
+const maxInterned = 50000
+
+// intern returns the one copy of s the index keeps; strsMu is held.
+func (idx *Index) intern(s string) string {
+	if v, ok := idx.strs[s]; ok {
+		return v
+	}
+	if idx.strs == nil {
+		idx.strs = map[string]string{}
+	}
+	idx.strs[s] = s
+	return s
 }
 
 // CacheByObject is the manager cache entry for Nodes.

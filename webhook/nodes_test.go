@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"testing"
+	"unsafe"
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
@@ -543,5 +544,30 @@ func TestIndexCapsNodeGPUs(t *testing.T) {
 	}
 	if got := ls[0].AllocatableGPUs; got != 2*MaxNodeGPUs {
 		t.Errorf("AllocatableGPUs = %d, want %d", got, 2*MaxNodeGPUs)
+	}
+}
+
+// TestTransformSharesStrings: nodes of one pool publish the same layout
+// annotation and labels byte for byte; the cache keeps one copy of each.
+func TestTransformSharesStrings(t *testing.T) {
+	idx := NewIndex(config.Default(), logr.Discard())
+	p := ixPlan("535.104.05")
+	a, _ := idx.Transform(ixNode("a", p, 8, nil))
+	b, _ := idx.Transform(ixNode("b", p, 8, nil))
+	na, nb := a.(*corev1.Node), b.(*corev1.Node)
+	same := func(x, y string) bool { return unsafe.StringData(x) == unsafe.StringData(y) }
+	if !same(na.Annotations[layout.AnnotationLayout], nb.Annotations[layout.AnnotationLayout]) {
+		t.Errorf("the layout annotation is stored twice")
+	}
+	if !same(na.Labels[layout.LabelFingerprint], nb.Labels[layout.LabelFingerprint]) {
+		t.Errorf("a label value is stored twice")
+	}
+	if na.Labels["kubernetes.io/hostname"] != "a" || nb.Labels["kubernetes.io/hostname"] != "b" {
+		t.Errorf("hostnames mixed up: %v %v", na.Labels, nb.Labels)
+	}
+	idx.Add(na)
+	idx.Add(nb)
+	if len(idx.Layouts()) != 1 || len(idx.Layouts()[0].Nodes) != 2 {
+		t.Fatalf("layouts = %+v", idx.Layouts())
 	}
 }

@@ -378,7 +378,6 @@ func num(f float64) string {
 	return fmt.Sprintf("%.2f", f)
 }
 
-
 func machine() string {
 	n := 0
 	model := ""

@@ -105,9 +105,11 @@ func (r *run) policies(ctx context.Context) error {
 					}}},
 					MatchPolicy: wh.MatchPolicy,
 				},
-				MatchConditions:    conds,
-				FailurePolicy:      ptr.To(admissionregistrationv1.Fail),
-				ReinvocationPolicy: admissionregistrationv1.IfNeededReinvocationPolicy,
+				MatchConditions: conds,
+				FailurePolicy:   ptr.To(admissionregistrationv1.Fail),
+				// A static patch is not idempotent: applied again it would
+				// add every volume twice.
+				ReinvocationPolicy: admissionregistrationv1.NeverReinvocationPolicy,
 				Mutations: []admissionregistrationv1.Mutation{{
 					PatchType: admissionregistrationv1.PatchTypeJSONPatch,
 					JSONPatch: &admissionregistrationv1.JSONPatch{Expression: expr},
@@ -129,7 +131,8 @@ func (r *run) policies(ctx context.Context) error {
 }
 
 // celPatch writes a JSON Patch as the CEL list of JSONPatch values an
-// admission policy returns.
+// admission policy returns. CEL wants objects built as their schema type
+// (Object.spec.volumes{...}); maps of strings stay map literals.
 func celPatch(patch []byte) (string, error) {
 	var ops []map[string]any
 	if err := json.Unmarshal(patch, &ops); err != nil {
@@ -141,10 +144,11 @@ func celPatch(patch []byte) (string, error) {
 		if i > 0 {
 			b.WriteString(",\n")
 		}
-		fmt.Fprintf(&b, "JSONPatch{op: %s, path: %s", strconv.Quote(op["op"].(string)), strconv.Quote(op["path"].(string)))
+		path := op["path"].(string)
+		fmt.Fprintf(&b, "JSONPatch{op: %s, path: %s", strconv.Quote(op["op"].(string)), strconv.Quote(path))
 		if v, ok := op["value"]; ok {
 			b.WriteString(", value: ")
-			celLiteral(&b, v)
+			celLiteral(&b, schemaType(path), v)
 		}
 		b.WriteString("}")
 	}
@@ -152,7 +156,23 @@ func celPatch(patch []byte) (string, error) {
 	return b.String(), nil
 }
 
-func celLiteral(b *strings.Builder, v any) {
+// schemaType names the type at a JSON Patch path: /spec/containers/0/env/-
+// is Object.spec.containers.env.
+func schemaType(path string) string {
+	t := "Object"
+	for _, seg := range strings.Split(strings.TrimPrefix(path, "/"), "/") {
+		if _, err := strconv.Atoi(seg); err == nil || seg == "-" {
+			continue
+		}
+		t += "." + seg
+	}
+	return t
+}
+
+// stringMaps are the fields of our patches that are maps, not objects.
+var stringMaps = map[string]bool{"nodeSelector": true, "annotations": true, "labels": true, "limits": true, "requests": true}
+
+func celLiteral(b *strings.Builder, typ string, v any) {
 	switch x := v.(type) {
 	case map[string]any:
 		keys := make([]string, 0, len(x))
@@ -160,13 +180,22 @@ func celLiteral(b *strings.Builder, v any) {
 			keys = append(keys, k)
 		}
 		sort.Strings(keys)
-		b.WriteString("{")
+		isMap := stringMaps[typ[strings.LastIndexByte(typ, '.')+1:]]
+		if isMap {
+			b.WriteString("{")
+		} else {
+			b.WriteString(typ + "{")
+		}
 		for i, k := range keys {
 			if i > 0 {
 				b.WriteString(", ")
 			}
-			b.WriteString(strconv.Quote(k) + ": ")
-			celLiteral(b, x[k])
+			if isMap {
+				b.WriteString(strconv.Quote(k) + ": ")
+			} else {
+				b.WriteString(k + ": ")
+			}
+			celLiteral(b, typ+"."+k, x[k])
 		}
 		b.WriteString("}")
 	case []any:
@@ -175,7 +204,7 @@ func celLiteral(b *strings.Builder, v any) {
 			if i > 0 {
 				b.WriteString(", ")
 			}
-			celLiteral(b, e)
+			celLiteral(b, typ, e)
 		}
 		b.WriteString("]")
 	case string:

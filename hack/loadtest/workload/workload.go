@@ -167,9 +167,15 @@ func Pod(size string, bytes int) *corev1.Pod {
 			// The token volume the API server would add differs by pod;
 			// without it the pod the webhook sees is the one sent.
 			AutomountServiceAccountToken: ptr.To(false),
+			// Every list the patch appends to is there already: the admission
+			// policy cannot add a list of objects where there is none (the
+			// API server fails converting it), and real pods have them.
+			Volumes: []corev1.Volume{{Name: "scratch", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}},
 			Containers: []corev1.Container{{
 				Name: "train", Image: "nvcr.io/nvidia/pytorch:24.05-py3",
-				Command: []string{"python", "-m", "torch.distributed.run"},
+				Command:      []string{"python", "-m", "torch.distributed.run"},
+				Env:          []corev1.EnvVar{{Name: "TZ", Value: "UTC"}},
+				VolumeMounts: []corev1.VolumeMount{{Name: "scratch", MountPath: "/scratch"}},
 				Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{
 					"nvidia.com/gpu": resource.MustParse("1"), corev1.ResourceMemory: resource.MustParse("64Gi"), corev1.ResourceCPU: resource.MustParse("8"),
 				}},
