@@ -39,6 +39,10 @@ lint: ## gofmt, go vet, helm lint --strict
 bench: ## benchmarks of the mutation, the handler and the probe (figures: docs/benchmarks.md)
 	hack/bench.sh
 
+.PHONY: loadtest
+loadtest: ## side-by-side admission load through a real kube-apiserver (figures: docs/benchmarks.md); LOADTEST_FLAGS=-h for options
+	hack/tools.sh all && go run ./hack/loadtest $(LOADTEST_FLAGS)
+
 .PHONY: fuzz
 fuzz: ## fuzz every parser of untrusted input for FUZZTIME each (30s, 10m or 10000000x; docs/reliability.md)
 	hack/fuzz.sh

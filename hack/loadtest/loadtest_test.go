@@ -1,0 +1,48 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestCELPatch(t *testing.T) {
+	got, err := celPatch([]byte(`[{"op":"add","path":"/spec/volumes/-","value":{"name":"v","hostPath":{"path":"/usr/bin/nvidia-smi","type":"File"}}},` +
+		`{"op":"add","path":"/spec/containers/0/volumeMounts/1/readOnly","value":true},` +
+		`{"op":"add","path":"/spec/nodeSelector","value":{"gpu-injector.io/layout-fingerprint":"abc"}}]`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		`JSONPatch{op: "add", path: "/spec/volumes/-", value: Object.spec.volumes{hostPath: Object.spec.volumes.hostPath{path: "/usr/bin/nvidia-smi", type: "File"}, name: "v"}}`,
+		`path: "/spec/containers/0/volumeMounts/1/readOnly", value: true}`,
+		`value: {"gpu-injector.io/layout-fingerprint": "abc"}}`,
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("CEL lacks %s:\n%s", want, got)
+		}
+	}
+}
+
+func TestRequestUID(t *testing.T) {
+	body := []byte(`{"kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1","request":{"uid":"0f9e-1","kind":{"kind":"Pod"},"object":{"metadata":{"uid":"other"}}}}`)
+	if got := requestUID(body); got != "0f9e-1" {
+		t.Errorf("uid = %q", got)
+	}
+	if got := requestUID([]byte(`{"request":{}}`)); got != "" {
+		t.Errorf("uid of no uid = %q", got)
+	}
+}
+
+func TestPercentile(t *testing.T) {
+	var d []time.Duration
+	for i := 1; i <= 100; i++ {
+		d = append(d, time.Duration(i))
+	}
+	if p50, p99 := percentile(d, 0.5), percentile(d, 0.99); p50 != 50 || p99 != 99 {
+		t.Errorf("p50 %v p99 %v", p50, p99)
+	}
+	if got := percentile(d[:1], 0.99); got != 1 {
+		t.Errorf("p99 of one = %v", got)
+	}
+}
