@@ -16,8 +16,8 @@ build: ## build bin/gpu-injector (cgo, for NVML) and bin/podsim (static)
 	CGO_ENABLED=0 go build -trimpath -o $(BIN)/podsim ./hack/podsim
 
 .PHONY: image
-image: ## the container image as a docker-archive tar, without Docker: _output/gpu-injector-image.tar
-	go run ./hack/image -o _output/gpu-injector-image.tar
+image: ## the container image without Docker: _output/gpu-injector-image.tar (this machine, docker-archive) and _output/gpu-injector-image-oci.tar (linux/amd64 + linux/arm64 OCI index; installs the arm64 cross compiler if missing)
+	go run ./hack/image -o _output/gpu-injector-image.tar -oci _output/gpu-injector-image-oci.tar
 
 .PHONY: test
 test: ## everything CI runs: lint, unit, golden, chart and the e2e suite on a real local cluster

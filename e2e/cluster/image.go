@@ -262,3 +262,10 @@ func buildPause(ctx context.Context, dir, ref string) (string, error) {
 	}
 	return tarPath, nil
 }
+
+// ImageLayer returns the uncompressed layer tar that WriteImage puts in an
+// image for files (container path -> host path), for writers of other image
+// formats (the multi-platform OCI index of hack/image).
+func ImageLayer(files map[string]string) ([]byte, error) {
+	return buildLayer(files)
+}

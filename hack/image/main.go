@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 
 	"github.com/gpu-injector/gpu-injector/e2e/cluster"
@@ -42,7 +43,9 @@ func main() {
 }
 
 func run() error {
-	out := flag.String("o", "_output/gpu-injector-image.tar", "where to write the image tar")
+	out := flag.String("o", "_output/gpu-injector-image.tar", "where to write the image tar of this machine's platform (docker-archive); empty skips it")
+	ociOut := flag.String("oci", "_output/gpu-injector-image-oci.tar", "where to write the multi-platform image index (OCI image layout tar); empty skips it")
+	platformList := flag.String("platforms", "linux/amd64,linux/arm64", "platforms of the image index")
 	ref := flag.String("ref", "", "image reference (default ghcr.io/gpu-injector/gpu-injector:<chart appVersion>)")
 	version := flag.String("version", "", "version stamped in the binary (default: the chart's appVersion)")
 	flag.Parse()
@@ -57,7 +60,23 @@ func run() error {
 	if *version == "" {
 		*version = "v" + appVersion
 	}
-	return Build(*out, *ref, *version)
+	if *out != "" {
+		if err := Build(*out, *ref, *version); err != nil {
+			return err
+		}
+	}
+	if *ociOut == "" {
+		return nil
+	}
+	var archs []string
+	for _, p := range strings.Split(*platformList, ",") {
+		goos, arch, ok := strings.Cut(strings.TrimSpace(p), "/")
+		if !ok || goos != "linux" {
+			return fmt.Errorf("-platforms: %q is not linux/<arch>", p)
+		}
+		archs = append(archs, arch)
+	}
+	return BuildIndex(*ociOut, *ref, *version, archs)
 }
 
 // Build builds the binary and writes the image tar to out.
@@ -69,34 +88,12 @@ func Build(out, ref, version string) error {
 	defer os.RemoveAll(tmp)
 
 	bin := filepath.Join(tmp, "gpu-injector")
-	fmt.Fprintf(os.Stderr, "image: building %s (cgo, %s)\n", binaryPath, version)
-	build := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w -X github.com/gpu-injector/gpu-injector/version.Version="+version, "-o", bin, ".")
-	build.Env = append(os.Environ(), "CGO_ENABLED=1")
-	if build.Dir, err = repoRoot(); err != nil {
+	if err := buildBinary(platform{arch: runtime.GOARCH}, bin, version); err != nil {
 		return err
 	}
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		return fmt.Errorf("failed to build gpu-injector: %w", err)
-	}
-	runtime, err := workloads.RuntimeFiles(bin)
+	files, err := hostFiles(bin)
 	if err != nil {
 		return err
-	}
-	files := map[string]string{binaryPath: bin}
-	for _, f := range runtime {
-		files[f.Dest] = f.Source
-	}
-	// The probe dlopens the host's libnvidia-ml, which needs these besides
-	// libc; with glibc 2.34+ they are small stubs, but the loader still
-	// looks for the files.
-	libDir := filepath.Dir(files[libcPath(files)])
-	for _, name := range nvmlNeeds {
-		src := filepath.Join(libDir, name)
-		if _, err := os.Stat(src); err != nil {
-			return fmt.Errorf("failed to find %s, which NVML needs: %w", name, err)
-		}
-		files[filepath.Join(filepath.Dir(libcPath(files)), name)] = src
 	}
 	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
 		return fmt.Errorf("failed to create %s: %w", filepath.Dir(out), err)
@@ -106,6 +103,31 @@ func Build(out, ref, version string) error {
 	}
 	fmt.Fprintf(os.Stderr, "image: wrote %s (%s, %d files)\n", out, ref, len(files))
 	return nil
+}
+
+// hostFiles lists the image's files for a binary of this machine: the
+// binary and the glibc files ldd names, plus what NVML needs.
+func hostFiles(bin string) (map[string]string, error) {
+	rt, err := workloads.RuntimeFiles(bin)
+	if err != nil {
+		return nil, err
+	}
+	files := map[string]string{binaryPath: bin}
+	for _, f := range rt {
+		files[f.Dest] = f.Source
+	}
+	// The probe dlopens the host's libnvidia-ml, which needs these besides
+	// libc; with glibc 2.34+ they are small stubs, but the loader still
+	// looks for the files.
+	libDir := filepath.Dir(files[libcPath(files)])
+	for _, name := range nvmlNeeds {
+		src := filepath.Join(libDir, name)
+		if _, err := os.Stat(src); err != nil {
+			return nil, fmt.Errorf("failed to find %s, which NVML needs: %w", name, err)
+		}
+		files[filepath.Join(filepath.Dir(libcPath(files)), name)] = src
+	}
+	return files, nil
 }
 
 // repoRoot is the module's folder, so Build works from any directory.
