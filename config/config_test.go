@@ -117,3 +117,13 @@ func TestLoad(t *testing.T) {
 		t.Errorf("Load(file) = %+v, %v", c, err)
 	}
 }
+
+func TestDRAPatternsParse(t *testing.T) {
+	c, err := Parse([]byte("dra: {deviceClasses: [gpu.nvidia.com, '*.gpu.nvidia.com', 'mig-?g.nvidia.com'], drivers: [gpu.nvidia.com]}\nlegacyMounts: Keep\nruntimeInjection: Skip\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.DRA.DeviceClasses) != 3 || c.LegacyMounts != LegacyMountsKeep || c.RuntimeInjection != RuntimeInjectionSkip {
+		t.Errorf("unexpected %+v", c)
+	}
+}
