@@ -405,10 +405,12 @@ t0=$(now)
 helm_args=(install gpu-injector charts/gpu-injector --namespace "$RELEASE_NS" --create-namespace
 	--set image.repository=$IMAGE_REPOSITORY --set image.tag=$IMAGE_TAG --set image.pullPolicy=Never
 	--set nodeprobe.privileged=true
-	--wait --timeout 4m)
+	--wait --timeout 3m)
+helm_ok=1
 if run "$helm" "${helm_args[@]}"; then
 	record "helm install" PASS "release gpu-injector in $RELEASE_NS, ready in $(since "$t0")s"
 else
+	helm_ok=0
 	record "helm install" FAIL "helm install --wait failed"
 fi
 timing "helm install --wait (chart pods Ready)" "$(since "$t0")"
@@ -442,6 +444,36 @@ else
 	record "probe pod labels the Node from NVML" FAIL "state '$state', driver '$drv', product '$product', memory '$mem', source '$src'"
 fi
 
+# Without the chart's pods nothing below can pass: say why and stop, while the
+# logs can still be collected.
+summary() {
+	section "summary"
+	failed=0
+	{
+		printf '%-4s  %-44s  %s\n' "" "check" "detail"
+		for i in "${!names[@]}"; do
+			printf '%-4s  %-44s  %s\n' "${results[$i]}" "${names[$i]}" "${details[$i]}"
+			[[ ${results[$i]} == PASS ]] || failed=$((failed + 1))
+		done
+		echo
+		printf '%s\n' "${timings[@]}"
+		echo
+		if [[ $failed -eq 0 ]]; then
+			echo "gpu-cluster ($mode): PASS, ${#names[@]} checks"
+		else
+			echo "gpu-cluster ($mode): FAIL, $failed of ${#names[@]} checks failed"
+		fi
+	} | tee "$OUT/summary.txt" | tee -a "$LOG"
+}
+if [[ $helm_ok == 0 || $state != ready ]]; then
+	for p in $($kubectl get pods -n "$RELEASE_NS" -o name 2>/dev/null); do
+		run "$kubectl" logs -n "$RELEASE_NS" --tail=5 "$p"
+	done
+	record "workloads" FAIL "not run: the chart's pods are not ready"
+	summary
+	exit 1
+fi
+
 # ---------------------------------------------------------------------------
 section "5. the workloads in an opted-in namespace"
 run "$kubectl" create namespace "$NS"
@@ -468,7 +500,7 @@ workload_log() { # workload_log TITLE CMD...: into workloads.txt and the log
 
 t0=$(now)
 run "$kubectl" create -n "$NS" -f hack/gpu/cluster/nvidia-smi-job.yaml
-if run "$kubectl" wait -n "$NS" --for=condition=Complete job/nvidia-smi --timeout=180s; then
+if run "$kubectl" wait -n "$NS" --for=condition=Complete job/nvidia-smi --timeout=120s; then
 	t_job=$(since "$t0")
 	timing "nvidia-smi Job: kubectl create to Complete" "$t_job"
 fi
@@ -484,7 +516,7 @@ fi
 
 t0=$(now)
 run "$kubectl" create -n "$NS" -f hack/gpu/cluster/cuda-pod.yaml
-phase=$(wait_phase "$NS" cuda-smoke 'Succeeded|Failed' 180)
+phase=$(wait_phase "$NS" cuda-smoke 'Succeeded|Failed' 120)
 t_cuda=$(since "$t0")
 workload_log "kubectl logs cuda-smoke" $kubectl logs -n "$NS" cuda-smoke
 $kubectl logs -n "$NS" cuda-smoke >"$work/cuda.log" 2>&1
@@ -495,7 +527,7 @@ timing "CUDA pod: kubectl create to Succeeded" "$t_cuda"
 
 t0=$(now)
 run "$kubectl" create -n "$NS" -f hack/gpu/cluster/tensorflow-style.yaml
-if run "$kubectl" rollout status -n "$NS" deployment/tensorflow-style --timeout=180s; then
+if run "$kubectl" rollout status -n "$NS" deployment/tensorflow-style --timeout=120s; then
 	timing "TensorFlow-style Deployment: create to Available" "$(since "$t0")"
 fi
 sleep 1
@@ -528,7 +560,7 @@ workload_log "unlabelled namespace: the same Job" $kubectl get events -n "$NS_OF
 # The resource renamed by hand, no injection: it schedules and runs, without the driver.
 sed -e 's/alpha.kubernetes.io\/nvidia-gpu/nvidia.com\/gpu/' -e 's/name: nvidia-smi$/name: nvidia-smi-renamed/' hack/gpu/cluster/nvidia-smi-job.yaml >"$work/renamed-job.yaml"
 run "$kubectl" create -n "$NS_OFF" -f "$work/renamed-job.yaml"
-run "$kubectl" wait -n "$NS_OFF" --for=condition=Failed job/nvidia-smi-renamed --timeout=120s
+run "$kubectl" wait -n "$NS_OFF" --for=condition=Failed job/nvidia-smi-renamed --timeout=90s
 pod=$(pod_of "$NS_OFF" job-name=nvidia-smi-renamed)
 why=$($kubectl get pod -n "$NS_OFF" "$pod" -o jsonpath='{.status.containerStatuses[0].state.terminated.reason}: {.status.containerStatuses[0].state.terminated.message}' 2>/dev/null)
 workload_log "unlabelled namespace: nvidia-smi Job with nvidia.com/gpu by hand" $kubectl get pod -n "$NS_OFF" "$pod" -o jsonpath='{.status.phase} {.status.containerStatuses[0].state}{"\n"}'
@@ -539,31 +571,14 @@ vols=$($kubectl get pod -n "$NS_OFF" "$pod" -o jsonpath='{.spec.volumes[*].hostP
 
 sed -e 's/name: cuda-smoke$/name: cuda-smoke-uninjected/' hack/gpu/cluster/cuda-pod.yaml >"$work/cuda-off.yaml"
 run "$kubectl" create -n "$NS_OFF" -f "$work/cuda-off.yaml"
-phase=$(wait_phase "$NS_OFF" cuda-smoke-uninjected 'Succeeded|Failed' 120)
+phase=$(wait_phase "$NS_OFF" cuda-smoke-uninjected 'Succeeded|Failed' 90)
 workload_log "kubectl logs cuda-smoke-uninjected (no opt-in)" $kubectl logs -n "$NS_OFF" cuda-smoke-uninjected
 $kubectl logs -n "$NS_OFF" cuda-smoke-uninjected >"$work/cuda-off.log" 2>&1
 [[ $phase == Failed ]] && grep -Eq "$expect_cuda_fail" "$work/cuda-off.log" &&
 	record "CUDA pod, no injection: no driver" PASS "Failed: $(grep -Em1 "$expect_cuda_fail" "$work/cuda-off.log" | cut -c1-100)" ||
 	record "CUDA pod, no injection: no driver" FAIL "phase $phase; want Failed and '$expect_cuda_fail'"
 
-# ---------------------------------------------------------------------------
-section "summary"
-failed=0
-{
-	printf '%-4s  %-44s  %s\n' "" "check" "detail"
-	for i in "${!names[@]}"; do
-		printf '%-4s  %-44s  %s\n' "${results[$i]}" "${names[$i]}" "${details[$i]}"
-		[[ ${results[$i]} == PASS ]] || failed=$((failed + 1))
-	done
-	echo
-	printf '%s\n' "${timings[@]}"
-	echo
-	if [[ $failed -eq 0 ]]; then
-		echo "gpu-cluster ($mode): PASS, ${#names[@]} checks"
-	else
-		echo "gpu-cluster ($mode): FAIL, $failed of ${#names[@]} checks failed"
-	fi
-} | tee "$OUT/summary.txt" | tee -a "$LOG"
+summary
 if [[ ${KEEP:-} == 1 ]]; then
 	echo "KEEP=1: cluster left running; KUBECONFIG=$KUBECONFIG; Ctrl-C to stop" >&2
 	wait "$cluster_pid"
