@@ -347,8 +347,14 @@ mkdir -p "$work/logs/cluster"
 # nvidia.com/gpu.present is what NVIDIA's GPU feature discovery labels GPU nodes
 # with; the chart's probe DaemonSet selects it.
 cluster_args=(--node-labels nvidia.com/gpu.present=true --gpu-dev-dir "$gpu_dev"
-	--import-image "$work/images/gpu-injector.tar" --import-image "$work/images/driverless.tar"
 	--write-env "$work/cluster.env" --logs-dir "$work/logs/cluster" --timeout 5m)
+# cluster-up imports the images once the node is Ready; an older one cannot,
+# and the script imports them with ctr below.
+import_by_ctr=1
+if cluster-up -h 2>&1 | grep -q -- -import-image; then
+	import_by_ctr=0
+	cluster_args+=(--import-image "$work/images/gpu-injector.tar" --import-image "$work/images/driverless.tar")
+fi
 printf '$ cluster-up %s\n' "${cluster_args[*]}" | tee -a "$LOG"
 setsid cluster-up "${cluster_args[@]}" >"$work/logs/cluster-up.log" 2>&1 &
 cluster_pid=$!
@@ -380,11 +386,19 @@ run "$kubectl" get node "$NODE_NAME" -o jsonpath='{.status.allocatable}{"\n"}'
 [[ -n $gpus && $gpus != 0 ]] && record "device plugin advertises the GPU" PASS "nvidia.com/gpu: $gpus ($(cd "$gpu_dev" && ls -d nvidia[0-9]* | xargs))" ||
 	record "device plugin advertises the GPU" FAIL "no nvidia.com/gpu in the node's allocatable"
 
-# cluster-up imported both images once the node was Ready: their time is the
-# gap between its "local cluster ready" and its last "imported image" lines.
-t_import=$(awk '/local cluster ready/ { r = $1 } /imported image/ { i = $1 }
-	function secs(t) { split(substr(t, 12, 12), a, ":"); return a[1] * 3600 + a[2] * 60 + a[3] }
-	END { if (r != "" && i != "") printf "%.1f", secs(i) - secs(r) }' "$work/logs/cluster-up.log")
+if [[ $import_by_ctr == 1 ]]; then
+	t0=$(now)
+	for img in gpu-injector driverless; do
+		run "$CTR" --address "$CONTAINERD_SOCKET" --namespace k8s.io images import "$work/images/$img.tar"
+	done
+	t_import=$(since "$t0")
+else
+	# cluster-up imported both images once the node was Ready: their time is the
+	# gap between its "local cluster ready" and its last "imported image" lines.
+	t_import=$(awk '/local cluster ready/ { r = $1 } /imported image/ { i = $1 }
+		function secs(t) { split(substr(t, 12, 12), a, ":"); return a[1] * 3600 + a[2] * 60 + a[3] }
+		END { if (r != "" && i != "") printf "%.1f", secs(i) - secs(r) }' "$work/logs/cluster-up.log")
+fi
 timing "image import (gpu-injector, driverless)" "${t_import:-?}"
 run "$CTR" --address "$CONTAINERD_SOCKET" --namespace k8s.io images ls -q
 if grep -q "^$IMAGE_REPOSITORY:$IMAGE_TAG\$" "$work/run.out" && grep -q "^$DRIVERLESS_IMAGE\$" "$work/run.out"; then
