@@ -392,9 +392,19 @@ func TestRender(t *testing.T) {
 				if sc == nil || ptrValue(sc.RunAsUser) != 65532 || ptrValue(c.SecurityContext.RunAsUser) != 65532 {
 					t.Errorf("webhook does not run as 65532: pod %+v", sc)
 				}
-				checkVolume(t, dep.Spec.Template, c, "certs", "/certs", func(v corev1.Volume) bool {
-					return v.Secret != nil && v.Secret.SecretName == certSecret
-				})
+				// Self mode: the binary writes the pair from the watched Secret into a
+				// writable in-memory folder at once, instead of waiting a kubelet sync
+				// period for a mounted Secret to catch up.
+				for _, v := range dep.Spec.Template.Spec.Volumes {
+					if v.Name == "certs" && (v.EmptyDir == nil || v.EmptyDir.Medium != corev1.StorageMediumMemory || v.Secret != nil) {
+						t.Errorf("certs volume = %+v, want an in-memory emptyDir in self mode", v.VolumeSource)
+					}
+				}
+				for _, m := range c.VolumeMounts {
+					if m.Name == "certs" && (m.MountPath != "/certs" || m.ReadOnly) {
+						t.Errorf("certs mount = %+v, want writable at /certs", m)
+					}
+				}
 				svc := mustGet[corev1.Service](t, r, "Service", webhookSvc)
 				if len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Port != 443 || svc.Spec.Ports[0].TargetPort.String() != "webhook" {
 					t.Errorf("service ports = %+v", svc.Spec.Ports)
@@ -472,9 +482,14 @@ func TestRender(t *testing.T) {
 					t.Errorf("inject-ca-from = %q, want %s/%s", got, namespace, webhookSA)
 				}
 				dep := mustGet[appsv1.Deployment](t, r, "Deployment", webhookSA)
-				if c := container(t, dep.Spec.Template, "webhook"); !slices.Contains(c.Args, "--cert-mode=external") {
+				c := container(t, dep.Spec.Template, "webhook")
+				if !slices.Contains(c.Args, "--cert-mode=external") {
 					t.Errorf("webhook args %q lack --cert-mode=external", c.Args)
 				}
+				// cert-manager fills the Secret; the binary only reads the mounted files.
+				checkVolume(t, dep.Spec.Template, c, "certs", "/certs", func(v corev1.Volume) bool {
+					return v.Secret != nil && v.Secret.SecretName == certSecret
+				})
 				checkWebhookRBAC(t, r, false, true)
 			},
 		},

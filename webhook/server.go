@@ -2,13 +2,17 @@ package webhook
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"maps"
+	"net/http"
 	"os"
 	"slices"
 	"strings"
+	"sync/atomic"
+	"time"
 
 	"github.com/go-logr/logr"
 	"go.uber.org/zap/zapcore"
@@ -44,6 +48,7 @@ type options struct {
 	logFormat         string
 	webhookConfigName string
 	poolMemory        string
+	shutdownDelay     time.Duration
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
@@ -70,6 +75,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.poolMemory, "pool-memory-name", "gpu-injector-pools", "ConfigMap (and leader election Lease) in --namespace that remembers each pool's layout, with config pinning.nodeLabels; empty: no memory")
 	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8080", "address of the Prometheus metrics endpoint; 0 disables it")
 	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz")
+	fs.DurationVar(&o.shutdownDelay, "shutdown-delay", 5*time.Second, "on SIGTERM, keep serving this long with /readyz failing, so that the API server stops choosing this replica before its port closes; then finish the requests in flight and exit")
 	fs.StringVar(&o.logLevel, "log-level", "info", "info or debug")
 	fs.StringVar(&o.logFormat, "log-format", "json", "json or console")
 	if err := fs.Parse(args); err != nil {
@@ -81,6 +87,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	o.certs.webhookConfigName = o.webhookConfigName
 	if o.port < 1 || o.port > 65535 {
 		return nil, fmt.Errorf("--port %d is not a TCP port", o.port)
+	}
+	if o.shutdownDelay < 0 {
+		return nil, fmt.Errorf("--shutdown-delay %s is negative", o.shutdownDelay)
 	}
 	if o.certs.mode != CertModeSelf && o.certs.mode != CertModeExternal {
 		return nil, fmt.Errorf("unknown --cert-mode %q: want %s or %s", o.certs.mode, CertModeSelf, CertModeExternal)
@@ -184,7 +193,32 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("failed to create the manager: %w", err)
 	}
 
-	if err := idx.Watch(ctx, mgr.GetCache()); err != nil {
+	// A replica that closes its port at SIGTERM fails every request the API
+	// server sends it until the endpoint removal reaches the API server (and
+	// its HTTP/2 connection sticks to one replica). So the manager runs on a
+	// context of its own that ends shutdownDelay after ctx: meanwhile the
+	// server keeps answering and /readyz fails; then the server drains the
+	// requests in flight (http.Server.Shutdown) and the process exits.
+	mgrCtx, stopMgr := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopMgr()
+	var draining atomic.Bool
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-mgrCtx.Done():
+			return
+		}
+		draining.Store(true)
+		log.Info("stopping: not ready any more, serving on until the endpoint is gone", "shutdownDelay", o.shutdownDelay.String())
+		select {
+		case <-time.After(o.shutdownDelay):
+		case <-mgrCtx.Done():
+		}
+		log.Info("stopping: draining the requests in flight")
+		stopMgr()
+	}()
+
+	if err := idx.Watch(mgrCtx, mgr.GetCache()); err != nil {
 		return err
 	}
 	// Kubernetes 1.34+ serves resource.k8s.io/v1: GPUs may come through DRA,
@@ -193,19 +227,19 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var dra *DRA
 	if DRAServed(mgr.GetRESTMapper()) {
 		dra = NewDRA(cfg, idx, mgr.GetAPIReader(), log.WithName("dra"))
-		if err := dra.Watch(ctx, mgr.GetCache()); err != nil {
+		if err := dra.Watch(mgrCtx, mgr.GetCache()); err != nil {
 			return err
 		}
 	} else {
 		log.Info("the API server does not serve resource.k8s.io/v1; GPUs are counted from Node allocatable only")
 	}
-	namespaces, err := WatchNamespaces(ctx, mgr.GetCache())
+	namespaces, err := WatchNamespaces(mgrCtx, mgr.GetCache())
 	if err != nil {
 		return err
 	}
 	if memory != nil {
 		memory.client = mgr.GetClient()
-		if err := memory.Watch(ctx, mgr.GetCache()); err != nil {
+		if err := memory.Watch(mgrCtx, mgr.GetCache()); err != nil {
 			return err
 		}
 		if err := mgr.Add(memory); err != nil {
@@ -223,7 +257,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	if o.certs.mode == CertModeSelf {
-		if err := watchSecretFiles(ctx, mgr.GetCache(), o.certs.dir, log.WithName("certs")); err != nil {
+		if err := watchSecretFiles(mgrCtx, mgr.GetCache(), o.certs.dir, log.WithName("certs")); err != nil {
 			return err
 		}
 	}
@@ -236,6 +270,12 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		"webhook":    server.StartedChecker(),
 		"nodes":      idx.ReadyCheck,
 		"namespaces": namespaces.ReadyCheck,
+		"shutdown": func(*http.Request) error {
+			if draining.Load() {
+				return errors.New("shutting down")
+			}
+			return nil
+		},
 	}
 	if dra != nil {
 		checks["dra"] = dra.ReadyCheck
@@ -249,7 +289,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("failed to add the liveness check: %w", err)
 	}
 
-	if err := mgr.Start(ctx); err != nil {
+	if err := mgr.Start(mgrCtx); err != nil {
 		return fmt.Errorf("failed to run the webhook: %w", err)
 	}
 	return nil

@@ -92,6 +92,14 @@ type Cluster struct {
 	DevicePluginDir string
 	// Binaries are the programs in use; Binaries.Kubectl is handy for tests.
 	Binaries Binaries
+	// PodSubnet is the node's pod network (a /24 on the cluster's own bridge);
+	// BridgeIP is this host's address on it, from which the API server reaches
+	// pods (webhook endpoints) and pods reach the host.
+	PodSubnet, BridgeIP string
+	// ServiceSubnet is --service-cluster-ip-range; KubernetesServiceIP, its
+	// first address, is the "kubernetes" Service's ClusterIP, which pods reach
+	// the API server at (see serviceProxy).
+	ServiceSubnet, KubernetesServiceIP string
 	// Clientset talks to the cluster as admin.
 	Clientset *kubernetes.Clientset
 
@@ -102,6 +110,8 @@ type Cluster struct {
 	ports      map[string]int
 	bridge     string
 	runDir     string
+	apiProxy   *serviceProxy
+	apiArgs    []string
 
 	mu      sync.Mutex
 	procs   map[string]*process
@@ -241,6 +251,13 @@ func (c *Cluster) prepare(ctx context.Context) error {
 		c.ports[n] = ports[i]
 	}
 	c.APIServerURL = fmt.Sprintf("https://127.0.0.1:%d", c.ports["apiserver"])
+	// One random /24 pair per cluster, so two clusters on a machine (two test
+	// runs) neither share a bridge subnet nor a kubernetes Service address.
+	n := randomByte()
+	c.PodSubnet = fmt.Sprintf("10.88.%d.0/24", n)
+	c.BridgeIP = fmt.Sprintf("10.88.%d.1", n)
+	c.ServiceSubnet = fmt.Sprintf("10.89.%d.0/24", n)
+	c.KubernetesServiceIP = fmt.Sprintf("10.89.%d.1", n)
 
 	p, err := newPKI(filepath.Join(c.Dir, "pki"))
 	if err != nil {
@@ -303,7 +320,7 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 	}
 
 	serving, err := p.issue("apiserver", "kube-apiserver", nil, []string{
-		"127.0.0.1", "localhost", c.NodeIP, "10.0.0.1",
+		"127.0.0.1", "localhost", c.NodeIP, c.KubernetesServiceIP,
 		"kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local",
 	})
 	if err != nil {
@@ -339,22 +356,18 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
 		"--service-account-key-file=" + sa.CertFile,
 		"--service-account-signing-key-file=" + sa.KeyFile,
-		"--service-cluster-ip-range=10.0.0.0/24",
+		"--service-cluster-ip-range=" + c.ServiceSubnet,
+		// The API server calls a webhook Service (and an aggregated API) at one
+		// of its ready endpoints rather than at its ClusterIP: Services route
+		// with no kube-proxy, iptables or nft, which the GPU machines lack.
+		"--enable-aggregator-routing=true",
 		"--allow-privileged=true",
 		"--profiling=false",
 	}
 	args = append(args, c.opts.APIServerFlags...)
-	apiserver, err := c.start("kube-apiserver", c.Binaries.APIServer, args)
-	if err != nil {
+	c.apiArgs = args
+	if err := c.startAPIServer(ctx); err != nil {
 		return err
-	}
-	c.log.Info("waiting for kube-apiserver", "url", c.APIServerURL)
-	err = c.poll(ctx, "kube-apiserver /readyz", []string{"etcd", "kube-apiserver"}, func(ctx context.Context) (bool, error) {
-		body, err := c.Clientset.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
-		return err == nil && string(body) == "ok", nil
-	})
-	if err != nil {
-		return withLog(err, apiserver)
 	}
 
 	kc := func(name string) string { return filepath.Join(c.Dir, name+".kubeconfig") }
@@ -390,6 +403,40 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 	return nil
 }
 
+func (c *Cluster) startAPIServer(ctx context.Context) error {
+	apiserver, err := c.start("kube-apiserver", c.Binaries.APIServer, c.apiArgs)
+	if err != nil {
+		return err
+	}
+	c.log.Info("waiting for kube-apiserver", "url", c.APIServerURL)
+	err = c.poll(ctx, "kube-apiserver /readyz", []string{"etcd", "kube-apiserver"}, func(ctx context.Context) (bool, error) {
+		body, err := c.Clientset.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+		return err == nil && string(body) == "ok", nil
+	})
+	return withLog(err, apiserver)
+}
+
+// RestartAPIServer stops kube-apiserver (SIGTERM, as a rolling control-plane
+// upgrade does), waits down for the given pause, starts it again with the same
+// flags and waits for /readyz. Everything else keeps running and must
+// reconnect by itself.
+func (c *Cluster) RestartAPIServer(ctx context.Context, down time.Duration) error {
+	p := c.proc("kube-apiserver")
+	if p == nil {
+		return errors.New("failed to restart kube-apiserver: not running")
+	}
+	p.stop(30 * time.Second)
+	if gone, _ := p.exited(); !gone {
+		return fmt.Errorf("failed to stop kube-apiserver (pid %d)", p.pid())
+	}
+	select {
+	case <-time.After(down):
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return c.startAPIServer(ctx)
+}
+
 func (c *Cluster) startNode(ctx context.Context) error {
 	// The mount namespace that containerd, its shims and the kubelet share:
 	// it gives the kubelet a private device-plugin folder, and every mount they
@@ -421,9 +468,21 @@ func (c *Cluster) startNode(ctx context.Context) error {
 
 	suffix := randomHex(3)
 	c.bridge = "gi" + suffix
-	subnet := fmt.Sprintf("10.88.%d.0/24", randomByte())
+	// The bridge exists, with this host's address, before any pod: the API
+	// server reaches pod IPs through it, pods reach this host (and the
+	// kubernetes Service address) through it. Neither forwarding nor NAT.
+	if err := createBridge(c.bridge, c.BridgeIP+"/24", c.KubernetesServiceIP+"/32"); err != nil {
+		return err
+	}
+	proxy, err := startServiceProxy(c.KubernetesServiceIP+":443", fmt.Sprintf("127.0.0.1:%d", c.ports["apiserver"]))
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	c.apiProxy = proxy
+	c.mu.Unlock()
 	cniDir := filepath.Join(c.Dir, "cni")
-	conf, err := cniConfig("gpu-injector-"+suffix, c.bridge, subnet, filepath.Join(cniDir, "ipam"))
+	conf, err := cniConfig("gpu-injector-"+suffix, c.bridge, c.PodSubnet, c.BridgeIP, filepath.Join(cniDir, "ipam"))
 	if err != nil {
 		return err
 	}
@@ -658,10 +717,16 @@ func (c *Cluster) Stop() error {
 			errs = append(errs, fmt.Errorf("failed to remove %s: %w", f, err))
 		}
 	}
+	c.mu.Lock()
+	proxy := c.apiProxy
+	c.mu.Unlock()
+	if err := proxy.close(); err != nil {
+		errs = append(errs, fmt.Errorf("failed to stop the kubernetes Service relay: %w", err))
+	}
 	if c.bridge != "" {
-		// Ours by its random name; absent when no pod used the network.
-		if out, err := exec.Command("ip", "link", "delete", c.bridge).CombinedOutput(); err != nil && !strings.Contains(string(out), "Cannot find device") {
-			errs = append(errs, fmt.Errorf("failed to delete bridge %s: %w: %s", c.bridge, err, out))
+		// Ours by its random name.
+		if err := deleteLink(c.bridge); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	errs = append(errs, c.removeContainerLogLinks())

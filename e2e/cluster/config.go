@@ -234,10 +234,11 @@ state = %[2]q
 const PauseImage = "registry.k8s.io/pause:3.6"
 
 // cniConfig is a bridge network private to one cluster: its own bridge name,
-// subnet and IPAM folder. No gateway and no masquerade: the node only needs a
-// pod network to turn Ready, and a gateway would make the bridge plugin turn on
-// the host's IP forwarding.
-func cniConfig(name, bridge, subnet, ipamDir string) ([]byte, error) {
+// subnet and IPAM folder. The launcher made the bridge and gave it this host's
+// address (gateway); isGateway stays false because with it the bridge plugin
+// turns on the host's IP forwarding, a machine-wide change. No masquerade:
+// pods talk to this host only.
+func cniConfig(name, bridge, subnet, gateway, ipamDir string) ([]byte, error) {
 	conf := map[string]any{
 		"cniVersion": "0.4.0",
 		"name":       name,
@@ -249,8 +250,12 @@ func cniConfig(name, bridge, subnet, ipamDir string) ([]byte, error) {
 				"ipMasq":      false,
 				"hairpinMode": true,
 				"ipam": map[string]any{
-					"type":    "host-local",
-					"ranges":  [][]map[string]string{{{"subnet": subnet}}},
+					"type":   "host-local",
+					"ranges": [][]map[string]string{{{"subnet": subnet, "gateway": gateway}}},
+					// Everything off the pod subnet goes to this host's
+					// address on the bridge: the kubernetes Service address
+					// is local there. The host forwards nothing further.
+					"routes":  []map[string]string{{"dst": "0.0.0.0/0"}},
 					"dataDir": ipamDir,
 				},
 			},

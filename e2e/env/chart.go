@@ -125,20 +125,4 @@ func (a *Applier) Apply(ctx context.Context, obj *unstructured.Unstructured, dry
 	return nil
 }
 
-// outOfClusterKinds are the rendered objects that make sense when the webhook
-// and the probes run as local processes: identities, rights, configuration
-// and the admission wiring. The Deployment, DaemonSet, Service, PDB and
-// certificate Secret would need the image in a registry.
-var outOfClusterKinds = map[string]bool{
-	"ServiceAccount":                   true,
-	"ClusterRole":                      true,
-	"ClusterRoleBinding":               true,
-	"Role":                             true,
-	"RoleBinding":                      true,
-	"ConfigMap":                        true,
-	"MutatingWebhookConfiguration":     true,
-	"ValidatingAdmissionPolicy":        true,
-	"ValidatingAdmissionPolicyBinding": true,
-}
-
 func ptr[T any](v T) *T { return &v }

@@ -2,16 +2,18 @@
 // for the e2e suite and for `make demo`: a real local cluster (etcd,
 // kube-apiserver, scheduler, controller-manager, containerd and one kubelet),
 // a stand-in NVIDIA driver in a classic layout on the kubelet node and two more
-// GPU nodes as API objects with the other classic layouts, the Helm chart's
-// RBAC, configuration and admission objects applied, and the real
-// gpu-injector binary running as the webhook and as one probe per node, each
-// with a token of the chart's own service accounts. Nothing in it is a fake of
-// gpu-injector: only the GPUs are stand-ins, and they say so.
+// GPU nodes as API objects with the other classic layouts, and gpu-injector
+// installed as a user does: `make image`'s image imported into the node's
+// containerd and `helm install` of the chart with only the image values. The
+// kubelet runs the chart's webhook Deployment and probe DaemonSet; the API
+// server calls the webhook through its Service. The API-only nodes have no
+// kubelet, so their probes run as local processes of the same binary with
+// node-bound tokens of the chart's probe service account. Nothing in it is a
+// fake of gpu-injector: only the GPUs are stand-ins, and they say so.
 package env
 
 import (
 	"context"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -30,9 +32,7 @@ import (
 	"github.com/go-logr/logr"
 	authv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -59,7 +59,8 @@ type Options struct {
 	// KeepOnFailure keeps the environment's folder (logs, certificates,
 	// kubeconfigs) when Up fails or MarkFailed was called.
 	KeepOnFailure bool
-	// ChartValues are extra `helm template --set` values for the chart.
+	// ChartValues are extra `helm install --set` values for the chart, after
+	// the image values (HelmValues).
 	ChartValues []string
 	// Timeout bounds Up once the binaries are built; 6 minutes when zero.
 	Timeout time.Duration
@@ -77,8 +78,11 @@ type Env struct {
 	LogsDir string
 	// RepoRoot is the gpu-injector checkout the binary was built from.
 	RepoRoot string
-	// Binary is the gpu-injector binary the webhook and probes run.
-	Binary  string
+	// Binary is the gpu-injector binary the API-only nodes' probes run (and
+	// `gpu-injector mutate` for the demo); ImageTar is `make image`'s image of
+	// the same source, which the kubelet runs.
+	Binary   string
+	ImageTar string
 	Cluster *cluster.Cluster
 	// Clientset talks to the cluster as admin.
 	Clientset *kubernetes.Clientset
@@ -89,18 +93,11 @@ type Env struct {
 	Applier    *Applier
 	// Nodes are the simulated GPU nodes, the kubelet node first.
 	Nodes []*Node
-	// ConfigFile is the chart's rendered config.yaml, which both the webhook
-	// and the probes read.
+	// ConfigFile is the release's config.yaml (its ConfigMap), which the
+	// API-only nodes' probes read.
 	ConfigFile string
-	// Applied are the chart objects applied to the cluster.
-	Applied []*unstructured.Unstructured
 	// WebhookSA and ProbeSA are the chart's service accounts, in Namespace.
 	WebhookSA, ProbeSA string
-	// WebhookURL is where the API server calls the webhook; WebhookLog its log.
-	WebhookURL string
-	WebhookLog string
-	// WebhookMetricsURL serves the webhook's Prometheus metrics.
-	WebhookMetricsURL string
 	// ImageFiles are the container paths in WorkloadImage.
 	ImageFiles []string
 
@@ -110,13 +107,8 @@ type Env struct {
 	hostLock   *os.File
 	hostDriver bool
 	standins   *standin.Cache
-	webhook    *proc
-	readyURL   string
-	// webhookCertDir and webhookPort are where the webhook serves from.
-	webhookCertDir string
-	webhookPort    int
-	cancelDP       context.CancelFunc
-	dpDone         chan error
+	cancelDP   context.CancelFunc
+	dpDone     chan error
 
 	mu       sync.Mutex
 	failed   bool
@@ -171,6 +163,9 @@ func Up(ctx context.Context, opts Options) (_ *Env, err error) {
 	if err := e.step(ctx, "building gpu-injector (cgo, for NVML)", e.build); err != nil {
 		return nil, err
 	}
+	if err := e.step(ctx, "building the container image (make image: go run ./hack/image)", e.buildImage); err != nil {
+		return nil, err
+	}
 	if err := e.step(ctx, "locking "+hostDriverDir+" for the kubelet node's stand-in driver", e.lockHost); err != nil {
 		return nil, err
 	}
@@ -184,9 +179,9 @@ func Up(ctx context.Context, opts Options) (_ *Env, err error) {
 		{"starting the local cluster (etcd, kube-apiserver, scheduler, controller-manager, containerd, kubelet)", e.startCluster},
 		{"starting the test device plugin: " + fmt.Sprintf("%d x %s on %s", e.Nodes[0].GPUs, GPUResource, e.Nodes[0].Name), e.startDevicePlugin},
 		{"registering the API-only GPU nodes", e.createAPINodes},
-		{"applying the Helm chart's RBAC, config and admission objects (helm template)", e.applyChart},
-		{"starting the webhook (gpu-injector webhook, as the chart's webhook service account)", e.startWebhookStep},
-		{"starting one probe per node (gpu-injector nodeprobe, tokens bound to a pod on each node)", e.startProbes},
+		{"importing the image into the node's containerd (ctr -n k8s.io images import)", e.importImage},
+		{"helm install " + Release + " charts/gpu-injector -n " + Namespace + " --create-namespace (image values only) --wait", e.installChart},
+		{"starting the API-only nodes' probes (local processes, tokens bound to a pod on each node)", e.startProbes},
 		{"waiting for every node's layout and for the webhook to see them", e.waitLayouts},
 		{"building the driverless workload image", e.buildImages},
 	} {
@@ -270,7 +265,9 @@ func isRepo(dir string) bool {
 
 func (e *Env) build(ctx context.Context) error {
 	e.Binary = filepath.Join(e.Dir, "bin", "gpu-injector")
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", e.Binary, ".")
+	// -trimpath as hack/image builds, so the image's build reuses these
+	// compiled packages and only links again.
+	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", e.Binary, ".")
 	cmd.Dir = e.RepoRoot
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=1")
 	if out, err := cmd.CombinedOutput(); err != nil {
@@ -373,67 +370,6 @@ func (e *Env) createAPINodes(ctx context.Context) error {
 	return nil
 }
 
-func (e *Env) applyChart(ctx context.Context) error {
-	if _, err := e.Clientset.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: Namespace}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("failed to create namespace %s: %w", Namespace, err)
-	}
-	certDir := filepath.Join(e.Dir, "webhook-certs")
-	ca, err := cluster.ServingCerts(certDir, "127.0.0.1", "localhost")
-	if err != nil {
-		return err
-	}
-	port, err := freePort()
-	if err != nil {
-		return err
-	}
-	e.WebhookURL = fmt.Sprintf("https://127.0.0.1:%d", port)
-	sets := append([]string{
-		// The webhook runs here, as a local process (docs/helm.md, out-of-cluster webhook).
-		"webhook.enabled=false",
-		"webhook.url=" + e.WebhookURL,
-		"webhook.caBundle=" + base64.StdEncoding.EncodeToString(ca),
-	}, e.opts.ChartValues...)
-	objs, err := RenderChart(ctx, e.RepoRoot, e.Helm, sets...)
-	if err != nil {
-		return err
-	}
-	for _, o := range objs {
-		switch {
-		case o.GetKind() == "ConfigMap":
-			data, _, _ := unstructured.NestedString(o.Object, "data", "config.yaml")
-			if data == "" {
-				return fmt.Errorf("failed to find config.yaml in ConfigMap %s", o.GetName())
-			}
-			e.ConfigFile = filepath.Join(e.Dir, "config.yaml")
-			if err := os.WriteFile(e.ConfigFile, []byte(data), 0o644); err != nil {
-				return fmt.Errorf("failed to write %s: %w", e.ConfigFile, err)
-			}
-		case o.GetKind() == "ServiceAccount":
-			switch o.GetLabels()["app.kubernetes.io/component"] {
-			case "webhook":
-				e.WebhookSA = o.GetName()
-			case "nodeprobe":
-				e.ProbeSA = o.GetName()
-			}
-		}
-		if !outOfClusterKinds[o.GetKind()] {
-			continue
-		}
-		if err := e.Applier.Apply(ctx, o, false); err != nil {
-			return err
-		}
-		e.Applied = append(e.Applied, o)
-	}
-	switch {
-	case e.ConfigFile == "":
-		return errors.New("the rendered chart has no ConfigMap with config.yaml")
-	case e.WebhookSA == "" || e.ProbeSA == "":
-		return fmt.Errorf("the rendered chart lacks a service account (webhook %q, nodeprobe %q)", e.WebhookSA, e.ProbeSA)
-	}
-	e.webhookCertDir, e.webhookPort = certDir, port
-	return nil
-}
-
 // TokenKubeconfig writes a kubeconfig that authenticates with a fresh token
 // of a service account, bound to pod when pod is set.
 func (e *Env) TokenKubeconfig(ctx context.Context, sa string, pod *corev1.Pod, file string) error {
@@ -456,63 +392,17 @@ func (e *Env) TokenKubeconfig(ctx context.Context, sa string, pod *corev1.Pod, f
 	return os.Chmod(file, 0o600)
 }
 
-func (e *Env) startWebhookStep(ctx context.Context) error {
-	kc := filepath.Join(e.Dir, "webhook.kubeconfig")
-	if err := e.TokenKubeconfig(ctx, e.WebhookSA, nil, kc); err != nil {
-		return err
-	}
-	health, err := freePort()
-	if err != nil {
-		return err
-	}
-	metrics, err := freePort()
-	if err != nil {
-		return err
-	}
-	e.readyURL = fmt.Sprintf("http://127.0.0.1:%d/readyz", health)
-	e.WebhookMetricsURL = fmt.Sprintf("http://127.0.0.1:%d/metrics", metrics)
-	e.WebhookLog = filepath.Join(e.LogsDir, "webhook.log")
-	e.webhook = newProc("webhook", e.Binary, e.WebhookLog, false,
-		"webhook",
-		"--cert-mode=external",
-		"--cert-dir="+e.webhookCertDir,
-		fmt.Sprintf("--port=%d", e.webhookPort),
-		"--config="+e.ConfigFile,
-		"--kubeconfig="+kc,
-		"--namespace="+Namespace,
-		fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", health),
-		fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", metrics),
-	)
-	return e.StartWebhook(ctx)
-}
-
-// StartWebhook starts the webhook process and waits for its /readyz.
-func (e *Env) StartWebhook(ctx context.Context) error {
-	if err := e.webhook.start(); err != nil {
-		return err
-	}
-	err := e.poll(ctx, "webhook /readyz", func(ctx context.Context) (bool, error) {
-		if gone, err := e.webhook.exited(); gone {
-			return false, err
-		}
-		return httpOK(ctx, e.readyURL), nil
-	})
-	return withLog(err, e.webhook)
-}
-
-// StopWebhook stops the webhook process (SIGTERM, by PID).
-func (e *Env) StopWebhook() error { return e.webhook.stop(10 * time.Second) }
-
-// RestartWebhook stops and starts the webhook.
-func (e *Env) RestartWebhook(ctx context.Context) error {
-	if err := e.StopWebhook(); err != nil {
-		return err
-	}
-	return e.StartWebhook(ctx)
+func (e *Env) importImage(ctx context.Context) error {
+	return e.Cluster.ImportImage(ctx, e.ImageTar)
 }
 
 func (e *Env) startProbes(ctx context.Context) error {
 	for _, n := range e.Nodes {
+		if n.Kubelet {
+			// The chart's DaemonSet pod, which helm install waited for.
+			n.restarts = e.probeRestarts
+			continue
+		}
 		pod := &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Name: "nodeprobe-token-" + n.Name, Namespace: Namespace,
 				Labels: map[string]string{"app.kubernetes.io/name": "gpu-injector", "app.kubernetes.io/component": "nodeprobe"},
@@ -541,6 +431,7 @@ func (e *Env) startProbes(ctx context.Context) error {
 			return err
 		}
 		n.ProbeLog = filepath.Join(e.LogsDir, "nodeprobe-"+n.Name+".log")
+		n.restarts = nil
 		n.probe = newProc("nodeprobe-"+n.Name, e.Binary, n.ProbeLog, true,
 			"nodeprobe",
 			"--node-name="+n.Name,
@@ -578,8 +469,10 @@ func (e *Env) WaitProbed(ctx context.Context) (Fingerprints, error) {
 	var last string
 	err := e.poll(ctx, "every node probed", func(ctx context.Context) (bool, error) {
 		for _, n := range e.Nodes {
-			if gone, err := n.probe.exited(); gone {
-				return false, withLog(err, n.probe)
+			if n.probe != nil {
+				if gone, err := n.probe.exited(); gone {
+					return false, withLog(err, n.probe)
+				}
 			}
 			node, err := e.Clientset.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
 			if err != nil {
@@ -599,15 +492,19 @@ func (e *Env) WaitProbed(ctx context.Context) (Fingerprints, error) {
 	if err != nil {
 		var logs []string
 		for _, n := range e.Nodes {
-			logs = append(logs, fmt.Sprintf("--- %s ---\n%s", n.ProbeLog, n.probe.tail(10)))
+			if n.probe != nil {
+				logs = append(logs, fmt.Sprintf("--- %s ---\n%s", n.ProbeLog, n.probe.tail(10)))
+			}
 		}
+		logs = append(logs, e.podsReport(context.Background()))
 		return nil, fmt.Errorf("%w (last: %s)\n%s", err, last, strings.Join(logs, "\n"))
 	}
 	return fps, nil
 }
 
-// WaitWebhookSees waits until the webhook's node cache holds each of these
-// layouts (its gpu_injector_layout_nodes metric), so the next pod gets them.
+// WaitWebhookSees waits until the node cache of every ready webhook replica
+// holds each of these layouts (its gpu_injector_layout_nodes metric), so the
+// next pod gets them whichever replica the API server calls.
 func (e *Env) WaitWebhookSees(ctx context.Context, fps Fingerprints) error {
 	want := map[string]bool{}
 	for _, fp := range fps {
@@ -615,14 +512,20 @@ func (e *Env) WaitWebhookSees(ctx context.Context, fps Fingerprints) error {
 	}
 	var body string
 	err := e.poll(ctx, "the webhook to see every layout", func(ctx context.Context) (bool, error) {
-		b, err := httpGet(ctx, e.WebhookMetricsURL)
-		if err != nil {
+		urls, err := e.WebhookMetricsURLs(ctx)
+		if err != nil || len(urls) == 0 {
 			return false, nil
 		}
-		body = b
-		for fp := range want {
-			if !strings.Contains(body, `gpu_injector_layout_nodes{fingerprint="`+fp+`"}`) {
+		for _, u := range urls {
+			b, err := httpGet(ctx, u)
+			if err != nil {
 				return false, nil
+			}
+			body = b
+			for fp := range want {
+				if !strings.Contains(body, `gpu_injector_layout_nodes{fingerprint="`+fp+`"}`) {
+					return false, nil
+				}
 			}
 		}
 		return true, nil
@@ -634,7 +537,7 @@ func (e *Env) WaitWebhookSees(ctx context.Context, fps Fingerprints) error {
 				lines = append(lines, l)
 			}
 		}
-		return withLog(fmt.Errorf("%w; webhook metrics: %s", err, strings.Join(lines, "; ")), e.webhook)
+		return fmt.Errorf("%w; webhook metrics: %s\n%s", err, strings.Join(lines, "; "), e.podsReport(context.Background()))
 	}
 	return nil
 }
@@ -654,8 +557,20 @@ func (e *Env) UpgradeDriver(ctx context.Context, name, version string) (string, 
 	if err := e.installDriver(n, version); err != nil {
 		return "", err
 	}
-	if err := n.probe.signal(syscall.SIGHUP); err != nil {
-		return "", err
+	if n.probe != nil {
+		if err := n.probe.signal(syscall.SIGHUP); err != nil {
+			return "", err
+		}
+	} else {
+		// The DaemonSet's pod: the signal reaches its process through
+		// containerd; the kubelet restarts the container when it exits.
+		p, err := e.ProbePod(ctx)
+		if err != nil {
+			return "", err
+		}
+		if err := e.SignalContainer(ctx, p, "nodeprobe", "SIGHUP"); err != nil {
+			return "", err
+		}
 	}
 	fps, err := e.WaitProbed(ctx)
 	if err != nil {
@@ -726,9 +641,7 @@ func (e *Env) down() error {
 			errs = append(errs, n.probe.stop(10*time.Second))
 		}
 	}
-	if e.webhook != nil {
-		errs = append(errs, e.webhook.stop(10*time.Second))
-	}
+	errs = append(errs, e.savePodLogs())
 	if e.cancelDP != nil {
 		e.cancelDP()
 		select {

@@ -46,16 +46,20 @@ type Node struct {
 	DriverVersion string
 	// GPUs is the node's allocatable nvidia.com/gpu.
 	GPUs int
-	// HostRoot is what the probe gets as --host-root: / for the kubelet node
-	// (the kubelet bind-mounts real host paths), a folder for the others.
+	// HostRoot is the node's root: / for the kubelet node (whose probe pod
+	// mounts it through the chart's hostPath), a folder for the others, whose
+	// local probe process gets it as --host-root.
 	HostRoot string
-	// ProbeLog is the probe's log file.
+	// ProbeLog is the local probe's log file; empty on the kubelet node,
+	// whose probe logs are the pod's (Env.PodLog, and LogsDir/pods after Down).
 	ProbeLog string
 
 	// stage is a private root where the stand-in is built and installed
 	// first; for the kubelet node it is mirrored onto the host.
 	stage string
 	probe *proc
+	// restarts counts the in-cluster probe's container restarts.
+	restarts func() int
 	// probeKubeconfig holds a token bound to the node's probe pod.
 	probeKubeconfig string
 }
@@ -66,7 +70,12 @@ func (n *Node) ProbeKubeconfig() string { return n.probeKubeconfig }
 
 // ProbeRestarts counts the times the node's probe exited and was started
 // again (it exits to load a new NVML library after an upgrade).
-func (n *Node) ProbeRestarts() int { return n.probe.Restarts() }
+func (n *Node) ProbeRestarts() int {
+	if n.restarts != nil {
+		return n.restarts()
+	}
+	return n.probe.Restarts()
+}
 
 // The default nodes: the three classic layouts of the old tutorials.
 func defaultNodes() []*Node {
@@ -270,7 +279,9 @@ func createAPINode(ctx context.Context, cs kubernetes.Interface, n *Node) error 
 				"kubernetes.io/os":       "linux",
 				"kubernetes.io/arch":     "amd64",
 				LabelAccelerator:         n.Accelerator,
-				LabelGPUPresent:          "true",
+				// No nvidia.com/gpu.present: the chart's probe DaemonSet selects
+				// it, and no kubelet would run its pod here; this node's probe
+				// runs as a local process instead.
 			},
 			Annotations: map[string]string{
 				"gpu-injector.io/e2e": "API object only: no kubelet runs this node; its pods are bound, never started",

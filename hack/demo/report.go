@@ -290,6 +290,16 @@ func (d *demo) report(ctx context.Context, views []*view) bool {
 	for _, n := range e.Nodes {
 		d.sayNode(ctx, n)
 	}
+	d.say("")
+	d.say("gpu-injector itself, installed with helm and run by the kubelet (kubectl get pods -n %s -o wide):", env.Namespace)
+	if out, stderr, err := d.kubectl(ctx, "get", "pods", "-n", env.Namespace, "-o", "wide"); err != nil {
+		d.say("  failed: %v: %s", err, strings.TrimSpace(stderr))
+	} else {
+		for _, l := range strings.Split(strings.TrimRight(out, "\n"), "\n") {
+			d.say("  %s", l)
+		}
+	}
+	d.say("  (the probes of %s run as local processes: those nodes have no kubelet)", apiOnlyNames(e))
 	failed := false
 	for _, v := range views {
 		d.say("")
@@ -538,5 +548,17 @@ func (d *demo) howTo() {
 	d.say("  kubectl -n %s describe pod -l batch.kubernetes.io/job-name=nvidia-smi   # Pending: Insufficient %s", nsUnlabelled, legacyResource)
 	d.say("  sed s/cuda-check-p100/try-me/ hack/demo/manifests/cuda-check-p100.yaml | kubectl -n %s create --dry-run=server -o yaml -f -   # the mutation, nothing created", nsInject)
 	d.say("  %s mutate -f hack/demo/manifests/tensorflow-style.yaml --nodes <(kubectl get nodes -o yaml) --config %s", e.Binary, e.ConfigFile)
-	d.say("Logs: %s (webhook.log, nodeprobe-<node>.log, cluster/<component>.log)", e.LogsDir)
+	d.say("  kubectl -n %s logs deploy/%s   # the webhook", env.Namespace, env.WebhookDeployment)
+	d.say("Logs: %s (nodeprobe-<node>.log of the API-only nodes, cluster/<component>.log; pods/ after teardown)", e.LogsDir)
+}
+
+// apiOnlyNames lists the nodes without a kubelet.
+func apiOnlyNames(e *env.Env) string {
+	var names []string
+	for _, n := range e.Nodes {
+		if !n.Kubelet {
+			names = append(names, n.Name)
+		}
+	}
+	return strings.Join(names, ", ")
 }

@@ -1,0 +1,126 @@
+package cluster
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// The node's bridge is made here with rtnetlink rather than the ip tool: the
+// GPU machines have no iproute2, iptables or nft, and one code path must
+// serve both. Only the three calls the launcher needs: make a bridge, give it
+// addresses and bring it up, delete it.
+
+// createBridge makes a Linux bridge named name, gives it each address (CIDR)
+// and sets it up.
+func createBridge(name string, cidrs ...string) error {
+	linkinfo := nlAttr(unix.IFLA_INFO_KIND, append([]byte("bridge"), 0))
+	msg := ifinfo(0, unix.IFF_UP, unix.IFF_UP)
+	msg = append(msg, nlAttr(unix.IFLA_IFNAME, append([]byte(name), 0))...)
+	msg = append(msg, nlAttr(unix.IFLA_LINKINFO|unix.NLA_F_NESTED, linkinfo)...)
+	if err := netlinkDo(unix.RTM_NEWLINK, unix.NLM_F_CREATE|unix.NLM_F_EXCL, msg); err != nil {
+		return fmt.Errorf("failed to create bridge %s: %w", name, err)
+	}
+	ifc, err := net.InterfaceByName(name)
+	if err != nil {
+		return fmt.Errorf("failed to find bridge %s: %w", name, err)
+	}
+	for _, cidr := range cidrs {
+		ip, ipnet, err := net.ParseCIDR(cidr)
+		if err != nil {
+			return fmt.Errorf("failed to parse %s: %w", cidr, err)
+		}
+		ones, _ := ipnet.Mask.Size()
+		ip4 := ip.To4()
+		// struct ifaddrmsg: family, prefixlen, flags, scope, index.
+		m := make([]byte, 8)
+		m[0], m[1] = unix.AF_INET, byte(ones)
+		binary.NativeEndian.PutUint32(m[4:], uint32(ifc.Index))
+		m = append(m, nlAttr(unix.IFA_LOCAL, ip4)...)
+		m = append(m, nlAttr(unix.IFA_ADDRESS, ip4)...)
+		if err := netlinkDo(unix.RTM_NEWADDR, unix.NLM_F_CREATE|unix.NLM_F_EXCL, m); err != nil {
+			return fmt.Errorf("failed to add %s to %s: %w", cidr, name, err)
+		}
+	}
+	return nil
+}
+
+// deleteLink removes the link named name; a missing link is no error.
+func deleteLink(name string) error {
+	ifc, err := net.InterfaceByName(name)
+	if err != nil {
+		return nil
+	}
+	if err := netlinkDo(unix.RTM_DELLINK, 0, ifinfo(int32(ifc.Index), 0, 0)); err != nil && !errors.Is(err, syscall.ENODEV) {
+		return fmt.Errorf("failed to delete link %s: %w", name, err)
+	}
+	return nil
+}
+
+// ifinfo is a struct ifinfomsg.
+func ifinfo(index int32, flags, change uint32) []byte {
+	m := make([]byte, unix.SizeofIfInfomsg)
+	m[0] = unix.AF_UNSPEC
+	binary.NativeEndian.PutUint32(m[4:], uint32(index))
+	binary.NativeEndian.PutUint32(m[8:], flags)
+	binary.NativeEndian.PutUint32(m[12:], change)
+	return m
+}
+
+func nlAttr(typ uint16, data []byte) []byte {
+	l := unix.SizeofRtAttr + len(data)
+	b := make([]byte, (l+unix.NLA_ALIGNTO-1) & ^(unix.NLA_ALIGNTO-1))
+	binary.NativeEndian.PutUint16(b[0:], uint16(l))
+	binary.NativeEndian.PutUint16(b[2:], typ)
+	copy(b[unix.SizeofRtAttr:], data)
+	return b
+}
+
+// netlinkDo sends one request and waits for its acknowledgement.
+func netlinkDo(typ uint16, flags uint16, payload []byte) error {
+	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_ROUTE)
+	if err != nil {
+		return fmt.Errorf("failed to open a netlink socket: %w", err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		return fmt.Errorf("failed to bind the netlink socket: %w", err)
+	}
+	const seq = 1
+	msg := make([]byte, unix.SizeofNlMsghdr, unix.SizeofNlMsghdr+len(payload))
+	binary.NativeEndian.PutUint32(msg[0:], uint32(unix.SizeofNlMsghdr+len(payload)))
+	binary.NativeEndian.PutUint16(msg[4:], typ)
+	binary.NativeEndian.PutUint16(msg[6:], flags|unix.NLM_F_REQUEST|unix.NLM_F_ACK)
+	binary.NativeEndian.PutUint32(msg[8:], seq)
+	msg = append(msg, payload...)
+	if err := unix.Sendto(fd, msg, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		return fmt.Errorf("failed to send a netlink request: %w", err)
+	}
+	buf := make([]byte, 8192)
+	for {
+		n, _, err := unix.Recvfrom(fd, buf, 0)
+		if err != nil {
+			return fmt.Errorf("failed to read the netlink answer: %w", err)
+		}
+		msgs, err := syscall.ParseNetlinkMessage(buf[:n])
+		if err != nil {
+			return fmt.Errorf("failed to parse the netlink answer: %w", err)
+		}
+		for _, m := range msgs {
+			if m.Header.Seq != seq || m.Header.Type != unix.NLMSG_ERROR {
+				continue
+			}
+			if len(m.Data) < 4 {
+				return errors.New("short netlink error message")
+			}
+			if code := int32(binary.NativeEndian.Uint32(m.Data[:4])); code != 0 {
+				return syscall.Errno(-code)
+			}
+			return nil
+		}
+	}
+}

@@ -1,0 +1,462 @@
+package env
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// ImageRepository and ImageTag name the gpu-injector image that `make image`
+// builds and the environment imports into the node's containerd: the values a
+// user of a private registry sets, nothing else.
+const (
+	ImageRepository = "gpu-injector.local/gpu-injector"
+	ImageTag        = "e2e"
+)
+
+// Label selectors of the chart's pods.
+const (
+	WebhookSelector = "app.kubernetes.io/instance=" + Release + ",app.kubernetes.io/component=webhook"
+	ProbeSelector   = "app.kubernetes.io/instance=" + Release + ",app.kubernetes.io/component=nodeprobe"
+)
+
+// WebhookDeployment and ProbeDaemonSet are the chart's workloads for Release.
+const (
+	WebhookDeployment = Release + "-webhook"
+	ProbeDaemonSet    = Release + "-nodeprobe"
+)
+
+// buildImage runs `make image`'s program into the environment's folder.
+func (e *Env) buildImage(ctx context.Context) error {
+	e.ImageTar = filepath.Join(e.Dir, "images", "gpu-injector.tar")
+	cmd := exec.CommandContext(ctx, "go", "run", "./hack/image", "-o", e.ImageTar, "-ref", ImageRepository+":"+ImageTag)
+	cmd.Dir = e.RepoRoot
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("failed to build the image (go run ./hack/image): %w\n%s", err, out)
+	}
+	return nil
+}
+
+// HelmValues are the --set values of the environment's helm install and
+// upgrade: the image, as a user of a private registry sets it, and
+// Options.ChartValues.
+func (e *Env) HelmValues() []string {
+	return append([]string{
+		"image.repository=" + ImageRepository,
+		"image.tag=" + ImageTag,
+		// Imported into the node's containerd; nothing can be pulled here.
+		"image.pullPolicy=Never",
+	}, e.opts.ChartValues...)
+}
+
+// Helm runs the real helm against the cluster and returns its output.
+func (e *Env) HelmCommand(ctx context.Context, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, e.Helm, append([]string{"--kubeconfig", e.Kubeconfig}, args...)...)
+	// helm keeps a cache and config per user; keep them in the environment.
+	cmd.Env = append(os.Environ(),
+		"HELM_CACHE_HOME="+filepath.Join(e.Dir, "helm", "cache"),
+		"HELM_CONFIG_HOME="+filepath.Join(e.Dir, "helm", "config"),
+		"HELM_DATA_HOME="+filepath.Join(e.Dir, "helm", "data"))
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		return out.String(), fmt.Errorf("helm %s failed: %w\n%s", strings.Join(args, " "), err, out.String())
+	}
+	return out.String(), nil
+}
+
+// installChart is the README's helm install, with the image values only.
+func (e *Env) installChart(ctx context.Context) error {
+	args := []string{"install", Release, filepath.Join(e.RepoRoot, "charts", "gpu-injector"),
+		"--namespace", Namespace, "--create-namespace", "--wait", "--timeout", "5m"}
+	for _, s := range e.HelmValues() {
+		args = append(args, "--set", s)
+	}
+	if _, err := e.HelmCommand(ctx, args...); err != nil {
+		return fmt.Errorf("%w\n%s", err, e.podsReport(context.Background()))
+	}
+	return e.readRelease(ctx)
+}
+
+// readRelease learns what the release made: its service accounts and the
+// configuration the API-only nodes' probes read.
+func (e *Env) readRelease(ctx context.Context) error {
+	sas, err := e.Clientset.CoreV1().ServiceAccounts(Namespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/instance=" + Release})
+	if err != nil {
+		return fmt.Errorf("failed to list the release's service accounts: %w", err)
+	}
+	for _, sa := range sas.Items {
+		switch sa.Labels["app.kubernetes.io/component"] {
+		case "webhook":
+			e.WebhookSA = sa.Name
+		case "nodeprobe":
+			e.ProbeSA = sa.Name
+		}
+	}
+	cms, err := e.Clientset.CoreV1().ConfigMaps(Namespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/instance=" + Release})
+	if err != nil {
+		return fmt.Errorf("failed to list the release's config maps: %w", err)
+	}
+	for _, cm := range cms.Items {
+		if data := cm.Data["config.yaml"]; data != "" {
+			e.ConfigFile = filepath.Join(e.Dir, "config.yaml")
+			if err := os.WriteFile(e.ConfigFile, []byte(data), 0o644); err != nil {
+				return fmt.Errorf("failed to write %s: %w", e.ConfigFile, err)
+			}
+		}
+	}
+	switch {
+	case e.ConfigFile == "":
+		return errors.New("the release has no ConfigMap with config.yaml")
+	case e.WebhookSA == "" || e.ProbeSA == "":
+		return fmt.Errorf("the release lacks a service account (webhook %q, nodeprobe %q)", e.WebhookSA, e.ProbeSA)
+	}
+	return nil
+}
+
+// WebhookPods are the webhook's pods now, ready or not, sorted by name.
+func (e *Env) WebhookPods(ctx context.Context) ([]corev1.Pod, error) {
+	return e.pods(ctx, WebhookSelector)
+}
+
+// ProbePod is the chart's probe pod on the kubelet node.
+func (e *Env) ProbePod(ctx context.Context) (*corev1.Pod, error) {
+	pods, err := e.pods(ctx, ProbeSelector)
+	if err != nil {
+		return nil, err
+	}
+	for i := range pods {
+		if pods[i].Spec.NodeName == e.KubeletNode().Name && pods[i].DeletionTimestamp == nil {
+			return &pods[i], nil
+		}
+	}
+	return nil, fmt.Errorf("no probe pod on %s", e.KubeletNode().Name)
+}
+
+func (e *Env) pods(ctx context.Context, selector string) ([]corev1.Pod, error) {
+	list, err := e.Clientset.CoreV1().Pods(Namespace).List(ctx, metav1.ListOptions{LabelSelector: selector})
+	if err != nil {
+		return nil, fmt.Errorf("failed to list pods %s: %w", selector, err)
+	}
+	sort.Slice(list.Items, func(i, j int) bool { return list.Items[i].Name < list.Items[j].Name })
+	return list.Items, nil
+}
+
+// PodReady reports whether the pod is Ready and not terminating.
+func PodReady(p *corev1.Pod) bool {
+	if p.DeletionTimestamp != nil || p.Status.PodIP == "" {
+		return false
+	}
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// WebhookMetricsURLs are the metrics endpoints of the ready webhook pods, on
+// their pod IPs, which this host reaches over the node's bridge.
+func (e *Env) WebhookMetricsURLs(ctx context.Context) ([]string, error) {
+	pods, err := e.WebhookPods(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var urls []string
+	for i := range pods {
+		if PodReady(&pods[i]) {
+			urls = append(urls, fmt.Sprintf("http://%s:8080/metrics", pods[i].Status.PodIP))
+		}
+	}
+	return urls, nil
+}
+
+// WaitWebhookReady waits until the Deployment has all its replicas ready and
+// updated and no old pod is left.
+func (e *Env) WaitWebhookReady(ctx context.Context) error {
+	var last string
+	err := e.poll(ctx, "the webhook Deployment to be ready", func(ctx context.Context) (bool, error) {
+		d, err := e.Clientset.AppsV1().Deployments(Namespace).Get(ctx, WebhookDeployment, metav1.GetOptions{})
+		if err != nil {
+			last = err.Error()
+			return false, nil
+		}
+		want := int32(1)
+		if d.Spec.Replicas != nil {
+			want = *d.Spec.Replicas
+		}
+		s := d.Status
+		last = fmt.Sprintf("replicas %d, updated %d, ready %d, available %d, want %d (generation %d, observed %d)",
+			s.Replicas, s.UpdatedReplicas, s.ReadyReplicas, s.AvailableReplicas, want, d.Generation, s.ObservedGeneration)
+		if s.ObservedGeneration < d.Generation || s.UpdatedReplicas != want || s.ReadyReplicas != want || s.Replicas != want {
+			return false, nil
+		}
+		pods, err := e.WebhookPods(ctx)
+		if err != nil {
+			return false, nil
+		}
+		ready := 0
+		for i := range pods {
+			if PodReady(&pods[i]) {
+				ready++
+			}
+		}
+		return ready == int(want) && len(pods) == int(want), nil
+	})
+	if err != nil {
+		return fmt.Errorf("%w (last: %s)\n%s", err, last, e.podsReport(context.Background()))
+	}
+	return nil
+}
+
+// ScaleWebhook sets the webhook Deployment's replicas and waits: for every
+// pod gone at 0, for all ready otherwise.
+func (e *Env) ScaleWebhook(ctx context.Context, replicas int32) error {
+	patch := fmt.Sprintf(`{"spec":{"replicas":%d}}`, replicas)
+	if _, err := e.Clientset.AppsV1().Deployments(Namespace).Patch(ctx, WebhookDeployment, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		return fmt.Errorf("failed to scale %s to %d: %w", WebhookDeployment, replicas, err)
+	}
+	if replicas > 0 {
+		return e.WaitWebhookReady(ctx)
+	}
+	return e.poll(ctx, "every webhook pod to be gone", func(ctx context.Context) (bool, error) {
+		pods, err := e.WebhookPods(ctx)
+		return err == nil && len(pods) == 0, nil
+	})
+}
+
+// webhookReplicas is the chart's replica count (values.yaml), which
+// StartWebhook restores.
+func (e *Env) webhookReplicas(ctx context.Context) int32 {
+	out, err := e.HelmCommand(ctx, "get", "values", Release, "-n", Namespace, "--all", "-o", "json")
+	if err == nil {
+		if i := strings.Index(out, `"replicas":`); i >= 0 {
+			var n int32
+			if _, err := fmt.Sscanf(out[i+len(`"replicas":`):], "%d", &n); err == nil && n > 0 {
+				return n
+			}
+		}
+	}
+	return 2
+}
+
+// StopWebhook scales the webhook Deployment to zero and waits until no
+// webhook pod is left: the API server then has no endpoint to call.
+func (e *Env) StopWebhook() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	return e.ScaleWebhook(ctx, 0)
+}
+
+// StartWebhook scales the webhook back to the chart's replicas and waits
+// until they are ready and see every node's layout.
+func (e *Env) StartWebhook(ctx context.Context) error {
+	if err := e.ScaleWebhook(ctx, e.webhookReplicas(ctx)); err != nil {
+		return err
+	}
+	fps, err := e.WaitProbed(ctx)
+	if err != nil {
+		return err
+	}
+	return e.WaitWebhookSees(ctx, fps)
+}
+
+// RestartWebhook rolls the webhook Deployment (kubectl rollout restart) and
+// waits until the new pods serve.
+func (e *Env) RestartWebhook(ctx context.Context) error {
+	patch := fmt.Sprintf(`{"spec":{"template":{"metadata":{"annotations":{"kubectl.kubernetes.io/restartedAt":%q}}}}}`, time.Now().Format(time.RFC3339Nano))
+	if _, err := e.Clientset.AppsV1().Deployments(Namespace).Patch(ctx, WebhookDeployment, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		return fmt.Errorf("failed to restart %s: %w", WebhookDeployment, err)
+	}
+	if err := e.WaitWebhookReady(ctx); err != nil {
+		return err
+	}
+	fps, err := e.WaitProbed(ctx)
+	if err != nil {
+		return err
+	}
+	return e.WaitWebhookSees(ctx, fps)
+}
+
+// SignalContainer sends a signal (SIGHUP, SIGKILL, ...) to the main process
+// of a pod's container through the node's containerd, as `crictl stop` or
+// an OOM kill would reach it: the kubelet then sees the exit and restarts it.
+func (e *Env) SignalContainer(ctx context.Context, p *corev1.Pod, container, signal string) error {
+	id := ""
+	for _, cs := range p.Status.ContainerStatuses {
+		if cs.Name == container {
+			id = cs.ContainerID
+		}
+	}
+	id = strings.TrimPrefix(id, "containerd://")
+	if id == "" {
+		return fmt.Errorf("failed to signal %s/%s[%s]: no container ID in its status", p.Namespace, p.Name, container)
+	}
+	out, err := exec.CommandContext(ctx, e.Cluster.Binaries.Ctr, "--address", e.Cluster.ContainerdSocket, "--namespace", "k8s.io",
+		"tasks", "kill", "--signal", signal, id).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("failed to send %s to %s/%s[%s]: %w: %s", signal, p.Namespace, p.Name, container, err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// WaitProbePod waits until the DaemonSet's probe pod on the kubelet node is
+// Ready, and returns it.
+func (e *Env) WaitProbePod(ctx context.Context) (*corev1.Pod, error) {
+	var pod *corev1.Pod
+	err := e.poll(ctx, "the probe pod on "+e.KubeletNode().Name+" to be ready", func(ctx context.Context) (bool, error) {
+		p, err := e.ProbePod(ctx)
+		if err != nil {
+			return false, nil
+		}
+		pod = p
+		return PodReady(p), nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w\n%s", err, e.podsReport(context.Background()))
+	}
+	return pod, nil
+}
+
+// probeRestarts is the restart count of the probe container on the kubelet node.
+func (e *Env) probeRestarts() int {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	p, err := e.ProbePod(ctx)
+	if err != nil {
+		return -1
+	}
+	for _, cs := range p.Status.ContainerStatuses {
+		if cs.Name == "nodeprobe" {
+			return int(cs.RestartCount)
+		}
+	}
+	return 0
+}
+
+// PodLog is a container's log through the API server, the previous
+// container's with previous set; an error becomes the text.
+func (e *Env) PodLog(ctx context.Context, p *corev1.Pod, container string, previous bool, tail int64) string {
+	opts := &corev1.PodLogOptions{Container: container, Previous: previous}
+	if tail > 0 {
+		opts.TailLines = &tail
+	}
+	b, err := e.Clientset.CoreV1().Pods(p.Namespace).GetLogs(p.Name, opts).DoRaw(ctx)
+	if err != nil {
+		return fmt.Sprintf("(no log: %v)", err)
+	}
+	return string(b)
+}
+
+// podsReport describes the release's pods and workloads, with the last log
+// lines of each pod, for error messages.
+func (e *Env) podsReport(ctx context.Context) string {
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	var b strings.Builder
+	pods, err := e.Clientset.CoreV1().Pods(Namespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return fmt.Sprintf("(failed to list pods in %s: %v)", Namespace, err)
+	}
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		fmt.Fprintf(&b, "--- pod %s on %q: phase %s, ready %v", p.Name, p.Spec.NodeName, p.Status.Phase, PodReady(p))
+		for _, cs := range p.Status.ContainerStatuses {
+			fmt.Fprintf(&b, ", %s restarts %d", cs.Name, cs.RestartCount)
+			if w := cs.State.Waiting; w != nil {
+				fmt.Fprintf(&b, " waiting %s: %s", w.Reason, w.Message)
+			}
+		}
+		for _, c := range p.Status.Conditions {
+			if c.Status != corev1.ConditionTrue && c.Message != "" {
+				fmt.Fprintf(&b, "; %s: %s", c.Type, c.Message)
+			}
+		}
+		b.WriteString("\n")
+		if len(p.Spec.Containers) > 0 && p.Status.Phase != corev1.PodPending {
+			b.WriteString(e.PodLog(ctx, p, p.Spec.Containers[0].Name, false, 15))
+		}
+	}
+	evs, err := e.Clientset.CoreV1().Events(Namespace).List(ctx, metav1.ListOptions{})
+	if err == nil {
+		for _, ev := range evs.Items {
+			if ev.Type == corev1.EventTypeWarning {
+				fmt.Fprintf(&b, "event %s/%s %s: %s\n", ev.InvolvedObject.Kind, ev.InvolvedObject.Name, ev.Reason, ev.Message)
+			}
+		}
+	}
+	return b.String()
+}
+
+// savePodLogs copies the logs of the release's containers (the kubelet's
+// files, current and previous runs) into LogsDir/pods before the cluster,
+// and its folder, go away.
+func (e *Env) savePodLogs() error {
+	if e.Cluster == nil {
+		return nil
+	}
+	src := filepath.Join(e.Cluster.Dir, "pod-logs")
+	entries, err := os.ReadDir(src)
+	if err != nil {
+		return nil
+	}
+	dst := filepath.Join(e.LogsDir, "pods")
+	var errs []error
+	for _, ent := range entries {
+		if !strings.HasPrefix(ent.Name(), Namespace+"_") {
+			continue
+		}
+		root := filepath.Join(src, ent.Name())
+		errs = append(errs, filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+			if err != nil || d.IsDir() {
+				return err
+			}
+			data, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			rel, _ := filepath.Rel(root, p)
+			out := filepath.Join(dst, ent.Name(), rel)
+			if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
+				return err
+			}
+			return os.WriteFile(out, data, 0o644)
+		}))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("failed to save the pod logs: %w", err)
+	}
+	return nil
+}
+
+// daemonSetReady reports whether the probe DaemonSet runs an up-to-date,
+// ready pod on every node it selects.
+func daemonSetReady(ds *appsv1.DaemonSet) bool {
+	s := ds.Status
+	return s.ObservedGeneration >= ds.Generation && s.DesiredNumberScheduled > 0 &&
+		s.UpdatedNumberScheduled == s.DesiredNumberScheduled && s.NumberReady == s.DesiredNumberScheduled
+}
+
+// WaitProbeDaemonSet waits until the probe DaemonSet is rolled out.
+func (e *Env) WaitProbeDaemonSet(ctx context.Context) error {
+	return e.poll(ctx, "the probe DaemonSet to be ready", func(ctx context.Context) (bool, error) {
+		ds, err := e.Clientset.AppsV1().DaemonSets(Namespace).Get(ctx, ProbeDaemonSet, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return false, err
+		}
+		return err == nil && daemonSetReady(ds), nil
+	})
+}
