@@ -413,7 +413,10 @@ func (c *Cluster) startAPIServer(ctx context.Context) error {
 		body, err := c.Clientset.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
 		return err == nil && string(body) == "ok", nil
 	})
-	return withLog(err, apiserver)
+	if err != nil {
+		return withLog(err, apiserver)
+	}
+	return nil
 }
 
 // RestartAPIServer stops kube-apiserver (SIGTERM, as a rolling control-plane

@@ -83,7 +83,7 @@ type Env struct {
 	// the same source, which the kubelet runs.
 	Binary   string
 	ImageTar string
-	Cluster *cluster.Cluster
+	Cluster  *cluster.Cluster
 	// Clientset talks to the cluster as admin.
 	Clientset *kubernetes.Clientset
 	// Kubeconfig is an admin kubeconfig; Kubectl and Helm are the binaries.
@@ -98,6 +98,9 @@ type Env struct {
 	ConfigFile string
 	// WebhookSA and ProbeSA are the chart's service accounts, in Namespace.
 	WebhookSA, ProbeSA string
+	// AuditLog is the API server's audit log of every write to Nodes (JSON
+	// lines; see NodeWrites).
+	AuditLog string
 	// ImageFiles are the container paths in WorkloadImage.
 	ImageFiles []string
 
@@ -305,8 +308,13 @@ func (e *Env) installDrivers(context.Context) error {
 
 func (e *Env) startCluster(ctx context.Context) error {
 	kn := e.KubeletNode()
+	auditFlags, err := e.auditFlags()
+	if err != nil {
+		return err
+	}
 	c, err := cluster.Start(ctx, cluster.Options{
-		NodeName: kn.Name,
+		APIServerFlags: auditFlags,
+		NodeName:       kn.Name,
 		NodeLabels: map[string]string{
 			LabelAccelerator: kn.Accelerator,
 			LabelGPUPresent:  "true",

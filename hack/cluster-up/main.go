@@ -45,7 +45,12 @@ func run() error {
 		gpuDevDir  = flag.String("gpu-dev-dir", "", "advertise the GPUs whose device nodes (nvidia0, nvidiactl, ...) are in this folder, normally /dev, and hand them to the pods that get one")
 		resource   = flag.String("gpu-resource", "nvidia.com/gpu", "the extended resource --gpu-dev-dir advertises")
 		envFile    = flag.String("write-env", "", "write KUBECONFIG, CONTAINERD_SOCKET, ... of the running cluster to this file (shell syntax), once it is ready")
+		images     []string
 	)
+	flag.Func("import-image", "docker-archive tar (make image) to import into the node's containerd; repeatable", func(v string) error {
+		images = append(images, v)
+		return nil
+	})
 	flag.Parse()
 
 	zcfg := zap.NewDevelopmentConfig()
@@ -92,6 +97,13 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	for _, tar := range images {
+		if err := c.ImportImage(ctx, tar); err != nil {
+			_ = c.Stop()
+			return err
+		}
+		log.Info("imported image", "tar", tar)
+	}
 	if *kubeconfig != "" {
 		data, err := os.ReadFile(c.Kubeconfig)
 		if err == nil {
@@ -121,6 +133,8 @@ func run() error {
 	}
 	fmt.Printf(`
 local cluster is up: node %s (%s), API server %s
+  pods:              %s on bridge %s; the API server calls webhook Services at their endpoints
+  kubernetes svc:    %s:443 (relayed to the API server; pods' in-cluster config)
   kubeconfig:        %s
   containerd socket: %s
   device plugins:    %s
@@ -130,7 +144,7 @@ local cluster is up: node %s (%s), API server %s
   %s get nodes -o wide
 
 press Ctrl-C to stop it (everything it started is stopped and its folder removed)
-`, c.NodeName, c.NodeIP, c.APIServerURL, c.Kubeconfig, c.ContainerdSocket, c.DevicePluginDir, c.LogsDir,
+`, c.NodeName, c.NodeIP, c.APIServerURL, c.PodSubnet, c.BridgeIP, c.KubernetesServiceIP, c.Kubeconfig, c.ContainerdSocket, c.DevicePluginDir, c.LogsDir,
 		c.Kubeconfig, c.Binaries.Kubectl)
 
 	select {
