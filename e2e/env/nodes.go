@@ -292,8 +292,12 @@ func createAPINode(ctx context.Context, cs kubernetes.Interface, n *Node) error 
 		return fmt.Errorf("failed to create node %s: %w", n.Name, err)
 	}
 	res := corev1.ResourceList{
-		corev1.ResourceCPU:    resource.MustParse("8"),
-		corev1.ResourceMemory: resource.MustParse("32Gi"),
+		// No kubelet runs this node, so it offers no room to a pod that must
+		// run: a pod asking for any CPU or memory (the chart's webhook) does
+		// not fit here and goes to the kubelet node; a GPU pod that asks for
+		// none is bound here, which is all an API-only node is for.
+		corev1.ResourceCPU:    resource.MustParse("0"),
+		corev1.ResourceMemory: resource.MustParse("0"),
 		corev1.ResourcePods:   resource.MustParse("110"),
 		GPUResource:           *resource.NewQuantity(int64(n.GPUs), resource.DecimalSI),
 	}
