@@ -13,9 +13,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
 
@@ -227,106 +225,60 @@ func TestPoolScaledToZero(t *testing.T) {
 	}
 }
 
-// enablePoolPinning renders the chart with the given values, applies the
-// webhook's RBAC and configuration from it (as a helm upgrade would), and
-// restarts the webhook; the test's cleanup restores both. It returns the
-// configuration the webhook now runs with.
+// enablePoolPinning runs helm upgrade of the release with the given values
+// (a configuration change rolls the webhook pods); the test's cleanup
+// upgrades back to the installed values. It returns the configuration the
+// webhook now runs with, from the release's ConfigMap.
 func enablePoolPinning(t *testing.T, sets ...string) *config.Configuration {
 	t.Helper()
 	ctx := testContext(t)
-	objs, err := env.RenderChart(ctx, testEnv.RepoRoot, testEnv.Helm, append([]string{"webhook.enabled=false"}, sets...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	original, err := os.ReadFile(testEnv.ConfigFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var data string
-	var applied []*unstructured.Unstructured
-	for _, o := range objs {
-		switch o.GetKind() {
-		case "ConfigMap":
-			if s, _, _ := unstructured.NestedString(o.Object, "data", "config.yaml"); s != "" {
-				data = s
-			}
-		case "ClusterRole", "Role", "RoleBinding":
-			if o.GetLabels()["app.kubernetes.io/component"] != "webhook" {
-				continue
-			}
-			if err := testEnv.Applier.Apply(ctx, o, false); err != nil {
-				t.Fatal(err)
-			}
-			applied = append(applied, o)
-		}
-	}
-	cfg, err := config.Parse([]byte(data))
-	if err != nil {
-		t.Fatalf("the chart rendered a bad configuration: %v", err)
-	}
-	if err := os.WriteFile(testEnv.ConfigFile, []byte(data), 0o644); err != nil {
-		t.Fatal(err)
-	}
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
-		if err := os.WriteFile(testEnv.ConfigFile, original, 0o644); err != nil {
-			t.Error(err)
-		}
-		if err := testEnv.RestartWebhook(ctx); err != nil {
-			t.Errorf("failed to restart the webhook with its original configuration: %v", err)
-		}
-		// The default chart's rules again; the pool Role only exists with pools.
-		def, err := env.RenderChart(ctx, testEnv.RepoRoot, testEnv.Helm, "webhook.enabled=false")
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		for _, o := range def {
-			if o.GetKind() == "ClusterRole" && o.GetLabels()["app.kubernetes.io/component"] == "webhook" {
-				if err := testEnv.Applier.Apply(ctx, o, false); err != nil {
-					t.Error(err)
-				}
-			}
-		}
-		for _, o := range applied {
-			if o.GetKind() == "ClusterRole" || !strings.HasSuffix(o.GetName(), "-pools") {
-				continue
-			}
-			var err error
-			if o.GetKind() == "Role" {
-				err = client().RbacV1().Roles(o.GetNamespace()).Delete(ctx, o.GetName(), metav1.DeleteOptions{})
-			} else {
-				err = client().RbacV1().RoleBindings(o.GetNamespace()).Delete(ctx, o.GetName(), metav1.DeleteOptions{})
-			}
-			if err != nil && !apierrors.IsNotFound(err) {
-				t.Error(err)
-			}
+		if err := testEnv.UpgradeChart(ctx); err != nil {
+			t.Errorf("failed to upgrade back to the installed values: %v", err)
 		}
 	})
-	if err := testEnv.RestartWebhook(ctx); err != nil {
-		t.Fatalf("failed to restart the webhook with pinning by pool: %v", err)
+	if err := testEnv.UpgradeChart(ctx, sets...); err != nil {
+		t.Fatalf("failed to upgrade with pinning by pool: %v", err)
+	}
+	data, err := os.ReadFile(testEnv.ConfigFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Parse(data)
+	if err != nil {
+		t.Fatalf("the chart rendered a bad configuration: %v", err)
 	}
 	return cfg
 }
 
-// waitPoolState waits until the webhook's gpu_injector_pools metric shows the
-// pool in that state.
+// waitPoolState waits until a webhook replica's gpu_injector_pools metric
+// shows the pool in that state.
 func waitPoolState(t *testing.T, pool, state string) {
 	t.Helper()
 	want := `gpu_injector_pools{pool="` + pool + `",state="` + state + `"} 1`
 	waitFor(t, 2*time.Minute, "the webhook to see pool "+pool+" "+state, func(ctx context.Context) (bool, error) {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, testEnv.WebhookMetricsURL, nil)
-		if err != nil {
-			return false, err
-		}
-		resp, err := http.DefaultClient.Do(req)
+		urls, err := testEnv.WebhookMetricsURLs(ctx)
 		if err != nil {
 			return false, nil
 		}
-		defer resp.Body.Close()
-		body, err := io.ReadAll(resp.Body)
-		return err == nil && strings.Contains(string(body), want), nil
+		for _, u := range urls {
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+			if err != nil {
+				return false, err
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				continue
+			}
+			body, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if err == nil && strings.Contains(string(body), want) {
+				return true, nil
+			}
+		}
+		return false, nil
 	})
 }
 

@@ -460,3 +460,32 @@ func (e *Env) WaitProbeDaemonSet(ctx context.Context) error {
 		return err == nil && daemonSetReady(ds), nil
 	})
 }
+
+// UpgradeChart runs `helm upgrade` of the release with HelmValues and the
+// extra --set values (none: back to the installed values), waits for the
+// rollout (a configuration change rolls the pods through their checksum
+// annotation), and until every ready webhook replica sees every node's layout.
+func (e *Env) UpgradeChart(ctx context.Context, sets ...string) error {
+	args := []string{"upgrade", Release, filepath.Join(e.RepoRoot, "charts", "gpu-injector"),
+		"--namespace", Namespace, "--wait", "--timeout", "4m"}
+	for _, s := range append(e.HelmValues(), sets...) {
+		args = append(args, "--set", s)
+	}
+	if _, err := e.HelmCommand(ctx, args...); err != nil {
+		return fmt.Errorf("%w\n%s", err, e.podsReport(context.Background()))
+	}
+	if err := e.WaitWebhookReady(ctx); err != nil {
+		return err
+	}
+	if err := e.WaitProbeDaemonSet(ctx); err != nil {
+		return err
+	}
+	if err := e.readRelease(ctx); err != nil {
+		return err
+	}
+	fps, err := e.WaitProbed(ctx)
+	if err != nil {
+		return err
+	}
+	return e.WaitWebhookSees(ctx, fps)
+}
