@@ -183,7 +183,7 @@ func Up(ctx context.Context, opts Options) (_ *Env, err error) {
 		{"starting the test device plugin: " + fmt.Sprintf("%d x %s on %s", e.Nodes[0].GPUs, GPUResource, e.Nodes[0].Name), e.startDevicePlugin},
 		{"registering the API-only GPU nodes", e.createAPINodes},
 		{"importing the image into the node's containerd (ctr -n k8s.io images import)", e.importImage},
-		{"helm install " + Release + " charts/gpu-injector -n " + Namespace + " --create-namespace (image values only) --wait", e.installChart},
+		{"helm install " + Release + " charts/gpu-injector -n " + Namespace + " --create-namespace (image values, probe on GPU nodes) --wait", e.installChart},
 		{"starting the API-only nodes' probes (local processes, tokens bound to a pod on each node)", e.startProbes},
 		{"waiting for every node's layout and for the webhook to see them", e.waitLayouts},
 		{"building the driverless workload image", e.buildImages},

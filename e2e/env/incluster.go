@@ -78,13 +78,29 @@ func (e *Env) HelmCommand(ctx context.Context, args ...string) (string, error) {
 	return out.String(), nil
 }
 
-// installChart is the README's helm install, with the image values only.
+// probeOnGPUNodes is the one value besides the image's: the probe on GPU
+// nodes only, as docs/helm.md shows with the label NVIDIA's feature discovery
+// sets. The chart's default runs it on every node, and no kubelet would run
+// its pods on the API-only nodes (which lack the label): they would stay
+// Pending, and a DaemonSet with pods that never become ready neither passes
+// helm's --wait nor rolls out a new configuration.
+const probeOnGPUNodes = `nodeprobe.nodeSelector.nvidia\.com/gpu\.present=true`
+
+// helmArgs are the --set flags of HelmValues and sets.
+func (e *Env) helmArgs(sets ...string) []string {
+	args := []string{"--set-string", probeOnGPUNodes}
+	for _, s := range append(e.HelmValues(), sets...) {
+		args = append(args, "--set", s)
+	}
+	return args
+}
+
+// installChart is the README's helm install, with the image values and the
+// probe on GPU nodes only.
 func (e *Env) installChart(ctx context.Context) error {
 	args := []string{"install", Release, filepath.Join(e.RepoRoot, "charts", "gpu-injector"),
 		"--namespace", Namespace, "--create-namespace", "--wait", "--timeout", "5m"}
-	for _, s := range e.HelmValues() {
-		args = append(args, "--set", s)
-	}
+	args = append(args, e.helmArgs()...)
 	if _, err := e.HelmCommand(ctx, args...); err != nil {
 		return fmt.Errorf("%w\n%s", err, e.podsReport(context.Background()))
 	}
@@ -468,9 +484,7 @@ func (e *Env) WaitProbeDaemonSet(ctx context.Context) error {
 func (e *Env) UpgradeChart(ctx context.Context, sets ...string) error {
 	args := []string{"upgrade", Release, filepath.Join(e.RepoRoot, "charts", "gpu-injector"),
 		"--namespace", Namespace, "--wait", "--timeout", "4m"}
-	for _, s := range append(e.HelmValues(), sets...) {
-		args = append(args, "--set", s)
-	}
+	args = append(args, e.helmArgs(sets...)...)
 	if _, err := e.HelmCommand(ctx, args...); err != nil {
 		return fmt.Errorf("%w\n%s", err, e.podsReport(context.Background()))
 	}
