@@ -68,7 +68,19 @@ func TestPoolScaledToZero(t *testing.T) {
 		t.Errorf("remembered node labels carry %s, which a new node does not have: %v", layout.LabelFingerprint, mem.NodeLabels)
 	}
 
-	// The pool scales to zero: its only node leaves.
+	// The pool scales to zero: its only node leaves, and with it the chart's
+	// webhook replicas (this cluster runs pods on that node only; a real one
+	// runs the webhook elsewhere). One more replica, a local process behind
+	// the same Service, stands in for those.
+	stopLocal, err := testEnv.StartLocalWebhook(testContext(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := stopLocal(); err != nil {
+			t.Errorf("failed to stop the local webhook: %v", err)
+		}
+	})
 	if err := client().CoreV1().Nodes().Delete(testContext(t), kn.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatalf("failed to delete node %s: %v", kn.Name, err)
 	}

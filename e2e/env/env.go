@@ -113,10 +113,11 @@ type Env struct {
 	cancelDP   context.CancelFunc
 	dpDone     chan error
 
-	mu       sync.Mutex
-	failed   bool
-	downOnce sync.Once
-	downErr  error
+	mu           sync.Mutex
+	failed       bool
+	localMetrics string
+	downOnce     sync.Once
+	downErr      error
 }
 
 // Up builds gpu-injector, starts the cluster and everything on it, and

@@ -14,6 +14,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -197,6 +198,11 @@ func (e *Env) WebhookMetricsURLs(ctx context.Context) ([]string, error) {
 			urls = append(urls, fmt.Sprintf("http://%s:8080/metrics", pods[i].Status.PodIP))
 		}
 	}
+	e.mu.Lock()
+	if e.localMetrics != "" {
+		urls = append(urls, e.localMetrics)
+	}
+	e.mu.Unlock()
 	return urls, nil
 }
 
@@ -502,4 +508,89 @@ func (e *Env) UpgradeChart(ctx context.Context, sets ...string) error {
 		return err
 	}
 	return e.WaitWebhookSees(ctx, fps)
+}
+
+// StartLocalWebhook runs one more webhook replica as a local process of the
+// same binary, with a token of the chart's webhook service account, in self
+// certificate mode (it serves the pair in the chart's Secret), behind the
+// chart's Service through an EndpointSlice of its own at the node's bridge
+// address. It is for the one test that deletes the kubelet node, and with it
+// the chart's replicas: in a real cluster the webhook runs on other nodes
+// than the GPU pool that scales to zero; here only one node runs pods. The
+// returned function stops it and removes its endpoint.
+func (e *Env) StartLocalWebhook(ctx context.Context) (func() error, error) {
+	kc := filepath.Join(e.Dir, "local-webhook.kubeconfig")
+	if err := e.TokenKubeconfig(ctx, e.WebhookSA, nil, kc); err != nil {
+		return nil, err
+	}
+	certDir := filepath.Join(e.Dir, "local-webhook-certs")
+	if err := os.MkdirAll(certDir, 0o700); err != nil {
+		return nil, fmt.Errorf("failed to create %s: %w", certDir, err)
+	}
+	var ports [3]int
+	for i := range ports {
+		p, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		ports[i] = p
+	}
+	readyURL := fmt.Sprintf("http://127.0.0.1:%d/readyz", ports[1])
+	p := newProc("local-webhook", e.Binary, filepath.Join(e.LogsDir, "local-webhook.log"), false,
+		"webhook",
+		"--cert-mode=self",
+		"--cert-dir="+certDir,
+		fmt.Sprintf("--port=%d", ports[0]),
+		"--config="+e.ConfigFile,
+		"--kubeconfig="+kc,
+		"--namespace="+Namespace,
+		"--cert-secret-name="+Release+"-webhook-tls",
+		"--service-name="+WebhookDeployment,
+		"--webhook-configuration-name="+Release,
+		fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", ports[1]),
+		fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", ports[2]),
+		"--shutdown-delay=0",
+	)
+	if err := p.start(); err != nil {
+		return nil, err
+	}
+	stop := func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		err := e.Clientset.DiscoveryV1().EndpointSlices(Namespace).Delete(ctx, WebhookDeployment+"-local", metav1.DeleteOptions{})
+		if apierrors.IsNotFound(err) {
+			err = nil
+		}
+		e.mu.Lock()
+		e.localMetrics = ""
+		e.mu.Unlock()
+		return errors.Join(err, p.stop(10*time.Second))
+	}
+	err := e.poll(ctx, "the local webhook's /readyz", func(ctx context.Context) (bool, error) {
+		if gone, err := p.exited(); gone {
+			return false, err
+		}
+		return httpOK(ctx, readyURL), nil
+	})
+	if err != nil {
+		_ = stop()
+		return nil, withLog(err, p)
+	}
+	slice := &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{Name: WebhookDeployment + "-local", Namespace: Namespace, Labels: map[string]string{
+			discoveryv1.LabelServiceName: WebhookDeployment,
+			discoveryv1.LabelManagedBy:   "e2e.gpu-injector.io",
+		}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr("https"), Port: ptr(int32(ports[0])), Protocol: ptr(corev1.ProtocolTCP)}},
+		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{e.Cluster.BridgeIP}, Conditions: discoveryv1.EndpointConditions{Ready: ptr(true)}}},
+	}
+	if _, err := e.Clientset.DiscoveryV1().EndpointSlices(Namespace).Create(ctx, slice, metav1.CreateOptions{}); err != nil {
+		_ = stop()
+		return nil, fmt.Errorf("failed to create the local webhook's EndpointSlice: %w", err)
+	}
+	e.mu.Lock()
+	e.localMetrics = fmt.Sprintf("http://127.0.0.1:%d/metrics", ports[2])
+	e.mu.Unlock()
+	return stop, nil
 }
