@@ -84,6 +84,13 @@ func TestPoolScaledToZero(t *testing.T) {
 	if err := client().CoreV1().Nodes().Delete(testContext(t), kn.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatalf("failed to delete node %s: %v", kn.Name, err)
 	}
+	// The node's pods go with it, at once, as the pod garbage collector
+	// would delete them within a minute: otherwise it deletes the chart's
+	// pods after the node is back, and the webhook is gone for a while.
+	if err := client().CoreV1().Pods(env.Namespace).DeleteCollection(testContext(t), metav1.DeleteOptions{GracePeriodSeconds: ptr(int64(0))},
+		metav1.ListOptions{FieldSelector: "spec.nodeName=" + kn.Name}); err != nil {
+		t.Fatalf("failed to delete the pods of node %s: %v", kn.Name, err)
+	}
 	var rejoined bool
 	t.Cleanup(func() {
 		// Leave the suite's kubelet node as it was: registered, untainted,
@@ -98,6 +105,12 @@ func TestPoolScaledToZero(t *testing.T) {
 			if err := untaintNotReady(ctx, client(), kn.Name); err != nil {
 				t.Error(err)
 			}
+		}
+		if err := testEnv.WaitWebhookReady(ctx); err != nil {
+			t.Errorf("the chart's webhook did not come back on node %s: %v", kn.Name, err)
+		}
+		if _, err := testEnv.WaitProbePod(ctx); err != nil {
+			t.Errorf("the chart's probe did not come back on node %s: %v", kn.Name, err)
 		}
 		if _, err := testEnv.UpgradeDriver(ctx, kn.Name, kn.DriverVersion); err != nil {
 			t.Errorf("failed to have node %s's layout published again: %v", kn.Name, err)
