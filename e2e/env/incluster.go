@@ -43,7 +43,9 @@ const (
 // buildImage runs `make image`'s program into the environment's folder.
 func (e *Env) buildImage(ctx context.Context) error {
 	e.ImageTar = filepath.Join(e.Dir, "images", "gpu-injector.tar")
-	cmd := exec.CommandContext(ctx, "go", "run", "./hack/image", "-o", e.ImageTar, "-ref", ImageRepository+":"+ImageTag)
+	// Only this machine's platform: the node runs it; the multi-platform index
+	// (-oci) would cross-compile for nothing.
+	cmd := exec.CommandContext(ctx, "go", "run", "./hack/image", "-o", e.ImageTar, "-oci=", "-ref", ImageRepository+":"+ImageTag)
 	cmd.Dir = e.RepoRoot
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("failed to build the image (go run ./hack/image): %w\n%s", err, out)
