@@ -273,7 +273,23 @@ func TestDrillWebhookProcessKilled(t *testing.T) {
 			})
 		}
 	})
-	requireNoFailedAdmission(t, res)
+	// SIGKILL leaves the process no chance to drain: a call in flight on the
+	// killed replica's connection, or one dialled to its closed port before
+	// the kubelet marks the pod unready, fails (failurePolicy Fail, and the
+	// API server does not retry a POST). So this drill bounds the failures
+	// (1% of the creates, all of them failed webhook calls) instead of
+	// promising none; docs/e2e.md has the figures.
+	if res.unreachable > 0 || res.failed*100 > res.sent {
+		t.Errorf("%d of %d admissions failed (%d found no API server), want at most 1%%: %s", res.failed, res.sent, res.unreachable, res)
+	}
+	for msg := range res.errors {
+		if !strings.Contains(msg, `failed calling webhook "pods.gpu-injector.io"`) {
+			t.Errorf("a create failed otherwise than by a failed webhook call: %s", msg)
+		}
+	}
+	if res.sent < int(drillDuration().Seconds())*loadRate/2 {
+		t.Errorf("only %d creates were sent; the load did not run", res.sent)
+	}
 }
 
 // TestDrillDrain: kubectl drain of the node that holds both replicas, with
