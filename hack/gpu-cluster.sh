@@ -264,7 +264,7 @@ for f in kube.xz etcd.xz helm.xz runtime.tar.xz cluster-up.xz standin-server.xz 
 	find_payload "$f" >/dev/null || missing+=("$f")
 done
 if [[ ${#missing[@]} -gt 0 ]]; then
-	record "payload" FAIL "missing ${missing[*]} in ${payloads[*]}: run hack/gpu-cluster.sh --build here and copy .device/gpu-cluster"
+	record "payload" FAIL "missing ${missing[*]} in ${payloads[*]}: run hack/gpu-cluster.sh --build on a machine with Go and copy .device/gpu-cluster here"
 	exit 1
 fi
 cache=$work/cache

@@ -51,7 +51,7 @@ if [[ $mode == build ]]; then
 	CGO_ENABLED=1 go build -trimpath -ldflags "-s -w" -o .device/bin/gpu-injector .
 	CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o .device/bin/podsim ./hack/podsim
 	ls -la .device/bin
-	echo "built; carry .device to the device machine and run: bash hack/gpu-smoke.sh"
+	echo "built; copy .device to the GPU machine's copy of this repository and run there: bash hack/gpu-smoke.sh"
 	exit 0
 fi
 
@@ -112,7 +112,7 @@ section "machine"
 } 2>&1 | tee -a "$LOG"
 for b in "$gi" "$podsim"; do
 	if [[ ! -x $b ]]; then
-		record "binary $(basename "$b")" FAIL "$b missing: run hack/gpu-smoke.sh --build here and carry .device"
+		record "binary $(basename "$b")" FAIL "$b missing: run hack/gpu-smoke.sh --build on a machine with Go and copy .device here"
 	fi
 done
 
