@@ -7,6 +7,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/gpu-injector/gpu-injector/layout"
 )
@@ -82,7 +83,11 @@ func (ps *poolState) uniform() (string, bool) {
 var perNodeLabels = []string{corev1.LabelHostname, "kubernetes.io/hostname", "node.kubernetes.io/instance-id", "karpenter.sh/nodeclaim"}
 
 // PoolKey is the pool of a node with these labels: "k1=v1,k2=v2" in the order
-// of keys, or "" when a label is missing (the node is in no pool).
+// of keys, or "" when a label is missing (the node is in no pool). A value
+// that is not a valid label value also leaves the node out of any pool: pods
+// are pinned to a pool by a nodeSelector of these values, which the API
+// server would refuse. It validates the labels of a Node, but not those of a
+// --nodes file of the offline command or of Nodes built in code.
 func PoolKey(labels map[string]string, keys []string) string {
 	if len(keys) == 0 {
 		return ""
@@ -90,7 +95,7 @@ func PoolKey(labels map[string]string, keys []string) string {
 	var b strings.Builder
 	for i, k := range keys {
 		v, ok := labels[k]
-		if !ok {
+		if !ok || len(validation.IsValidLabelValue(v)) != 0 {
 			return ""
 		}
 		if i > 0 {
@@ -253,20 +258,16 @@ func (idx *Index) withPools(byFP []*Layout, now time.Time) ([]*Layout, time.Time
 			Pool: key, NodeSelector: m.Labels, Remembered: &Remembered{LastSeen: m.LastSeen, Until: until}})
 	}
 	poolLayouts.Reset()
-	// Prometheus panics on a label value that is not UTF-8, and a pool key
-	// is made of node label values: the API server validates those, a
-	// --nodes file of the offline command does not.
-	metricKey := func(k string) string { return strings.ToValidUTF8(k, "\uFFFD") }
 	for key := range idx.pools {
 		state := "live"
 		if mixed[key] {
 			state = "mixed"
 		}
-		poolLayouts.WithLabelValues(metricKey(key), state).Set(1)
+		poolLayouts.WithLabelValues(key, state).Set(1)
 	}
 	for _, l := range out {
 		if l.Remembered != nil {
-			poolLayouts.WithLabelValues(metricKey(l.Pool), "remembered").Set(1)
+			poolLayouts.WithLabelValues(l.Pool, "remembered").Set(1)
 		}
 	}
 	slices.SortFunc(out, func(a, b *Layout) int {
