@@ -291,10 +291,24 @@ func checkMutation(t *testing.T, pod *corev1.Pod, nsLabels map[string]string, la
 	// The pod's own volumes stay as they were; only a hand-written driver
 	// mount (a hostPath) may go, replaced by the injected layout, and then
 	// nothing mounts it any more.
+	// A name may be given twice (the API server refuses that pod only after
+	// admission): the k-th volume of a name is compared with the k-th.
 	had := map[string]bool{}
+	nth := map[string]int{}
 	for _, v := range before.Spec.Volumes {
 		had[v.Name] = true
-		i := slices.IndexFunc(pod.Spec.Volumes, func(w corev1.Volume) bool { return w.Name == v.Name })
+		i, k := -1, nth[v.Name]
+		nth[v.Name]++
+		for j, w := range pod.Spec.Volumes {
+			if w.Name != v.Name {
+				continue
+			}
+			if k == 0 {
+				i = j
+				break
+			}
+			k--
+		}
 		if i >= 0 {
 			if !apiequality.Semantic.DeepEqual(v, pod.Spec.Volumes[i]) {
 				t.Fatalf("the pod's volume %q was changed", v.Name)
