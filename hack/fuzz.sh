@@ -5,6 +5,9 @@
 #   hack/fuzz.sh                      every target for FUZZTIME (default 30s)
 #   FUZZTIME=10000000x hack/fuzz.sh   every target for 10 M executions
 #   hack/fuzz.sh FuzzParse FuzzDecode only these targets
+#   hack/fuzz.sh --build DIR          build one instrumented test binary per
+#                                     package into DIR, to fuzz on a machine
+#                                     without Go (FUZZBIN=DIR there)
 #
 # Environment:
 #   FUZZTIME          a duration (90s, 10m) or a count of executions (10000000x)
@@ -15,17 +18,52 @@
 #   FUZZKEEP          copy the inputs this run added to Go's fuzz cache into
 #                     the target's testdata/fuzz/ (smallest first, up to this
 #                     many bytes per target), so that plain `go test` replays them
+#   FUZZINSTRUMENT    module (default): coverage counters in this module's
+#                     packages only (hack/fuzz/instrument-module.sh), 3 to
+#                     20 times the executions per second of the targets that
+#                     link the Kubernetes libraries; all: every package, as
+#                     go test -fuzz does by itself
+#   FUZZBIN           run the test binaries --build wrote into this folder
+#                     instead of `go test` (from a copy of this repository)
+#   TMPDIR            where targets write their files (default /dev/shm when
+#                     present: the targets that write host files per input
+#                     run 3-4 times faster on tmpfs than on a disk)
 #
 # Seed corpora and testdata/fuzz/ run in plain `go test`, so CI always
 # replays them; this script is for the long runs (figures: docs/reliability.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+if [[ -z ${TMPDIR:-} && -d /dev/shm && -w /dev/shm ]]; then
+	export TMPDIR=/dev/shm
+fi
 fuzztime=${FUZZTIME:-30s}
 parallel=${FUZZPARALLEL:-$(nproc)}
 minimize=${FUZZMINIMIZETIME:-250x}
 keep=${FUZZKEEP:-0}
-cache="$(go env GOCACHE)/fuzz/$(go list -m)"
+fuzzbin=${FUZZBIN:-}
+if [[ -n $fuzzbin ]]; then
+	fuzzbin=$(cd "$fuzzbin" && pwd)
+	cache="${FUZZCACHE:-$PWD/_output/fuzzcache}"
+else
+	cache="$(go env GOCACHE)/fuzz/$(go list -m)"
+fi
+instrument=()
+case ${FUZZINSTRUMENT:-module} in
+module)
+	if [[ -z $fuzzbin || ${1:-} == --build ]]; then
+		export FUZZMODULE
+		FUZZMODULE=$(go list -m)
+		instrument=(-toolexec "$PWD/hack/fuzz/instrument-module.sh")
+	fi
+	;;
+all) ;;
+*)
+	echo "FUZZINSTRUMENT is module or all, not ${FUZZINSTRUMENT}" >&2
+	exit 2
+	;;
+esac
+binname() { local d=${1#./}; echo "${d//\//_}.test"; }
 
 # Every `func FuzzX(f *testing.F)` of the module, as "FuzzX ./pkg".
 mapfile -t all < <(grep -rl --include='*_test.go' -E '^func Fuzz[A-Za-z0-9_]*\(f \*testing\.F\)' . |
@@ -33,6 +71,16 @@ mapfile -t all < <(grep -rl --include='*_test.go' -E '^func Fuzz[A-Za-z0-9_]*\(f
 		dir=$(dirname "$file")
 		grep -oE '^func Fuzz[A-Za-z0-9_]*' "$file" | sed "s|^func ||; s|\$| $dir|"
 	done | sort -u)
+
+if [[ ${1:-} == --build ]]; then
+	out=${2:?--build needs a folder}
+	mkdir -p "$out"
+	for dir in $(printf '%s\n' "${all[@]#* }" | sort -u); do
+		echo "==> building $out/$(binname "$dir") (coverage-instrumented, as go test -fuzz builds it)"
+		go test -c -fuzz . -trimpath -ldflags '-s -w' "${instrument[@]}" -o "$out/$(binname "$dir")" "$dir"
+	done
+	exit 0
+fi
 
 targets=()
 if (($# == 0)); then
@@ -59,8 +107,16 @@ for t in "${targets[@]}"; do
 	echo "==> $name ($dir): $fuzztime, $parallel worker(s), log $log"
 	start=$(date +%s)
 	rc=0
-	go test -run '^$' -fuzz "^$name\$" -fuzztime "$fuzztime" -fuzzminimizetime "$minimize" \
-		-parallel "$parallel" "$dir" 2>&1 | tee "$log" || rc=$?
+	if [[ -n $fuzzbin ]]; then
+		# The test binary reads testdata/fuzz from its working folder, as
+		# go test runs it; the cache is where go test would keep new inputs.
+		(cd "$dir" && "$fuzzbin/$(binname "$dir")" -test.run '^$' -test.fuzz "^$name\$" \
+			-test.fuzztime "$fuzztime" -test.fuzzminimizetime "$minimize" -test.parallel "$parallel" \
+			-test.fuzzcachedir "$cache/${dir#./}") 2>&1 | tee "$log" || rc=$?
+	else
+		go test "${instrument[@]}" -run '^$' -fuzz "^$name\$" -fuzztime "$fuzztime" -fuzzminimizetime "$minimize" \
+			-parallel "$parallel" "$dir" 2>&1 | tee "$log" || rc=$?
+	fi
 	secs=$(($(date +%s) - start))
 	# The last progress line carries the totals of the fuzzing phase:
 	# "fuzz: elapsed: 93s, execs: 1234567 (13274/sec), new interesting: 12 (total: 40)"
@@ -77,6 +133,14 @@ for t in "${targets[@]}"; do
 		((e > 0)) && rate=$((execs / e))
 	fi
 	status=ok
+	if ((rc != 0)) && ! grep -q 'Failing input written to' "$log" &&
+		grep -qx '    context deadline exceeded' "$log"; then
+		# Go 1.26's coordinator can report the end of a -fuzztime duration
+		# as this error, with no failing input (go.dev/issue/75804, fixed
+		# in Go 1.27); a count of executions (10000000x) never does.
+		status="ok (Go's fuzztime race, no failing input)"
+		rc=0
+	fi
 	((rc == 0)) || { status="FAILED (rc $rc)"; failed=1; }
 	if ((keep > 0)) && [[ -d $pkgcache ]]; then
 		dest="$dir/testdata/fuzz/$name"
