@@ -36,9 +36,16 @@ type legacyMount struct {
 // in container and mount order. Volumes the webhook injected (ours) are not
 // hand-written.
 func (m matcher) legacyMounts(pod *corev1.Pod, targets []containerRef, layouts []*Layout, ours []string) []legacyMount {
+	// A name two volumes share is ambiguous: which one a mount means is not
+	// said (the API server refuses such a pod after admission), so neither
+	// is replaced.
+	seen := make(map[string]int, len(pod.Spec.Volumes))
+	for _, v := range pod.Spec.Volumes {
+		seen[v.Name]++
+	}
 	hostPaths := map[string]string{}
 	for _, v := range pod.Spec.Volumes {
-		if v.HostPath == nil || slices.Contains(ours, v.Name) || !path.IsAbs(v.HostPath.Path) {
+		if v.HostPath == nil || seen[v.Name] > 1 || slices.Contains(ours, v.Name) || !path.IsAbs(v.HostPath.Path) {
 			continue
 		}
 		if p := path.Clean(v.HostPath.Path); m.isDriverPath(p, layouts) || m.isSharedDriverFolder(p) {
