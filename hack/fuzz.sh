@@ -19,15 +19,15 @@
 #                     the target's testdata/fuzz/ (smallest first, up to this
 #                     many bytes per target), so that plain `go test` replays them
 #   FUZZINSTRUMENT    module (default): coverage counters in this module's
-#                     packages only (hack/fuzz/instrument-module.sh), 3 to
-#                     20 times the executions per second of the targets that
-#                     link the Kubernetes libraries; all: every package, as
-#                     go test -fuzz does by itself
+#                     packages only (hack/fuzz/instrument-module.sh): up to
+#                     25 times the executions per second of the targets that
+#                     link the Kubernetes libraries (docs/reliability.md);
+#                     all: every package, as go test -fuzz does by itself
 #   FUZZBIN           run the test binaries --build wrote into this folder
 #                     instead of `go test` (from a copy of this repository)
 #   TMPDIR            where targets write their files (default /dev/shm when
 #                     present: the targets that write host files per input
-#                     run 3-4 times faster on tmpfs than on a disk)
+#                     run 1.7 to 5.7 times faster on tmpfs than on a disk)
 #
 # Seed corpora and testdata/fuzz/ run in plain `go test`, so CI always
 # replays them; this script is for the long runs (figures: docs/reliability.md).
