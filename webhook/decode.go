@@ -31,6 +31,11 @@ func decodePod(raw []byte) (*corev1.Pod, error) {
 	if err := kjson.UnmarshalCaseSensitivePreserveInts(raw, &p); err != nil {
 		return nil, err
 	}
+	return p.pod()
+}
+
+// pod is the typed pod with what the decoder read.
+func (p *slimPod) pod() (*corev1.Pod, error) {
 	// Every edit's path starts at one of these.
 	if p.Metadata == nil || p.Spec == nil {
 		return nil, errors.New("the pod has no metadata or no spec")

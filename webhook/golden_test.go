@@ -211,6 +211,14 @@ func decodeDRA(t testing.TB, kind string, doc []byte) (any, bool) {
 // nodes, counted with the case's ResourceSlices, and the DRA facts.
 func (gc goldenCase) input(t *testing.T, pod *corev1.Pod) Input {
 	t.Helper()
+	idx, d := gc.sources(t)
+	claims, _ := d.GPUClaims(context.Background(), pod, pod.Namespace)
+	return Input{Pod: pod, NamespaceLabels: gc.nsLabels, Layouts: idx.Layouts(), GPUResources: d.GPUResources(), GPUClaims: claims}
+}
+
+// sources are the case's node index and DRA objects.
+func (gc goldenCase) sources(t *testing.T) (*Index, *DRA) {
+	t.Helper()
 	idx := NewIndex(gc.cfg, logr.Discard())
 	idx.now = func() time.Time { return goldenNow }
 	if gc.memory != nil {
@@ -227,8 +235,7 @@ func (gc goldenCase) input(t *testing.T, pod *corev1.Pod) Input {
 	for i := range gc.nodes {
 		idx.Update(&gc.nodes[i])
 	}
-	claims, _ := d.GPUClaims(context.Background(), pod, pod.Namespace)
-	return Input{Pod: pod, NamespaceLabels: gc.nsLabels, Layouts: idx.Layouts(), GPUResources: d.GPUResources(), GPUClaims: claims}
+	return idx, d
 }
 
 func layoutsOf(cfg *config.Configuration, nodes []corev1.Node) []*Layout {
@@ -352,6 +359,20 @@ func forEachGolden(t *testing.T, run func(t *testing.T, base string, gc goldenCa
 	}
 }
 
+// patchBytes is the patch as the webhook sends it, which must be what
+// json.Marshal makes of the operations, byte for byte.
+func patchBytes(t *testing.T, ops []jsonpatch.Operation) []byte {
+	t.Helper()
+	b, err := MarshalPatch(ops)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := mustJSON(t, ops); string(b) != want {
+		t.Fatalf("MarshalPatch differs from json.Marshal:\n got %s\nwant %s", b, want)
+	}
+	return b
+}
+
 // applyOps applies a patch to the pod's JSON, as the API server does.
 func applyOps(t *testing.T, pod *corev1.Pod, ops []jsonpatch.Operation) *corev1.Pod {
 	t.Helper()
@@ -360,7 +381,7 @@ func applyOps(t *testing.T, pod *corev1.Pod, ops []jsonpatch.Operation) *corev1.
 		t.Fatal(err)
 	}
 	if len(ops) > 0 {
-		patch, err := jsonpatchv5.DecodePatch([]byte(mustJSON(t, ops)))
+		patch, err := jsonpatchv5.DecodePatch(patchBytes(t, ops))
 		if err != nil {
 			t.Fatalf("patch does not decode: %v", err)
 		}
@@ -405,7 +426,7 @@ func assertKeepsUnknownFields(t *testing.T, pod *corev1.Pod, ops []jsonpatch.Ope
 	if raw, err = json.Marshal(obj); err != nil {
 		t.Fatal(err)
 	}
-	patch, err := jsonpatchv5.DecodePatch([]byte(mustJSON(t, ops)))
+	patch, err := jsonpatchv5.DecodePatch(patchBytes(t, ops))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
@@ -77,15 +78,21 @@ func (h *Handler) Handle(ctx context.Context, req admission.Request) admission.R
 	if err != nil {
 		return admission.Errored(http.StatusBadRequest, fmt.Errorf("failed to decode the pod: %w", err))
 	}
+	return h.admit(ctx, req.Namespace, req.UID, pod)
+}
+
+// admit decides on a pod CREATE request's decoded pod.
+func (h *Handler) admit(ctx context.Context, namespace string, uid types.UID, pod *corev1.Pod) admission.Response {
 	// At CREATE the pod's namespace may be unset; the request's is the truth.
 	// No edit touches it, so the patch never carries it.
-	pod.Namespace = req.Namespace
+	pod.Namespace = namespace
 	// controller-runtime's request logger already carries namespace, user and requestID.
 	log := logf.FromContext(ctx).WithValues("pod", podName(pod))
 
 	var nsLabels map[string]string
 	if h.namespaces != nil {
-		if nsLabels, err = h.namespaces.NamespaceLabels(ctx, req.Namespace); err != nil {
+		var err error
+		if nsLabels, err = h.namespaces.NamespaceLabels(ctx, namespace); err != nil {
 			// The API server's own Pod Security admission still enforces the
 			// level; only our early warning is lost.
 			log.Error(err, "failed to get the namespace's labels; the Pod Security check is skipped")
@@ -95,12 +102,12 @@ func (h *Handler) Handle(ctx context.Context, req admission.Request) admission.R
 	// The patch is the mutation's own operations, each at a path it names:
 	// no diff of the pod, and a field this build's API types do not know (a
 	// newer API server's) is never in a patch, so it is never removed.
-	in := Input{Pod: pod, NamespaceLabels: nsLabels, Layouts: h.layouts.Layouts(), Seed: Seed(string(req.UID))}
+	in := Input{Pod: pod, NamespaceLabels: nsLabels, Layouts: h.layouts.Layouts(), Seed: Seed(string(uid))}
 	var draWarnings []string
 	if h.dra != nil {
 		in.GPUResources = h.dra.GPUResources()
 		if len(pod.Spec.ResourceClaims) > 0 {
-			in.GPUClaims, draWarnings = h.dra.GPUClaims(ctx, pod, req.Namespace)
+			in.GPUClaims, draWarnings = h.dra.GPUClaims(ctx, pod, namespace)
 			for _, w := range draWarnings {
 				log.Error(nil, "failed to read a claim of the pod; it is not counted as a GPU claim", "detail", w)
 			}
@@ -123,7 +130,15 @@ func (h *Handler) Handle(ctx context.Context, req admission.Request) admission.R
 	case DecisionInjected:
 		podsInjected.Inc()
 		log.Info("injected pod")
-		return admission.Patched("", res.Patch...).WithWarnings(res.Warnings...)
+		patch, err := MarshalPatch(res.Patch)
+		if err != nil {
+			return admission.Errored(http.StatusInternalServerError, err)
+		}
+		resp := admission.Allowed("").WithWarnings(res.Warnings...)
+		// Set as bytes, so controller-runtime does not encode the
+		// operations again by reflection.
+		resp.Patch, resp.PatchType = patch, ptrTo(admissionv1.PatchTypeJSONPatch)
+		return resp
 	default:
 		podsSkipped.WithLabelValues(res.Reason).Inc()
 		log.V(1).Info("skipped pod")

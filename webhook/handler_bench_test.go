@@ -91,7 +91,7 @@ func BenchmarkHandler(b *testing.B) {
 	for _, c := range cases {
 		body := review(b, admissionv1.Create, "ml", c.pod, podKind)
 		b.Run("http/"+c.name, func(b *testing.B) {
-			h := HTTPStatus(NewWebhook(NewHandler(cfg, c.idx, ns)))
+			h := Serve(NewHandler(cfg, c.idx, ns))
 			b.SetBytes(int64(len(body)))
 			b.ReportAllocs()
 			for b.Loop() {
@@ -114,7 +114,7 @@ func BenchmarkHandler(b *testing.B) {
 			ctx := context.Background()
 			b.ReportAllocs()
 			for b.Loop() {
-				if resp := h.Handle(ctx, req); !resp.Allowed || len(resp.Patches) == 0 {
+				if resp := h.Handle(ctx, req); !resp.Allowed || len(resp.Patch) == 0 {
 					b.Fatalf("response %+v", resp.Result)
 				}
 			}

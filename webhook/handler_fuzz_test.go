@@ -27,7 +27,9 @@ func FuzzAdmissionReview(f *testing.F) {
 	for i := 0; i < 3; i++ {
 		idx.Add(ixNode(fmt.Sprintf("gpu-%d", i), ixPlan("535.104.05"), 8, nil))
 	}
-	h := HTTPStatus(&admission.Webhook{Handler: NewHandler(cfg, idx, staticNamespaces{"ml": {}}), RecoverPanic: ptrTo(false)})
+	hd := NewHandler(cfg, idx, staticNamespaces{"ml": {}})
+	slow := &admission.Webhook{Handler: hd, RecoverPanic: ptrTo(false)}
+	h := HTTPStatus(&reviewServer{handler: hd, webhook: slow})
 
 	f.Add(review(f, admissionv1.Create, "ml", hPod("nvidia.com/gpu", nil), podKind))
 	f.Add(review(f, admissionv1.Create, "ml", hPod("alpha.kubernetes.io/nvidia-gpu", func(p *corev1.Pod) {
@@ -50,6 +52,20 @@ func FuzzAdmissionReview(f *testing.F) {
 		h.ServeHTTP(rec, req)
 		if d := time.Since(start); d > 2*time.Second {
 			t.Fatalf("one review took %v", d)
+		}
+
+		// The one-pass decoder answers as controller-runtime's path does
+		// whenever that path gets as far as the handler; it may only differ
+		// where controller-runtime cannot decode a part it does not read.
+		req = httptest.NewRequest(http.MethodPost, Path, bytes.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		ref := httptest.NewRecorder()
+		HTTPStatus(slow).ServeHTTP(ref, req)
+		var want admissionv1.AdmissionReview
+		if err := json.Unmarshal(ref.Body.Bytes(), &want); err == nil && want.Response != nil && want.Response.UID != "" &&
+			(want.Response.Result == nil || want.Response.Result.Code != http.StatusBadRequest) &&
+			(rec.Code != ref.Code || !bytes.Equal(rec.Body.Bytes(), ref.Body.Bytes())) {
+			t.Fatalf("answers differ:\n one pass          %d %s\n controller-runtime %d %s", rec.Code, rec.Body.Bytes(), ref.Code, ref.Body.Bytes())
 		}
 
 		var ar admissionv1.AdmissionReview

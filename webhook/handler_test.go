@@ -95,7 +95,7 @@ func testServer(t *testing.T, cfg *config.Configuration) (*httptest.Server, layo
 		"ml":         {layout.LabelInject: layout.InjectEnabled},
 		"restricted": {layout.LabelInject: layout.InjectEnabled, "pod-security.kubernetes.io/enforce": "restricted"},
 	}
-	srv := httptest.NewServer(HTTPStatus(NewWebhook(NewHandler(cfg, idx, ns))))
+	srv := httptest.NewServer(Serve(NewHandler(cfg, idx, ns)))
 	t.Cleanup(srv.Close)
 	return srv, p
 }
@@ -474,4 +474,35 @@ func TestHandlerNoObject(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestServeAnswersAsControllerRuntime sends every golden case's pod as an
+// AdmissionReview through Serve's one-pass decoder and through
+// controller-runtime's admission.Webhook alone: the answers must be the same
+// bytes.
+func TestServeAnswersAsControllerRuntime(t *testing.T) {
+	forEachGolden(t, func(t *testing.T, _ string, gc goldenCase) {
+		idx, d := gc.sources(t)
+		ns := gc.pod.Namespace
+		if ns == "" {
+			ns = "default"
+		}
+		h := NewHandler(gc.cfg, idx, staticNamespaces{ns: gc.nsLabels}).WithDRA(d)
+		body := review(t, admissionv1.Create, ns, gc.pod, podKind)
+		answer := func(s http.Handler) (int, []byte) {
+			req := httptest.NewRequest(http.MethodPost, Path, bytes.NewReader(body))
+			req.Header.Set("Content-Type", "application/json")
+			rec := httptest.NewRecorder()
+			s.ServeHTTP(rec, req)
+			return rec.Code, rec.Body.Bytes()
+		}
+		code, got := answer(Serve(h))
+		wantCode, want := answer(HTTPStatus(NewWebhook(h)))
+		if code != wantCode || !bytes.Equal(got, want) {
+			t.Errorf("answers differ:\n one pass           %d %s\n controller-runtime %d %s", code, got, wantCode, want)
+		}
+		if !bytes.Contains(got, []byte(`"uid":"0f9e2c55-`)) {
+			t.Errorf("answer without the request's uid: %s", got)
+		}
+	})
 }

@@ -501,31 +501,45 @@ func (m matcher) inject(ed *editor, targets []containerRef, l *Layout, warn func
 	for i, v := range pod.Spec.Volumes {
 		volumes[v.Name] = i
 	}
-	ours := make([]corev1.Volume, 0, len(l.Plan.Mounts))
-	names := make([]string, 0, len(l.Plan.Mounts))
-	for _, mt := range l.Plan.Mounts {
-		want := hostPathVolume(mt)
-		name := volumeName(mt)
+	ours := l.preparedMounts()
+	names := make([]string, 0, len(ours))
+	cloned := false
+	for i := range ours {
+		want := ours[i].volume
+		name := want.Name
 		// A user volume may hold our name by chance: find a free one.
 		for k := 2; ; k++ {
-			i, taken := volumes[name]
-			if (!taken || apiequalHostPath(pod.Spec.Volumes[i], want)) && !slices.Contains(names, name) {
+			j, taken := volumes[name]
+			if (!taken || apiequalHostPath(pod.Spec.Volumes[j], want)) && !slices.Contains(names, name) {
 				break
 			}
-			name = fmt.Sprintf("%s-%d", volumeName(mt), k)
+			name = fmt.Sprintf("%s-%d", want.Name, k)
 		}
-		want.Name = name
-		ours = append(ours, want)
+		if name != want.Name {
+			if !cloned {
+				// The layout's prepared mounts are shared by every request.
+				ours, cloned = slices.Clone(ours), true
+			}
+			pm := &ours[i]
+			pm.volume.Name, pm.use = name, readOnlyUse(name, pm.mount.ContainerPath)
+			pm.volumeJSON, pm.useJSON = nil, nil
+		}
 		names = append(names, name)
 	}
 
+	// Room for every edit of a pod that has none of our mounts yet.
+	pod.Spec.Volumes = slices.Grow(pod.Spec.Volumes, len(ours))
+	ed.patch = slices.Grow(ed.patch, (len(targets)+1)*(len(ours)+1)+3)
+	ed.edits = slices.Grow(ed.edits, (len(targets)+1)*(len(ours)+1)+3)
 	used := make(map[string]bool, len(ours))
-	var containerNames []string
+	containerNames := make([]string, 0, len(targets))
 	for _, ref := range targets {
 		c := ref.get(pod)
+		c.VolumeMounts = slices.Grow(c.VolumeMounts, len(ours))
 		containerNames = append(containerNames, c.Name)
-		for i, mt := range l.Plan.Mounts {
-			name := ours[i].Name
+		list := ref.path() + "/volumeMounts"
+		for i := range ours {
+			mt, name := ours[i].mount, ours[i].volume.Name
 			if hasMount(c, name, mt.ContainerPath) {
 				used[name] = true
 				continue
@@ -538,14 +552,15 @@ func (m matcher) inject(ed *editor, targets []containerRef, l *Layout, warn func
 				}
 				continue
 			}
-			ed.do(addMount{container: ref, mount: corev1.VolumeMount{Name: name, MountPath: mt.ContainerPath, ReadOnly: true, RecursiveReadOnly: ptr.To(corev1.RecursiveReadOnlyIfPossible)}})
+			ed.do(addMount{container: ref, mount: ours[i].use, prepared: ours[i].useJSON, list: list})
 			used[name] = true
 		}
 		m.mergeLDLibraryPath(ed, ref, l.Plan.LibraryPaths, warn)
 	}
 
 	var injected []string
-	for _, v := range ours {
+	for i := range ours {
+		v := &ours[i].volume
 		if !used[v.Name] {
 			continue
 		}
@@ -553,7 +568,7 @@ func (m matcher) inject(ed *editor, targets []containerRef, l *Layout, warn func
 		if _, ok := volumes[v.Name]; ok {
 			continue
 		}
-		ed.do(addVolume{volume: v})
+		ed.do(addVolume{volume: *v, prepared: ours[i].volumeJSON})
 		volumes[v.Name] = len(pod.Spec.Volumes) - 1
 	}
 
@@ -630,6 +645,11 @@ func hostPathVolume(mt layout.Mount) corev1.Volume {
 		t = corev1.HostPathFile
 	}
 	return corev1.Volume{VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: mt.HostPath, Type: &t}}}
+}
+
+// readOnlyUse is how every container mounts an injected volume.
+func readOnlyUse(volume, mountPath string) corev1.VolumeMount {
+	return corev1.VolumeMount{Name: volume, MountPath: mountPath, ReadOnly: true, RecursiveReadOnly: ptr.To(corev1.RecursiveReadOnlyIfPossible)}
 }
 
 func apiequalHostPath(have, want corev1.Volume) bool {

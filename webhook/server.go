@@ -262,7 +262,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 	}
 
-	server.Register(Path, HTTPStatus(NewWebhook(NewHandler(cfg, idx, namespaces).WithDRA(dra))))
+	server.Register(Path, Serve(NewHandler(cfg, idx, namespaces).WithDRA(dra)))
 	if err := mgr.Add(startAfter{ready: certsReady, server: server}); err != nil {
 		return fmt.Errorf("failed to add the webhook server: %w", err)
 	}

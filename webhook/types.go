@@ -5,6 +5,7 @@
 package webhook
 
 import (
+	"encoding/json"
 	"sync"
 
 	"gomodules.xyz/jsonpatch/v2"
@@ -55,6 +56,41 @@ type Layout struct {
 	// Layout is published: the index publishes a new Layout instead.
 	lookupOnce sync.Once
 	lookup     *nodeLookup
+	// mounts is built on first use from Plan, which a published Layout
+	// never changes either.
+	mountsOnce sync.Once
+	mounts     []preparedMount
+}
+
+// preparedMount is what every pod of a layout gets for one of the plan's
+// mounts, built once per Layout rather than per request: the volume's name
+// (a hash), the volume and a read-only mount of it, and both as the JSON the
+// patch carries. A name that must change to avoid a user's volume is built
+// per request instead (see matcher.inject).
+type preparedMount struct {
+	mount  layout.Mount
+	volume corev1.Volume
+	use    corev1.VolumeMount
+	// volumeJSON and useJSON hold a json.RawMessage, boxed once.
+	volumeJSON, useJSON any
+}
+
+func (l *Layout) preparedMounts() []preparedMount {
+	l.mountsOnce.Do(func() {
+		l.mounts = make([]preparedMount, len(l.Plan.Mounts))
+		for i, mt := range l.Plan.Mounts {
+			pm := &l.mounts[i]
+			pm.mount = mt
+			pm.volume = hostPathVolume(mt)
+			pm.volume.Name = volumeName(mt)
+			pm.use = readOnlyUse(pm.volume.Name, mt.ContainerPath)
+			// A Volume and a VolumeMount always encode.
+			v, _ := json.Marshal(pm.volume)
+			u, _ := json.Marshal(pm.use)
+			pm.volumeJSON, pm.useJSON = json.RawMessage(v), json.RawMessage(u)
+		}
+	})
+	return l.mounts
 }
 
 // nodeLookup answers "could any node of this layout match?" without a scan.
