@@ -204,23 +204,29 @@ func (e setResource) apply(pod *corev1.Pod) {
 
 // addVolume appends a volume to the pod; prepared, when set, is the
 // volume's JSON (a json.RawMessage), made once for every pod of a layout.
+// The volume is a layout's, shared by every request: read, never written.
 type addVolume struct {
-	volume   corev1.Volume
+	volume   *corev1.Volume
 	prepared any
 }
 
 func (e addVolume) ops(pod *corev1.Pod, out []jsonpatch.Operation) []jsonpatch.Operation {
-	return append(out, appendOp("/spec/volumes", len(pod.Spec.Volumes), valueOf(e.volume, e.prepared)))
+	var v any = e.prepared
+	if v == nil {
+		v = *e.volume
+	}
+	return append(out, appendOp("/spec/volumes", len(pod.Spec.Volumes), v))
 }
 
-func (e addVolume) apply(pod *corev1.Pod) { pod.Spec.Volumes = append(pod.Spec.Volumes, e.volume) }
+func (e addVolume) apply(pod *corev1.Pod) { pod.Spec.Volumes = append(pod.Spec.Volumes, *e.volume) }
 
 // addMount appends a volume mount to a container; prepared, when set, is
 // the mount's JSON (a json.RawMessage), made once for every pod of a layout,
 // and list the path of the container's volumeMounts, when the caller has it.
+// The mount is shared like addVolume's.
 type addMount struct {
 	container containerRef
-	mount     corev1.VolumeMount
+	mount     *corev1.VolumeMount
 	prepared  any
 	list      string
 }
@@ -231,20 +237,16 @@ func (e addMount) ops(pod *corev1.Pod, out []jsonpatch.Operation) []jsonpatch.Op
 	if list == "" {
 		list = e.container.path() + "/volumeMounts"
 	}
-	return append(out, appendOp(list, n, valueOf(e.mount, e.prepared)))
-}
-
-// valueOf is an operation's value: the prepared JSON when there is one.
-func valueOf(v, prepared any) any {
-	if prepared != nil {
-		return prepared
+	var v any = e.prepared
+	if v == nil {
+		v = *e.mount
 	}
-	return v
+	return append(out, appendOp(list, n, v))
 }
 
 func (e addMount) apply(pod *corev1.Pod) {
 	c := e.container.get(pod)
-	c.VolumeMounts = append(c.VolumeMounts, e.mount)
+	c.VolumeMounts = append(c.VolumeMounts, *e.mount)
 }
 
 // readOnlyMount makes a container's existing mount read-only.

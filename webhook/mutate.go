@@ -552,7 +552,7 @@ func (m matcher) inject(ed *editor, targets []containerRef, l *Layout, warn func
 				}
 				continue
 			}
-			ed.do(addMount{container: ref, mount: ours[i].use, prepared: ours[i].useJSON, list: list})
+			ed.do(addMount{container: ref, mount: &ours[i].use, prepared: ours[i].useJSON, list: list})
 			used[name] = true
 		}
 		m.mergeLDLibraryPath(ed, ref, l.Plan.LibraryPaths, warn)
@@ -568,7 +568,7 @@ func (m matcher) inject(ed *editor, targets []containerRef, l *Layout, warn func
 		if _, ok := volumes[v.Name]; ok {
 			continue
 		}
-		ed.do(addVolume{volume: *v, prepared: ours[i].volumeJSON})
+		ed.do(addVolume{volume: v, prepared: ours[i].volumeJSON})
 		volumes[v.Name] = len(pod.Spec.Volumes) - 1
 	}
 
