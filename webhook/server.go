@@ -44,6 +44,7 @@ type options struct {
 	certs             certOptions
 	metricsAddr       string
 	probeAddr         string
+	pprofAddr         string
 	logLevel          string
 	logFormat         string
 	webhookConfigName string
@@ -75,6 +76,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.poolMemory, "pool-memory-name", "gpu-injector-pools", "ConfigMap (and leader election Lease) in --namespace that remembers each pool's layout, with config pinning.nodeLabels; empty: no memory")
 	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8080", "address of the Prometheus metrics endpoint; 0 disables it")
 	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz")
+	fs.StringVar(&o.pprofAddr, "pprof-bind-address", "", "address of Go's /debug/pprof endpoints, for profiling; empty (the default) disables them")
 	fs.DurationVar(&o.shutdownDelay, "shutdown-delay", 5*time.Second, "on SIGTERM, keep serving this long with /readyz failing, so that the API server stops choosing this replica before its port closes; then finish the requests in flight and exit")
 	fs.StringVar(&o.logLevel, "log-level", "info", "info or debug")
 	fs.StringVar(&o.logFormat, "log-format", "json", "json or console")
@@ -180,6 +182,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		LeaderElectionReleaseOnCancel: true,
 		Metrics:                       metricsserver.Options{BindAddress: o.metricsAddr},
 		HealthProbeBindAddress:        o.probeAddr,
+		PprofBindAddress:              o.pprofAddr,
 		WebhookServer:                 server,
 		Cache: cache.Options{
 			DefaultTransform: cache.TransformStripManagedFields(),

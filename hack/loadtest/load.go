@@ -11,6 +11,7 @@ import (
 	"math"
 	"net/http"
 	"os"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -122,8 +123,12 @@ func (r *run) cell(ctx context.Context, l *loader, v, size string, conc int) (re
 		}
 	}
 	stopSampler := r.sampleRSS(v == variantOurs, &res.rssPeakKiBInCell)
+	profiled := r.profile(ctx, v, size, conc)
 	lat, wall, err := r.send(ctx, l, size, conc, r.o.requests, r.o.cellTimeout)
 	stopSampler()
+	if perr := profiled(); err == nil {
+		err = perr
+	}
 	if err != nil {
 		return res, err
 	}
@@ -192,6 +197,40 @@ func (r *run) send(ctx context.Context, l *loader, size string, conc, n int, lim
 		return nil, 0, fmt.Errorf("no %s request finished within %s", size, limit)
 	}
 	return all, wall, nil
+}
+
+// profile takes a CPU profile of gpu-injector while its cell runs, when
+// -profile is set; the returned function waits for it and writes it.
+func (r *run) profile(ctx context.Context, v, size string, conc int) func() error {
+	if v != variantOurs || r.webhookPprof == "" {
+		return func() error { return nil }
+	}
+	file := filepath.Join(r.o.profileDir, fmt.Sprintf("gpu-injector-%s-c%d.pprof", size, conc))
+	done := make(chan error, 1)
+	go func() {
+		resp, err := httpGet(ctx, http.DefaultClient, fmt.Sprintf("%s?seconds=%d", r.webhookPprof, int(r.o.profileTime.Seconds())))
+		if err != nil {
+			done <- fmt.Errorf("failed to profile gpu-injector: %w", err)
+			return
+		}
+		defer resp.Body.Close()
+		data, err := io.ReadAll(resp.Body)
+		if err == nil && resp.StatusCode != http.StatusOK {
+			err = fmt.Errorf("HTTP %d: %s", resp.StatusCode, data)
+		}
+		if err != nil {
+			done <- fmt.Errorf("failed to profile gpu-injector: %w", err)
+			return
+		}
+		done <- os.WriteFile(file, data, 0o644)
+	}()
+	return func() error {
+		err := <-done
+		if err == nil {
+			progress("  CPU profile of gpu-injector: %s", file)
+		}
+		return err
+	}
 }
 
 // sampleRSS records the webhook's peak resident set while a cell runs.

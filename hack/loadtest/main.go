@@ -43,6 +43,8 @@ type options struct {
 	keep         bool
 	out          string
 	nodeWorkers  int
+	profileDir   string
+	profileTime  time.Duration
 }
 
 func main() {
@@ -79,8 +81,15 @@ func parseFlags(args []string) (*options, error) {
 	fs.BoolVar(&o.keep, "keep", false, "keep the run's folder (logs, certificates, etcd)")
 	fs.StringVar(&o.out, "o", "", "also write the table to this file")
 	fs.IntVar(&o.nodeWorkers, "node-workers", 32, "concurrent requests while creating nodes")
+	fs.StringVar(&o.profileDir, "profile", "", "write a CPU profile of gpu-injector for each of its cells into this folder (go tool pprof reads them)")
+	fs.DurationVar(&o.profileTime, "profile-time", 10*time.Second, "length of each CPU profile; a cell that ends sooner waits for it")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
+	}
+	if o.profileDir != "" {
+		if err := os.MkdirAll(o.profileDir, 0o755); err != nil {
+			return nil, err
+		}
 	}
 	o.sizes = strings.Split(sizes, ",")
 	o.variants = strings.Split(variants, ",")

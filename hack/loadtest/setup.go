@@ -50,6 +50,7 @@ type run struct {
 
 	webhookURL     string
 	webhookMetrics string
+	webhookPprof   string
 	webhookProc    *exec.Cmd
 	noop, same     *floorWebhook
 
@@ -263,22 +264,27 @@ func (r *run) startWebhook(ctx context.Context) error {
 			return fmt.Errorf("failed to build gpu-injector: %w", err)
 		}
 	}
-	ports, err := freePorts(3)
+	ports, err := freePorts(4)
 	if err != nil {
 		return err
 	}
 	r.webhookURL = fmt.Sprintf("https://127.0.0.1:%d/mutate-v1-pod", ports[0])
 	r.webhookMetrics = fmt.Sprintf("http://127.0.0.1:%d/metrics", ports[1])
 	ready := fmt.Sprintf("http://127.0.0.1:%d/readyz", ports[2])
-	if r.webhookProc, err = startProcess(r.dir, "webhook", bin, "webhook",
-		"--cert-mode=external", "--cert-dir="+r.certDir,
+	args := []string{"webhook",
+		"--cert-mode=external", "--cert-dir=" + r.certDir,
 		fmt.Sprintf("--port=%d", ports[0]),
-		"--config="+filepath.Join(r.dir, "config.yaml"),
-		"--kubeconfig="+r.cp.kubeconfig,
-		"--namespace="+env.Namespace,
+		"--config=" + filepath.Join(r.dir, "config.yaml"),
+		"--kubeconfig=" + r.cp.kubeconfig,
+		"--namespace=" + env.Namespace,
 		fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", ports[1]),
 		fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", ports[2]),
-	); err != nil {
+	}
+	if r.o.profileDir != "" {
+		r.webhookPprof = fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/profile", ports[3])
+		args = append(args, fmt.Sprintf("--pprof-bind-address=127.0.0.1:%d", ports[3]))
+	}
+	if r.webhookProc, err = startProcess(r.dir, "webhook", bin, args...); err != nil {
 		return err
 	}
 	start := time.Now()
