@@ -208,21 +208,7 @@ func (r *run) profile(ctx context.Context, v, size string, conc int) func() erro
 	file := filepath.Join(r.o.profileDir, fmt.Sprintf("gpu-injector-%s-c%d.pprof", size, conc))
 	done := make(chan error, 1)
 	go func() {
-		resp, err := httpGet(ctx, http.DefaultClient, fmt.Sprintf("%s?seconds=%d", r.webhookPprof, int(r.o.profileTime.Seconds())))
-		if err != nil {
-			done <- fmt.Errorf("failed to profile gpu-injector: %w", err)
-			return
-		}
-		defer resp.Body.Close()
-		data, err := io.ReadAll(resp.Body)
-		if err == nil && resp.StatusCode != http.StatusOK {
-			err = fmt.Errorf("HTTP %d: %s", resp.StatusCode, data)
-		}
-		if err != nil {
-			done <- fmt.Errorf("failed to profile gpu-injector: %w", err)
-			return
-		}
-		done <- os.WriteFile(file, data, 0o644)
+		done <- fetchToFile(ctx, fmt.Sprintf("%s?seconds=%d", r.webhookPprof, int(r.o.profileTime.Seconds())), file)
 	}()
 	return func() error {
 		err := <-done
@@ -270,6 +256,10 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 
 // metrics holds histogram sums and counts by "metric|name label".
 type metrics map[string][2]float64
+
+// heapInUse is the Go runtime's gauge of heap spans in use, which
+// controller-runtime's metrics carry.
+const heapInUse = "go_memstats_heap_inuse_bytes"
 
 func webhookKey(name string) string {
 	return "apiserver_admission_webhook_admission_duration_seconds|" + name
@@ -326,6 +316,12 @@ func scrapeURL(ctx context.Context, c *http.Client, url, token string) (metrics,
 	s.Buffer(make([]byte, 1<<20), 1<<20)
 	for s.Scan() {
 		line := s.Text()
+		if v, ok := strings.CutPrefix(line, heapInUse+" "); ok {
+			if f, err := strconv.ParseFloat(strings.TrimSpace(v), 64); err == nil {
+				m[heapInUse] = [2]float64{f}
+			}
+			continue
+		}
 		for _, base := range []string{"apiserver_admission_webhook_admission_duration_seconds", "apiserver_admission_controller_admission_duration_seconds", "controller_runtime_webhook_latency_seconds"} {
 			for i, suffix := range []string{"_sum{", "_count{"} {
 				if !strings.HasPrefix(line, base+suffix) {
@@ -406,6 +402,8 @@ func (r *run) table() string {
 	if r.rssIdleKiB > 0 {
 		fmt.Fprintf(&b, "\ngpu-injector resident memory with %d nodes cached: %.1f MiB idle, %.1f MiB at most under load (high-water mark since start %.1f MiB)\n",
 			r.o.nodes, float64(r.rssIdleKiB)/1024, float64(r.rssPeakKiB)/1024, float64(r.rssHWMKiB)/1024)
+		fmt.Fprintf(&b, "idle: %.1f MiB anonymous (Go heap in use %.1f MiB) + %.1f MiB of mapped files (the binary)\n",
+			float64(r.rssAnonKiB)/1024, r.heapIdleBytes/(1<<20), float64(r.rssFileKiB)/1024)
 	}
 	return b.String()
 }

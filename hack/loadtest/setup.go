@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -55,6 +56,8 @@ type run struct {
 	noop, same     *floorWebhook
 
 	rssIdleKiB, rssPeakKiB, rssHWMKiB int64
+	rssAnonKiB, rssFileKiB            int64
+	heapIdleBytes                     float64
 	results                           []result
 }
 
@@ -311,7 +314,36 @@ func (r *run) startWebhook(ctx context.Context) error {
 	// forces nothing and waits a little).
 	time.Sleep(5 * time.Second)
 	r.rssIdleKiB, _, _ = rss(r.webhookProc.Process.Pid)
+	r.rssAnonKiB, r.rssFileKiB = rssParts(r.webhookProc.Process.Pid)
+	if m, err := scrapeURL(ctx, http.DefaultClient, r.webhookMetrics, ""); err == nil {
+		r.heapIdleBytes = m[heapInUse][0]
+	}
+	if r.webhookPprof != "" {
+		// What the idle webhook keeps: go tool pprof -sample_index=inuse_space.
+		file := filepath.Join(r.o.profileDir, "gpu-injector-heap-idle.pprof")
+		if err := fetchToFile(ctx, strings.TrimSuffix(r.webhookPprof, "/profile")+"/heap", file); err != nil {
+			return err
+		}
+		progress("heap profile of the idle webhook: %s", file)
+	}
 	return nil
+}
+
+// fetchToFile writes the body of an HTTP GET to file.
+func fetchToFile(ctx context.Context, url, file string) error {
+	resp, err := httpGet(ctx, http.DefaultClient, url)
+	if err != nil {
+		return fmt.Errorf("failed to get %s: %w", url, err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("HTTP %d: %s", resp.StatusCode, data)
+	}
+	if err != nil {
+		return fmt.Errorf("failed to get %s: %w", url, err)
+	}
+	return os.WriteFile(file, data, 0o644)
 }
 
 // rss reads a process's resident set (now) and its high-water mark, in KiB.
@@ -330,6 +362,24 @@ func rss(pid int) (now, hwm int64, err error) {
 		}
 	}
 	return now, hwm, nil
+}
+
+// rssParts reads a process's resident anonymous and file-backed memory, in KiB.
+func rssParts(pid int) (anon, file int64) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, 0
+	}
+	for _, l := range strings.Split(string(data), "\n") {
+		var v int64
+		if _, err := fmt.Sscanf(l, "RssAnon: %d kB", &v); err == nil {
+			anon = v
+		}
+		if _, err := fmt.Sscanf(l, "RssFile: %d kB", &v); err == nil {
+			file = v
+		}
+	}
+	return anon, file
 }
 
 func webhookFor(base *admissionregistrationv1.MutatingWebhookConfiguration, name, url string, ca []byte) *admissionregistrationv1.MutatingWebhookConfiguration {
