@@ -14,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+	kjson "sigs.k8s.io/json"
 
 	"github.com/gpu-injector/gpu-injector/config"
 	"github.com/gpu-injector/gpu-injector/hack/loadtest/workload"
@@ -170,4 +171,31 @@ func BenchmarkIndexUpdate(b *testing.B) {
 			}
 		}
 	})
+}
+
+// BenchmarkDecodePod decodes the load script's pods into what Mutate reads:
+// "one-pass" is decodePod's decoder, "encoding-json" the API machinery's
+// (sigs.k8s.io/json, encoding/json's validate-then-decode) it replaced.
+func BenchmarkDecodePod(b *testing.B) {
+	for _, s := range workload.Sizes {
+		raw, err := json.Marshal(workload.Pod(s.Name, s.Bytes))
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, d := range []struct {
+			name      string
+			unmarshal func([]byte, any) error
+		}{{"one-pass", unmarshal}, {"encoding-json", kjson.UnmarshalCaseSensitivePreserveInts}} {
+			b.Run(d.name+"/"+s.Name, func(b *testing.B) {
+				b.SetBytes(int64(len(raw)))
+				b.ReportAllocs()
+				for b.Loop() {
+					var p slimPod
+					if err := d.unmarshal(raw, &p); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
 }

@@ -15,7 +15,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
-	kjson "sigs.k8s.io/json"
 )
 
 // maxReviewSize is controller-runtime's limit on a request body.
@@ -68,7 +67,7 @@ func (s *reviewServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var rev slimReview
-	if kjson.UnmarshalCaseSensitivePreserveInts(body, &rev) != nil || rev.APIVersion != admissionv1.SchemeGroupVersion.String() ||
+	if unmarshal(body, &rev) != nil || rev.APIVersion != admissionv1.SchemeGroupVersion.String() ||
 		rev.Kind != "AdmissionReview" || rev.Request == nil || rev.Request.UID == "" || rev.Request.Object == nil ||
 		rev.Request.Operation != admissionv1.Create || rev.Request.SubResource != "" ||
 		rev.Request.Kind.Group != podKind.Group || rev.Request.Kind.Kind != podKind.Kind {
