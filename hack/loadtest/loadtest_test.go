@@ -1,9 +1,13 @@
 package main
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
+
+	jsonpatch "github.com/evanphx/json-patch/v5"
+	jsonpatchops "gomodules.xyz/jsonpatch/v2"
 )
 
 func TestCELPatch(t *testing.T) {
@@ -44,5 +48,44 @@ func TestPercentile(t *testing.T) {
 	}
 	if got := percentile(d[:1], 0.99); got != 1 {
 		t.Errorf("p99 of one = %v", got)
+	}
+}
+
+func TestWholeListsMakesTheSamePod(t *testing.T) {
+	pod := []byte(`{"metadata":{"name":"p"},"spec":{"volumes":[{"name":"data","emptyDir":{}}],"containers":[{"name":"c","volumeMounts":[{"name":"data","mountPath":"/data"}]}]}}`)
+	ops := []jsonpatchops.Operation{
+		{Operation: "add", Path: "/spec/volumes/-", Value: map[string]any{"name": "a", "hostPath": map[string]any{"path": "/a"}}},
+		{Operation: "add", Path: "/spec/containers/0/volumeMounts/-", Value: map[string]any{"name": "a", "mountPath": "/a"}},
+		{Operation: "add", Path: "/spec/volumes/-", Value: map[string]any{"name": "b", "hostPath": map[string]any{"path": "/b"}}},
+		{Operation: "add", Path: "/spec/containers/0/volumeMounts/-", Value: map[string]any{"name": "b", "mountPath": "/b"}},
+		{Operation: "add", Path: "/spec/nodeSelector", Value: map[string]any{"k": "v"}},
+	}
+	whole, n, err := wholeLists(pod, ops)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 3 {
+		t.Errorf("%d operations, want 3: %s", n, whole)
+	}
+	apply := func(p []byte) string {
+		t.Helper()
+		patch, err := jsonpatch.DecodePatch(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := patch.Apply(pod)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var v any
+		if err := json.Unmarshal(out, &v); err != nil {
+			t.Fatal(err)
+		}
+		b, _ := json.Marshal(v)
+		return string(b)
+	}
+	orig, _ := json.Marshal(ops)
+	if a, b := apply(whole), apply(orig); a != b {
+		t.Errorf("whole lists make\n%s\nours make\n%s", a, b)
 	}
 }

@@ -29,16 +29,18 @@ const (
 	variantPolicy    = "policy"
 	variantNoop      = "noop"
 	variantSamePatch = "same-patch"
+	variantWhole     = "whole-lists"
 	variantOurs      = "gpu-injector"
 )
 
-var allVariants = []string{variantNone, variantPolicy, variantNoop, variantSamePatch, variantOurs}
+var allVariants = []string{variantNone, variantPolicy, variantNoop, variantSamePatch, variantWhole, variantOurs}
 
 var variantTitles = map[string]string{
 	variantNone:      "no mutating admission (baseline)",
 	variantPolicy:    "MutatingAdmissionPolicy, the same static patch",
 	variantNoop:      "no-op webhook (floor)",
 	variantSamePatch: "same-patch webhook (floor)",
+	variantWhole:     "same change, each list replaced whole (floor)",
 	variantOurs:      "gpu-injector",
 }
 
@@ -72,6 +74,8 @@ func (r *run) configure(ctx context.Context, v string) error {
 		url = r.noop.url
 	case variantSamePatch:
 		url = r.same.url
+	case variantWhole:
+		url = r.wholeLists.url
 	case variantOurs:
 		url = r.webhookURL
 	}
