@@ -232,10 +232,10 @@ func (r *run) sampleRSS(on bool, peak *int64) func() {
 		t := time.NewTicker(100 * time.Millisecond)
 		defer t.Stop()
 		for {
-			if now, hwm, err := rss(r.webhookProc.Process.Pid); err == nil {
-				*peak = max(*peak, now)
-				r.rssPeakKiB = max(r.rssPeakKiB, now)
-				r.rssHWMKiB = hwm
+			if m, err := procMemory(r.webhookProc.Process.Pid); err == nil {
+				*peak = max(*peak, m.rss)
+				r.rssPeakKiB = max(r.rssPeakKiB, m.rss)
+				r.rssHWMKiB = m.hwm
 			}
 			select {
 			case <-done:

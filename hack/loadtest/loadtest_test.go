@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -87,5 +88,15 @@ func TestWholeListsMakesTheSamePod(t *testing.T) {
 	orig, _ := json.Marshal(ops)
 	if a, b := apply(whole), apply(orig); a != b {
 		t.Errorf("whole lists make\n%s\nours make\n%s", a, b)
+	}
+}
+
+func TestProcMemoryReadsItsOwnProcess(t *testing.T) {
+	m, err := procMemory(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.rss <= 0 || m.hwm < m.rss || m.anon <= 0 || m.file <= 0 || m.anon+m.file > m.rss+1024 {
+		t.Errorf("implausible /proc figures: %+v", m)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -328,8 +329,9 @@ func (r *run) startWebhook(ctx context.Context) error {
 	// (the Go runtime returns freed memory to the OS over minutes, so this
 	// forces nothing and waits a little).
 	time.Sleep(5 * time.Second)
-	r.rssIdleKiB, _, _ = rss(r.webhookProc.Process.Pid)
-	r.rssAnonKiB, r.rssFileKiB = rssParts(r.webhookProc.Process.Pid)
+	if m, err := procMemory(r.webhookProc.Process.Pid); err == nil {
+		r.rssIdleKiB, r.rssAnonKiB, r.rssFileKiB = m.rss, m.anon, m.file
+	}
 	if m, err := scrapeURL(ctx, http.DefaultClient, r.webhookMetrics, ""); err == nil {
 		r.heapIdleBytes = m[heapInUse][0]
 	}
@@ -361,40 +363,25 @@ func fetchToFile(ctx context.Context, url, file string) error {
 	return os.WriteFile(file, data, 0o644)
 }
 
-// rss reads a process's resident set (now) and its high-water mark, in KiB.
-func rss(pid int) (now, hwm int64, err error) {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, 0, err
-	}
-	for _, l := range strings.Split(string(data), "\n") {
-		var v int64
-		if _, err := fmt.Sscanf(l, "VmRSS: %d kB", &v); err == nil {
-			now = v
-		}
-		if _, err := fmt.Sscanf(l, "VmHWM: %d kB", &v); err == nil {
-			hwm = v
-		}
-	}
-	return now, hwm, nil
-}
+// memory is a process's resident set from /proc, in KiB.
+type memory struct{ rss, hwm, anon, file int64 }
 
-// rssParts reads a process's resident anonymous and file-backed memory, in KiB.
-func rssParts(pid int) (anon, file int64) {
+// procMemory reads a process's resident set (now), its high-water mark and
+// the anonymous and file-backed parts of it.
+func procMemory(pid int) (memory, error) {
+	var m memory
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
-		return 0, 0
+		return m, err
 	}
+	fields := map[string]*int64{"VmRSS:": &m.rss, "VmHWM:": &m.hwm, "RssAnon:": &m.anon, "RssFile:": &m.file}
 	for _, l := range strings.Split(string(data), "\n") {
-		var v int64
-		if _, err := fmt.Sscanf(l, "RssAnon: %d kB", &v); err == nil {
-			anon = v
-		}
-		if _, err := fmt.Sscanf(l, "RssFile: %d kB", &v); err == nil {
-			file = v
+		f := strings.Fields(l)
+		if len(f) == 3 && f[2] == "kB" && fields[f[0]] != nil {
+			*fields[f[0]], _ = strconv.ParseInt(f[1], 10, 64)
 		}
 	}
-	return anon, file
+	return m, nil
 }
 
 func webhookFor(base *admissionregistrationv1.MutatingWebhookConfiguration, name, url string, ca []byte) *admissionregistrationv1.MutatingWebhookConfiguration {
