@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 
 	jsonpatch "github.com/evanphx/json-patch/v5"
@@ -505,4 +506,45 @@ func TestServeAnswersAsControllerRuntime(t *testing.T) {
 			t.Errorf("answer without the request's uid: %s", got)
 		}
 	})
+}
+
+// TestServeConcurrentRequestsShareTheLayout sends GPU pods from many
+// goroutines at once: every answer is the same patch, built from the
+// layout's prepared mounts that all requests share (go test -race checks
+// that none writes them).
+func TestServeConcurrentRequestsShareTheLayout(t *testing.T) {
+	srv, _ := testServer(t, config.Default())
+	body := review(t, admissionv1.Create, "ml", hPod("nvidia.com/gpu", nil), podKind)
+	var want []byte
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 20 {
+				// post calls t.Fatal, which belongs to the test's goroutine.
+				resp, err := http.Post(srv.URL+Path, "application/json", bytes.NewReader(body))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				var ar admissionv1.AdmissionReview
+				err = json.NewDecoder(resp.Body).Decode(&ar)
+				resp.Body.Close()
+				if err != nil || resp.StatusCode != http.StatusOK || ar.Response == nil || !ar.Response.Allowed || len(ar.Response.Patch) == 0 {
+					t.Errorf("HTTP %d, %v, response %+v", resp.StatusCode, err, ar.Response)
+					return
+				}
+				mu.Lock()
+				if want == nil {
+					want = ar.Response.Patch
+				} else if !bytes.Equal(want, ar.Response.Patch) {
+					t.Errorf("patches differ:\n%s\n%s", want, ar.Response.Patch)
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
 }
