@@ -40,7 +40,7 @@ func decodePod(raw []byte) (*corev1.Pod, error) {
 // last value, and a null after a value leaves a string or number as it was;
 // invalid UTF-8 is accepted), in one pass: encoding/json
 // validates the whole input before it decodes it, and skips what it does not
-// keep byte by byte, which made it 1.7 to 2.3 times slower on the load
+// keep byte by byte, which made it 1.8 to 2.3 times slower on the load
 // script's pods (BenchmarkDecodePod). go-json-experiment/json is the Go
 // team's encoding/json/v2 outside the standard library.
 func unmarshal(raw []byte, v any) error {
