@@ -174,7 +174,7 @@ func (idx *Index) NodeLayout(name string) (string, string, bool) {
 	if ls, ok := idx.layouts[st.fingerprint]; ok && st.fingerprint != "" {
 		driver = ls.plan.DriverVersion
 	} else if st.info != nil {
-		if v := st.info.Labels[layout.LabelDriverVersion]; v != "" {
+		if v := st.info.Labels.Get(layout.LabelDriverVersion); v != "" {
 			driver = truncateString(v, 64)
 		}
 	}

@@ -402,13 +402,14 @@ func nodeMismatch(pod *corev1.Pod, affinity nodeaffinity.RequiredNodeAffinity, n
 	// Plain map lookups first: most constraints are a nodeSelector, and this
 	// check runs for every node of a layout until one fits.
 	for k, v := range pod.Spec.NodeSelector {
-		if have, ok := n.Labels[k]; !ok || have != v {
+		if have, ok := n.Labels.Lookup(k); !ok || have != v {
 			return "no node matches the pod's nodeSelector or required node affinity"
 		}
 	}
 	if hasRequiredAffinity(pod) {
+		// The matcher reads a Node's label map; the index keeps none.
 		node := corev1.Node{}
-		node.Name, node.Labels = n.Name, n.Labels
+		node.Name, node.Labels = n.Name, n.Labels.Map()
 		if ok, _ := affinity.Match(&node); !ok {
 			return "no node matches the pod's nodeSelector or required node affinity"
 		}

@@ -5,16 +5,22 @@ import (
 	"fmt"
 	"maps"
 	"net/http"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unique"
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 
 	"github.com/gpu-injector/gpu-injector/config"
 	"github.com/gpu-injector/gpu-injector/layout"
@@ -41,13 +47,9 @@ type Index struct {
 	draGPUs map[string]int64
 
 	snapshot atomic.Pointer[[]*Layout]
-	synced   atomic.Pointer[func() bool]
+	// listed is set once the index holds every Node of the first list.
+	listed atomic.Bool
 
-	// strs interns the strings that repeat across cached Nodes: label keys
-	// and common values, and the layout annotation, which every node of a
-	// pool publishes byte for byte (a few KiB each, 5,000 times over).
-	strsMu sync.Mutex
-	strs   map[string]string
 	// expires is when a remembered layout in the snapshot expires (Unix
 	// nanoseconds, 0 for none): the next reader after it publishes anew.
 	expires atomic.Int64
@@ -73,10 +75,11 @@ type nodeState struct {
 	isMember bool
 }
 
-// layoutSource is what a node publishes about its layout. Its strings are
-// those of the cached Node, shared rather than copied.
+// layoutSource is what a node publishes about its layout. The annotation,
+// a few KiB that every node of a pool publishes byte for byte, is interned:
+// one copy per distinct value, compared as a pointer.
 type layoutSource struct {
-	annotation string
+	annotation unique.Handle[string]
 	label      string
 }
 
@@ -120,10 +123,7 @@ func (idx *Index) Layouts() []*Layout {
 }
 
 // Ready reports whether the index has seen every Node of the initial list.
-func (idx *Index) Ready() bool {
-	f := idx.synced.Load()
-	return f != nil && (*f)()
-}
+func (idx *Index) Ready() bool { return idx.listed.Load() }
 
 // ReadyCheck is a healthz checker for /readyz.
 func (idx *Index) ReadyCheck(_ *http.Request) error {
@@ -133,56 +133,61 @@ func (idx *Index) ReadyCheck(_ *http.Request) error {
 	return nil
 }
 
-// Watch feeds the index from the cache's Node informer. The cache must strip
-// Nodes with idx.Transform (see CacheOptions).
-func (idx *Index) Watch(ctx context.Context, c cache.Cache) error {
-	inf, err := c.GetInformer(ctx, &corev1.Node{})
-	if err != nil {
-		return fmt.Errorf("failed to get the node informer: %w", err)
-	}
-	reg, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { idx.onEvent(obj, false) },
-		UpdateFunc: func(_, obj any) { idx.onEvent(obj, false) },
-		DeleteFunc: func(obj any) { idx.onEvent(obj, true) },
-	})
-	if err != nil {
-		return fmt.Errorf("failed to add the node event handler: %w", err)
-	}
-	synced := reg.HasSynced
-	idx.synced.Store(&synced)
-	return nil
-}
-
-func (idx *Index) onEvent(obj any, deleted bool) {
-	if t, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
-		obj, deleted = t.Obj, true
-	}
-	n, ok := obj.(*corev1.Node)
-	if !ok {
-		return
-	}
-	if deleted {
-		idx.Delete(n.Name)
-		return
-	}
-	// A cached Node is never changed, so the index may keep its labels.
-	idx.update(n, false)
-}
-
 // Add records a Node; it is Update under the name informers use.
 func (idx *Index) Add(n *corev1.Node) { idx.Update(n) }
 
 // Update records the current state of a Node. It keeps nothing of n that
 // the caller may change later.
-func (idx *Index) Update(n *corev1.Node) { idx.update(n, true) }
-
-func (idx *Index) update(n *corev1.Node, cloneLabels bool) {
-	info := idx.nodeInfo(n)
-	eligible := nodeEligible(n)
-	source := layoutSource{annotation: n.Annotations[layout.AnnotationLayout], label: n.Labels[layout.LabelFingerprint]}
-
+func (idx *Index) Update(n *corev1.Node) {
 	idx.mu.Lock()
 	defer idx.mu.Unlock()
+	b := newBatch()
+	idx.record(n, b)
+	idx.flush(b)
+}
+
+// Replace records a full list of Nodes: every Node in it, and forgets those
+// not in it. It publishes once, where Update would publish, and copy the
+// layouts' node lists, once per Node.
+func (idx *Index) Replace(nodes []*corev1.Node) {
+	idx.mu.Lock()
+	defer idx.mu.Unlock()
+	b := newBatch()
+	seen := make(map[string]bool, len(nodes))
+	for _, n := range nodes {
+		seen[n.Name] = true
+		idx.record(n, b)
+	}
+	for name := range idx.nodes {
+		if !seen[name] {
+			idx.forget(name, b)
+		}
+	}
+	idx.flush(b)
+}
+
+// batch holds the changes of one or more Nodes, published together: the
+// fingerprints whose nodes changed, and those whose node list the batch made
+// itself (not published yet, so changed in place rather than copied).
+type batch struct {
+	changed map[string]bool
+	owned   map[string]bool
+	publish bool
+}
+
+func newBatch() *batch { return &batch{changed: map[string]bool{}, owned: map[string]bool{}} }
+
+func (idx *Index) flush(b *batch) {
+	if b.publish || len(b.changed) > 0 {
+		idx.publish(slices.Collect(maps.Keys(b.changed)))
+	}
+}
+
+// record is Update under idx.mu, publishing through b.
+func (idx *Index) record(n *corev1.Node, b *batch) {
+	info := idx.nodeInfo(n)
+	eligible := nodeEligible(n)
+	source := layoutSource{annotation: unique.Make(n.Annotations[layout.AnnotationLayout]), label: n.Labels[layout.LabelFingerprint]}
 	own := info.AllocatableGPUs
 	info.AllocatableGPUs = min(own+idx.draGPUs[n.Name], MaxNodeGPUs)
 	old := idx.nodes[n.Name]
@@ -205,30 +210,21 @@ func (idx *Index) update(n *corev1.Node, cloneLabels bool) {
 	if old != nil {
 		oldFP = old.fingerprint
 		if oldFP == st.fingerprint && (oldFP == "" || infoEqual(old.info, info)) {
-			// Keep the published NodeInfo, which owns its label map.
+			// Keep the published NodeInfo: its layout's nodes are unchanged.
 			if oldFP != "" {
 				st.info = old.info
 			}
-			if poolChanged {
-				idx.publish(nil)
-			}
+			b.publish = b.publish || poolChanged
 			return
 		}
 	}
-	if cloneLabels {
-		// Published NodeInfo must not share the caller's label map.
-		info.Labels = maps.Clone(info.Labels)
-	}
-	changed := make([]string, 0, 2)
+	b.publish = true
 	if oldFP != "" && oldFP != st.fingerprint {
-		idx.removeNode(oldFP, n.Name)
-		changed = append(changed, oldFP)
+		idx.removeNode(oldFP, n.Name, b)
 	}
 	if st.fingerprint != "" {
-		idx.putNode(st.fingerprint, info)
-		changed = append(changed, st.fingerprint)
+		idx.putNode(st.fingerprint, info, b)
 	}
-	idx.publish(changed)
 }
 
 // SetDRAGPUs records how many GPUs DRA ResourceSlices publish for a node;
@@ -256,8 +252,9 @@ func (idx *Index) SetDRAGPUs(name string, gpus int64) {
 	info.AllocatableGPUs = min(st.ownGPUs+gpus, MaxNodeGPUs)
 	st.info = &info
 	if st.fingerprint != "" {
-		idx.putNode(st.fingerprint, &info)
-		idx.publish([]string{st.fingerprint})
+		b := newBatch()
+		idx.putNode(st.fingerprint, &info, b)
+		idx.flush(b)
 	}
 }
 
@@ -265,17 +262,23 @@ func (idx *Index) SetDRAGPUs(name string, gpus int64) {
 func (idx *Index) Delete(name string) {
 	idx.mu.Lock()
 	defer idx.mu.Unlock()
+	b := newBatch()
+	idx.forget(name, b)
+	idx.flush(b)
+}
+
+// forget is Delete under idx.mu, publishing through b.
+func (idx *Index) forget(name string, b *batch) {
 	old, ok := idx.nodes[name]
 	if !ok {
 		return
 	}
 	delete(idx.nodes, name)
-	poolChanged := idx.setPoolMember(name, old, nil, nil)
+	if idx.setPoolMember(name, old, nil, nil) {
+		b.publish = true
+	}
 	if old.fingerprint != "" {
-		idx.removeNode(old.fingerprint, name)
-		idx.publish([]string{old.fingerprint})
-	} else if poolChanged {
-		idx.publish(nil)
+		idx.removeNode(old.fingerprint, name, b)
 	}
 }
 
@@ -317,11 +320,23 @@ func (idx *Index) admit(n *corev1.Node, st *nodeState) {
 	}
 }
 
-// putNode inserts or replaces a node in its layout, copying the slice so that
-// published snapshots stay unchanged.
-func (idx *Index) putNode(fp string, info *NodeInfo) {
+// putNode inserts or replaces a node in its layout. A node list that may be
+// published is copied, so that published snapshots stay unchanged.
+func (idx *Index) putNode(fp string, info *NodeInfo, b *batch) {
+	b.changed[fp] = true
 	ls := idx.layouts[fp]
 	i, found := slices.BinarySearchFunc(ls.nodes, info.Name, byName)
+	if b.owned[fp] {
+		if found {
+			ls.gpus -= ls.nodes[i].AllocatableGPUs
+			ls.nodes[i] = info
+		} else {
+			ls.nodes = slices.Insert(ls.nodes, i, info)
+		}
+		ls.gpus += info.AllocatableGPUs
+		return
+	}
+	b.owned[fp] = true
 	nodes := make([]*NodeInfo, 0, len(ls.nodes)+1)
 	nodes = append(nodes, ls.nodes[:i]...)
 	nodes = append(nodes, info)
@@ -334,13 +349,19 @@ func (idx *Index) putNode(fp string, info *NodeInfo) {
 	ls.gpus += info.AllocatableGPUs
 }
 
-func (idx *Index) removeNode(fp, name string) {
+func (idx *Index) removeNode(fp, name string, b *batch) {
+	b.changed[fp] = true
 	ls := idx.layouts[fp]
 	i, found := slices.BinarySearchFunc(ls.nodes, name, byName)
 	if !found {
 		return
 	}
 	ls.gpus -= ls.nodes[i].AllocatableGPUs
+	if b.owned[fp] {
+		ls.nodes = slices.Delete(ls.nodes, i, i+1)
+		return
+	}
+	b.owned[fp] = true
 	nodes := make([]*NodeInfo, 0, len(ls.nodes)-1)
 	nodes = append(nodes, ls.nodes[:i]...)
 	ls.nodes = append(nodes, ls.nodes[i+1:]...)
@@ -393,7 +414,7 @@ func nodeEligible(n *corev1.Node) bool {
 }
 
 func (idx *Index) nodeInfo(n *corev1.Node) *NodeInfo {
-	info := &NodeInfo{Name: n.Name, Labels: n.Labels, pool: PoolKey(n.Labels, idx.cfg.Pinning.NodeLabels)}
+	info := &NodeInfo{Name: n.Name, Labels: NewLabels(n.Labels), pool: PoolKey(n.Labels, idx.cfg.Pinning.NodeLabels)}
 	for _, t := range n.Spec.Taints {
 		if t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute {
 			info.Taints = append(info.Taints, t)
@@ -418,13 +439,8 @@ func (idx *Index) nodeInfo(n *corev1.Node) *NodeInfo {
 const MaxNodeGPUs = 256
 
 func infoEqual(a, b *NodeInfo) bool {
-	if a.AllocatableGPUs != b.AllocatableGPUs || len(a.Labels) != len(b.Labels) || len(a.Taints) != len(b.Taints) {
+	if a.AllocatableGPUs != b.AllocatableGPUs || !a.Labels.Equal(b.Labels) || len(a.Taints) != len(b.Taints) {
 		return false
-	}
-	for k, v := range a.Labels {
-		if w, ok := b.Labels[k]; !ok || w != v {
-			return false
-		}
 	}
 	for i := range a.Taints {
 		if a.Taints[i].Key != b.Taints[i].Key || a.Taints[i].Value != b.Taints[i].Value || a.Taints[i].Effect != b.Taints[i].Effect {
@@ -434,9 +450,10 @@ func infoEqual(a, b *NodeInfo) bool {
 	return true
 }
 
-// Transform strips a Node down to what the index reads before the informer
-// stores it: on a large cluster, images and managedFields alone are most of
-// each object's size.
+// Transform strips a Node down to what the index reads. The index keeps no
+// Node, but a reflector streaming the first list holds all of them until the
+// list ends (NodeStore.Transformer); on a large cluster images and
+// managedFields alone are most of each object's size.
 func (idx *Index) Transform(obj any) (any, error) {
 	n, ok := obj.(*corev1.Node)
 	if !ok {
@@ -445,30 +462,16 @@ func (idx *Index) Transform(obj any) (any, error) {
 	n.ManagedFields = nil
 	n.OwnerReferences = nil
 	n.Finalizers = nil
-	idx.strsMu.Lock()
-	defer idx.strsMu.Unlock()
-	if len(idx.strs) > maxInterned {
-		// Values of nodes long gone: start over rather than grow forever.
-		idx.strs = nil
-	}
 	var ann map[string]string
 	for k, v := range n.Annotations {
 		if strings.HasPrefix(k, layout.Prefix) {
 			if ann == nil {
 				ann = map[string]string{}
 			}
-			ann[idx.intern(k)] = idx.intern(v)
+			ann[k] = v
 		}
 	}
 	n.Annotations = ann
-	labels := make(map[string]string, len(n.Labels))
-	for k, v := range n.Labels {
-		if k != corev1.LabelHostname {
-			v = idx.intern(v)
-		}
-		labels[idx.intern(k)] = v
-	}
-	n.Labels = labels
 	n.Spec = corev1.NodeSpec{Unschedulable: n.Spec.Unschedulable, Taints: n.Spec.Taints}
 	status := corev1.NodeStatus{}
 	for _, c := range n.Status.Conditions {
@@ -489,23 +492,90 @@ func (idx *Index) Transform(obj any) (any, error) {
 	return n, nil
 }
 
-// maxInterned bounds the interned strings: far above the distinct label
-// keys and values of a large cluster.
-const maxInterned = 50000
-
-// intern returns the one copy of s the index keeps; strsMu is held.
-func (idx *Index) intern(s string) string {
-	if v, ok := idx.strs[s]; ok {
-		return v
-	}
-	if idx.strs == nil {
-		idx.strs = map[string]string{}
-	}
-	idx.strs[s] = s
-	return s
+// Watch lists and watches Nodes into the index until ctx ends. The index is
+// the reflector's store: no informer cache holds the Nodes besides, only
+// what the index keeps of each, which at thousands of nodes is most of the
+// webhook's memory.
+func (idx *Index) Watch(ctx context.Context, lw toolscache.ListerWatcher) {
+	r := toolscache.NewReflectorWithOptions(lw, &corev1.Node{}, NodeStore{idx}, toolscache.ReflectorOptions{Name: "nodes"})
+	r.RunWithContext(ctx)
 }
 
-// CacheByObject is the manager cache entry for Nodes.
-func (idx *Index) CacheByObject() cache.ByObject {
-	return cache.ByObject{Transform: idx.Transform}
+// NodeListWatch lists and watches every Node, as protobuf.
+func NodeListWatch(cfg *rest.Config) (toolscache.ListerWatcher, error) {
+	cfg = rest.CopyConfig(cfg)
+	cfg.ContentType = runtime.ContentTypeProtobuf
+	cfg.AcceptContentTypes = runtime.ContentTypeProtobuf + "," + runtime.ContentTypeJSON
+	c, err := corev1client.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("failed to create the node client: %w", err)
+	}
+	return toolscache.NewListWatchFromClient(c.RESTClient(), "nodes", metav1.NamespaceAll, fields.Everything()), nil
+}
+
+// NodeStore is the index as a reflector's store of Nodes.
+type NodeStore struct{ idx *Index }
+
+var _ toolscache.TransformingStore = NodeStore{}
+
+// Add records a Node.
+func (s NodeStore) Add(obj any) error { return s.Update(obj) }
+
+// Update records a Node.
+func (s NodeStore) Update(obj any) error {
+	n, ok := obj.(*corev1.Node)
+	if !ok {
+		return fmt.Errorf("failed to record a node: got %T", obj)
+	}
+	s.idx.Update(n)
+	return nil
+}
+
+// Delete forgets a Node.
+func (s NodeStore) Delete(obj any) error {
+	if t, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	n, ok := obj.(*corev1.Node)
+	if !ok {
+		return fmt.Errorf("failed to forget a node: got %T", obj)
+	}
+	s.idx.Delete(n.Name)
+	return nil
+}
+
+// Replace records a full list: every Node in it, and forgets those not in
+// it (deleted while the watch was down).
+func (s NodeStore) Replace(list []any, _ string) error {
+	nodes := make([]*corev1.Node, 0, len(list))
+	for _, obj := range list {
+		n, ok := obj.(*corev1.Node)
+		if !ok {
+			return fmt.Errorf("failed to record a node: got %T", obj)
+		}
+		nodes = append(nodes, n)
+	}
+	s.idx.Replace(nodes)
+	if !s.idx.listed.Swap(true) {
+		// The first list is the largest the process ever holds at once:
+		// every Node, decoded whole, and the index being built from them.
+		// Left to itself the runtime would keep that peak resident until
+		// the next collection and return it over minutes; a webhook lives
+		// on what the index keeps, a tenth of it at thousands of nodes.
+		debug.FreeOSMemory()
+	}
+	return nil
+}
+
+// Resync has nothing to do: the index is not a queue.
+func (NodeStore) Resync() error { return nil }
+
+// Transformer strips the Nodes a reflector holds while it streams a list.
+func (s NodeStore) Transformer() toolscache.TransformFunc { return s.idx.Transform }
+
+// nodeNames are the names of the Nodes the index knows.
+func (idx *Index) nodeNames() []string {
+	idx.mu.Lock()
+	defer idx.mu.Unlock()
+	return slices.Collect(maps.Keys(idx.nodes))
 }

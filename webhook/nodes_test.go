@@ -1,10 +1,15 @@
 package webhook
 
 import (
+	"context"
 	"fmt"
+	"net/http"
 	"slices"
+	"strings"
+	"sync"
 	"testing"
-	"unsafe"
+	"time"
+	"unique"
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
@@ -12,6 +17,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
 	toolscache "k8s.io/client-go/tools/cache"
 
 	"github.com/gpu-injector/gpu-injector/config"
@@ -193,8 +200,10 @@ func TestIndexUpdateAndDelete(t *testing.T) {
 		t.Errorf("gauge of the live layout %s is missing", b.Fingerprint())
 	}
 
-	// Informer deletes may come as tombstones.
-	idx.onEvent(toolscache.DeletedFinalStateUnknown{Key: "n1", Obj: ixNode("n1", b, 16, nil)}, true)
+	// Deletes may come as tombstones.
+	if err := (NodeStore{idx}).Delete(toolscache.DeletedFinalStateUnknown{Key: "n1", Obj: ixNode("n1", b, 16, nil)}); err != nil {
+		t.Fatal(err)
+	}
 	if got := idx.Layouts(); len(got) != 0 {
 		t.Errorf("after tombstone delete layouts = %v, want none", got)
 	}
@@ -350,8 +359,8 @@ func TestIndexNodeInfo(t *testing.T) {
 	if want := []corev1.TaintEffect{corev1.TaintEffectNoSchedule, corev1.TaintEffectNoExecute}; !slices.Equal(effects, want) {
 		t.Errorf("taints = %v, want %v", effects, want)
 	}
-	if info.Labels["kubernetes.io/hostname"] != "n1" {
-		t.Errorf("labels = %v", info.Labels)
+	if info.Labels.Get("kubernetes.io/hostname") != "n1" {
+		t.Errorf("labels = %v", info.Labels.Map())
 	}
 
 	// A taint change is a change: the published node follows.
@@ -367,15 +376,15 @@ func TestIndexCallerReusesNode(t *testing.T) {
 	idx.Add(n)
 	n.Labels["zone"] = "a"
 	idx.Update(n)
-	if got := idx.Layouts()[0].Nodes[0].Labels["zone"]; got != "a" {
+	if got := idx.Layouts()[0].Nodes[0].Labels.Get("zone"); got != "a" {
 		t.Fatalf("a label added in place was missed: zone=%q", got)
 	}
 	n.Labels["zone"] = "b"
-	if got := idx.Layouts()[0].Nodes[0].Labels["zone"]; got != "a" {
+	if got := idx.Layouts()[0].Nodes[0].Labels.Get("zone"); got != "a" {
 		t.Fatalf("the caller's map leaked into the snapshot: zone=%q", got)
 	}
 	idx.Update(n)
-	if got := idx.Layouts()[0].Nodes[0].Labels["zone"]; got != "b" {
+	if got := idx.Layouts()[0].Nodes[0].Labels.Get("zone"); got != "b" {
 		t.Fatalf("a label changed in place was missed: zone=%q", got)
 	}
 }
@@ -432,19 +441,165 @@ func TestIndexTransform(t *testing.T) {
 func TestIndexReady(t *testing.T) {
 	idx := NewIndex(config.Default(), logr.Discard())
 	if idx.Ready() || idx.ReadyCheck(nil) == nil {
-		t.Fatal("a new index without an informer reports ready")
+		t.Fatal("a new index without a list reports ready")
 	}
-	synced := false
-	f := func() bool { return synced }
-	idx.synced.Store(&f)
+	p := ixPlan("535.104.05")
+	if err := (NodeStore{idx}).Add(ixNode("n1", p, 8, nil)); err != nil {
+		t.Fatal(err)
+	}
 	if idx.Ready() {
-		t.Fatal("ready before the informer synced")
+		t.Fatal("ready after a watch event, before the first list")
 	}
-	synced = true
+	if err := (NodeStore{idx}).Replace([]any{ixNode("n2", p, 8, nil)}, "1"); err != nil {
+		t.Fatal(err)
+	}
 	if !idx.Ready() || idx.ReadyCheck(nil) != nil {
-		t.Fatal("not ready after the informer synced")
+		t.Fatal("not ready after the first list")
+	}
+	// The list is the whole truth: n1 was deleted while the watch was down.
+	if got := idx.nodeNames(); !slices.Equal(got, []string{"n2"}) {
+		t.Errorf("nodes after the list = %v, want [n2]", got)
 	}
 }
+
+// TestIndexReplaceLikeUpdates: a list recorded at once gives the layouts
+// that recording its Nodes one by one gives, and leaves the snapshots
+// published before it unchanged.
+func TestIndexReplaceLikeUpdates(t *testing.T) {
+	plans := []layout.Plan{ixPlan("535.104.05"), ixPlan("550.54.15"), ixPlan("570.86.10")}
+	list := func(round int) []*corev1.Node {
+		var out []*corev1.Node
+		for i := range 60 {
+			if (i+round)%9 == 0 {
+				continue // not in this list: deleted
+			}
+			out = append(out, ixNode(fmt.Sprintf("n%02d", i), plans[(i+round)%3], int64(1+(i*round)%8), func(n *corev1.Node) {
+				if (i+round)%7 == 0 {
+					n.Status.Conditions[0].Status = corev1.ConditionFalse
+				}
+			}))
+		}
+		return out
+	}
+	batched, oneByOne := NewIndex(config.Default(), logr.Discard()), NewIndex(config.Default(), logr.Discard())
+	var before []*Layout
+	var beforeNodes [][]string
+	for round := range 4 {
+		nodes := list(round)
+		batched.Replace(nodes)
+		seen := map[string]bool{}
+		for _, n := range nodes {
+			oneByOne.Update(n)
+			seen[n.Name] = true
+		}
+		for _, name := range oneByOne.nodeNames() {
+			if !seen[name] {
+				oneByOne.Delete(name)
+			}
+		}
+		describe := func(ls []*Layout) string {
+			var b strings.Builder
+			for _, l := range ls {
+				fmt.Fprintf(&b, "%s gpus=%d:", l.Fingerprint, l.AllocatableGPUs)
+				for _, n := range l.Nodes {
+					fmt.Fprintf(&b, " %s/%d", n.Name, n.AllocatableGPUs)
+				}
+				b.WriteString("\n")
+			}
+			return b.String()
+		}
+		if got, want := describe(batched.Layouts()), describe(oneByOne.Layouts()); got != want {
+			t.Fatalf("round %d: Replace gives\n%s\nUpdate one by one gives\n%s", round, got, want)
+		}
+		for i, l := range before {
+			var names []string
+			for _, n := range l.Nodes {
+				names = append(names, n.Name)
+			}
+			if !slices.Equal(names, beforeNodes[i]) {
+				t.Fatalf("round %d changed a published layout's nodes: %v, was %v", round, names, beforeNodes[i])
+			}
+		}
+		before, beforeNodes = batched.Layouts(), nil
+		for _, l := range before {
+			var names []string
+			for _, n := range l.Nodes {
+				names = append(names, n.Name)
+			}
+			beforeNodes = append(beforeNodes, names)
+		}
+	}
+}
+
+// TestIndexWatch runs the index as a reflector's store against a scripted
+// list and watch: the first list makes it ready, watch events change it, and
+// a relist after the watch expires forgets the nodes deleted meanwhile.
+func TestIndexWatch(t *testing.T) {
+	idx := NewIndex(config.Default(), logr.Discard())
+	a, b := ixPlan("535.104.05"), ixPlan("550.54.15")
+	var mu sync.Mutex
+	lists := [][]corev1.Node{
+		{*ixNode("n1", a, 8, nil), *ixNode("n2", a, 8, nil)},
+		{*ixNode("n3", b, 4, nil)},
+	}
+	watches := make(chan *watch.FakeWatcher, 2)
+	lw := &toolscache.ListWatch{
+		ListWithContextFunc: func(context.Context, metav1.ListOptions) (runtime.Object, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			items := lists[0]
+			if len(lists) > 1 {
+				lists = lists[1:]
+			}
+			return &corev1.NodeList{ListMeta: metav1.ListMeta{ResourceVersion: "10"}, Items: items}, nil
+		},
+		WatchFuncWithContext: func(context.Context, metav1.ListOptions) (watch.Interface, error) {
+			w := watch.NewFake()
+			watches <- w
+			return w, nil
+		},
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		idx.Watch(ctx, toolscache.ToListWatcherWithWatchListSemantics(lw, noWatchList{}))
+	}()
+	defer func() { cancel(); <-done }()
+
+	waitFor := func(what string, ok func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for !ok() {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s; nodes %v", what, idx.nodeNames())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	w := <-watches
+	waitFor("the first list", func() bool { return idx.Ready() && len(idx.nodeNames()) == 2 })
+	n1 := ixNode("n1", a, 2, nil)
+	n1.ResourceVersion = "11"
+	w.Modify(n1)
+	waitFor("the update", func() bool { ls := idx.Layouts(); return len(ls) == 1 && ls[0].AllocatableGPUs == 10 })
+	w.Delete(ixNode("n2", a, 8, nil))
+	waitFor("the delete", func() bool { return slices.Equal(idx.nodeNames(), []string{"n1"}) })
+	// The API server compacted past the watch's resource version: the
+	// reflector lists again, and n1 was deleted meanwhile.
+	w.Error(&metav1.Status{Status: metav1.StatusFailure, Code: http.StatusGone, Reason: metav1.StatusReasonExpired, Message: "too old resource version"})
+	<-watches
+	waitFor("the relist", func() bool { return slices.Equal(idx.nodeNames(), []string{"n3"}) })
+	if ls := idx.Layouts(); len(ls) != 1 || ls[0].Fingerprint != b.Fingerprint() {
+		t.Errorf("layouts after the relist = %v, want %s alone", ls, b.Fingerprint())
+	}
+}
+
+// noWatchList makes a reflector list, then watch: the scripted list and
+// watch above do not stream a list as an API server does.
+type noWatchList struct{}
+
+func (noWatchList) IsWatchListSemanticsUnSupported() bool { return true }
 
 // TestIndexConcurrentReaders reads snapshots while events change the index;
 // run with -race, it proves readers need no lock and see no torn state.
@@ -466,7 +621,7 @@ func TestIndexConcurrentReaders(t *testing.T) {
 					var sum int64
 					for _, n := range l.Nodes {
 						sum += n.AllocatableGPUs
-						_ = n.Labels["kubernetes.io/hostname"]
+						_ = n.Labels.Get("kubernetes.io/hostname")
 					}
 					if sum != l.AllocatableGPUs || len(l.Nodes) == 0 {
 						errs <- fmt.Errorf("layout %s: %d nodes sum to %d GPUs, layout says %d", l.Fingerprint, len(l.Nodes), sum, l.AllocatableGPUs)
@@ -478,8 +633,17 @@ func TestIndexConcurrentReaders(t *testing.T) {
 	}
 	for i := 0; i < 2000; i++ {
 		name := fmt.Sprintf("n%02d", i%37)
-		if i%7 == 0 {
+		switch {
+		case i%7 == 0:
 			idx.Delete(name)
+			continue
+		case i%101 == 0:
+			// A relist: changes in place the node lists it made itself.
+			var list []*corev1.Node
+			for j := range i % 23 {
+				list = append(list, ixNode(fmt.Sprintf("n%02d", j), plans[j%2], int64(j%3), nil))
+			}
+			idx.Replace(list)
 			continue
 		}
 		idx.Update(ixNode(name, plans[i%2], int64(i%5), nil))
@@ -547,27 +711,41 @@ func TestIndexCapsNodeGPUs(t *testing.T) {
 	}
 }
 
-// TestTransformSharesStrings: nodes of one pool publish the same layout
-// annotation and labels byte for byte; the cache keeps one copy of each.
-func TestTransformSharesStrings(t *testing.T) {
+// TestIndexSharesLabelsAndLayout: nodes of one pool publish the same layout
+// annotation and mostly the same labels; the index keeps one copy of each,
+// however many copies the decoded Nodes carried.
+func TestIndexSharesLabelsAndLayout(t *testing.T) {
 	idx := NewIndex(config.Default(), logr.Discard())
 	p := ixPlan("535.104.05")
-	a, _ := idx.Transform(ixNode("a", p, 8, nil))
-	b, _ := idx.Transform(ixNode("b", p, 8, nil))
-	na, nb := a.(*corev1.Node), b.(*corev1.Node)
-	same := func(x, y string) bool { return unsafe.StringData(x) == unsafe.StringData(y) }
-	if !same(na.Annotations[layout.AnnotationLayout], nb.Annotations[layout.AnnotationLayout]) {
-		t.Errorf("the layout annotation is stored twice")
+	own := func(n *corev1.Node) {
+		// As decoded from the API server: every string a copy of its own.
+		for k, v := range n.Labels {
+			n.Labels[k] = strings.Clone(v)
+		}
+		n.Annotations[layout.AnnotationLayout] = strings.Clone(n.Annotations[layout.AnnotationLayout])
 	}
-	if !same(na.Labels[layout.LabelFingerprint], nb.Labels[layout.LabelFingerprint]) {
-		t.Errorf("a label value is stored twice")
-	}
-	if na.Labels["kubernetes.io/hostname"] != "a" || nb.Labels["kubernetes.io/hostname"] != "b" {
-		t.Errorf("hostnames mixed up: %v %v", na.Labels, nb.Labels)
-	}
-	idx.Add(na)
-	idx.Add(nb)
+	idx.Add(ixNode("a", p, 8, own))
+	idx.Add(ixNode("b", p, 8, own))
 	if len(idx.Layouts()) != 1 || len(idx.Layouts()[0].Nodes) != 2 {
 		t.Fatalf("layouts = %+v", idx.Layouts())
+	}
+	na, nb := idx.nodes["a"], idx.nodes["b"]
+	if na.source.annotation != nb.source.annotation {
+		t.Errorf("the layout annotation is kept twice")
+	}
+	pair := func(l Labels, key string) unique.Handle[labelPair] {
+		for _, h := range l.pairs {
+			if h.Value().key == key {
+				return h
+			}
+		}
+		t.Fatalf("no label %s in %v", key, l.Map())
+		return unique.Handle[labelPair]{}
+	}
+	if pair(na.info.Labels, layout.LabelFingerprint) != pair(nb.info.Labels, layout.LabelFingerprint) {
+		t.Errorf("a label is kept twice")
+	}
+	if na.info.Labels.Get(corev1.LabelHostname) != "a" || nb.info.Labels.Get(corev1.LabelHostname) != "b" {
+		t.Errorf("hostnames mixed up: %v %v", na.info.Labels.Map(), nb.info.Labels.Map())
 	}
 }

@@ -253,7 +253,7 @@ func (idx *Index) withPools(byFP []*Layout, now time.Time) ([]*Layout, time.Time
 		if next.IsZero() || until.Before(next) {
 			next = until
 		}
-		stand := &NodeInfo{Labels: m.NodeLabels, Taints: m.Taints}
+		stand := &NodeInfo{Labels: NewLabels(m.NodeLabels), Taints: m.Taints}
 		out = append(out, &Layout{Fingerprint: m.Plan.Fingerprint(), Plan: m.Plan, Nodes: []*NodeInfo{stand},
 			Pool: key, NodeSelector: m.Labels, Remembered: &Remembered{LastSeen: m.LastSeen, Until: until}})
 	}
@@ -321,12 +321,12 @@ func (idx *Index) LivePools(now time.Time) []PoolMemory {
 		for name := range ps.members {
 			info := idx.nodes[name].info
 			if first {
-				common = maps.Clone(info.Labels)
+				common = info.Labels.Map()
 				taints = slices.Clone(info.Taints)
 				first = false
 				continue
 			}
-			maps.DeleteFunc(common, func(k, v string) bool { w, ok := info.Labels[k]; return !ok || w != v })
+			maps.DeleteFunc(common, func(k, v string) bool { w, ok := info.Labels.Lookup(k); return !ok || w != v })
 			taints = slices.DeleteFunc(taints, func(t corev1.Taint) bool {
 				return !slices.ContainsFunc(info.Taints, func(u corev1.Taint) bool { return t.MatchTaint(&u) && t.Value == u.Value })
 			})

@@ -310,9 +310,9 @@ func TestMemorySync(t *testing.T) {
 	plan := ixPlan("535.104.05")
 	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	idx := NewIndex(cfg, logr.Discard())
-	synced := func() bool { return true }
-	idx.synced.Store(&synced)
-	idx.Update(ixNode("a1", plan, 4, inPool("a")))
+	if err := (NodeStore{idx}).Replace([]any{ixNode("a1", plan, 4, inPool("a"))}, "1"); err != nil {
+		t.Fatal(err)
+	}
 	c := fake.NewClientBuilder().Build()
 	m := NewMemory(cfg, idx, c, "gpu-injector", "gpu-injector-pools", logr.Discard())
 	m.now = func() time.Time { return now }

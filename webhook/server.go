@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"maps"
 	"net/http"
 	"os"
 	"slices"
@@ -19,10 +18,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/rest"
+	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrlconfig "sigs.k8s.io/controller-runtime/pkg/client/config"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
@@ -148,8 +147,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		"pinningNodeLabels", cfg.Pinning.NodeLabels, "rememberFor", cfg.Pinning.Remember().String())
 
 	idx := NewIndex(cfg, log.WithName("nodes"))
-	byObject := map[client.Object]cache.ByObject{&corev1.Node{}: idx.CacheByObject()}
-	maps.Copy(byObject, DRACacheByObject())
+	byObject := DRACacheByObject()
 	if o.certs.mode == CertModeSelf && o.certs.namespace != "" {
 		// Only the one Secret, only to copy it into --cert-dir.
 		byObject[&corev1.Secret{}] = cache.ByObject{
@@ -221,8 +219,12 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		stopMgr()
 	}()
 
-	if err := idx.Watch(mgrCtx, mgr.GetCache()); err != nil {
+	nodes, err := NodeListWatch(restCfg)
+	if err != nil {
 		return err
+	}
+	if err := mgr.Add(nodeWatch{idx: idx, lw: nodes}); err != nil {
+		return fmt.Errorf("failed to add the node watch: %w", err)
 	}
 	// Kubernetes 1.34+ serves resource.k8s.io/v1: GPUs may come through DRA,
 	// counted from ResourceSlices and claimed through DeviceClasses. An older
@@ -312,3 +314,17 @@ func restConfig(kubeconfig string) (*rest.Config, error) {
 	}
 	return c, nil
 }
+
+// nodeWatch feeds the index under the manager, on every replica.
+type nodeWatch struct {
+	idx *Index
+	lw  toolscache.ListerWatcher
+}
+
+func (w nodeWatch) Start(ctx context.Context) error {
+	w.idx.Watch(ctx, w.lw)
+	return nil
+}
+
+// NeedLeaderElection: every replica serves, from its own index.
+func (nodeWatch) NeedLeaderElection() bool { return false }

@@ -17,7 +17,7 @@ import (
 // NodeInfo is what the mutation needs of a Node: the cache keeps only this.
 type NodeInfo struct {
 	Name   string
-	Labels map[string]string
+	Labels Labels
 	Taints []corev1.Taint
 	// AllocatableGPUs sums the node's allocatable GPU resources.
 	AllocatableGPUs int64
@@ -104,7 +104,7 @@ func (l *Layout) nodeLookup() *nodeLookup {
 		lk := &nodeLookup{byName: make(map[string]*NodeInfo, len(l.Nodes)), labels: map[string]map[string]struct{}{}}
 		for _, n := range l.Nodes {
 			lk.byName[n.Name] = n
-			for k, v := range n.Labels {
+			for k, v := range n.Labels.All() {
 				vals := lk.labels[k]
 				if vals == nil {
 					vals = map[string]struct{}{}
