@@ -76,6 +76,20 @@ func (l Labels) Map() map[string]string {
 	return m
 }
 
+// sameAs reports whether m holds exactly these labels, without interning m:
+// most Node events (status updates) leave the labels as they were.
+func (l Labels) sameAs(m map[string]string) bool {
+	if len(m) != len(l.pairs) {
+		return false
+	}
+	for _, p := range l.pairs {
+		if v, ok := m[p.Value().key]; !ok || v != p.Value().value {
+			return false
+		}
+	}
+	return true
+}
+
 // Equal reports whether both hold the same labels; interned pairs compare
 // as pointers.
 func (l Labels) Equal(o Labels) bool { return slices.Equal(l.pairs, o.pairs) }

@@ -35,6 +35,18 @@ func TestLabels(t *testing.T) {
 	if !l.Equal(NewLabels(maps.Clone(m))) || l.Equal(NewLabels(map[string]string{"zone": "a"})) || !(Labels{}).Equal(NewLabels(nil)) {
 		t.Errorf("Equal disagrees with the labels' contents")
 	}
+	if !l.sameAs(m) || l.sameAs(map[string]string{"zone": "a"}) {
+		t.Errorf("sameAs disagrees with the labels' contents")
+	}
+	m["zone"] = "b"
+	if l.sameAs(m) {
+		t.Errorf("sameAs missed a changed value")
+	}
+	delete(m, "zone")
+	m["zone2"] = "a"
+	if l.sameAs(m) {
+		t.Errorf("sameAs missed a renamed key")
+	}
 	// A label selector reads Labels as it reads a map.
 	sel, err := labels.Parse("zone in (a,b),!gpu,nvidia.com/gpu.product=H100")
 	if err != nil {

@@ -185,12 +185,12 @@ func (idx *Index) flush(b *batch) {
 
 // record is Update under idx.mu, publishing through b.
 func (idx *Index) record(n *corev1.Node, b *batch) {
-	info := idx.nodeInfo(n)
+	old := idx.nodes[n.Name]
+	info := idx.nodeInfo(n, old)
 	eligible := nodeEligible(n)
 	source := layoutSource{annotation: unique.Make(n.Annotations[layout.AnnotationLayout]), label: n.Labels[layout.LabelFingerprint]}
 	own := info.AllocatableGPUs
 	info.AllocatableGPUs = min(own+idx.draGPUs[n.Name], MaxNodeGPUs)
-	old := idx.nodes[n.Name]
 	st := &nodeState{info: info, ownGPUs: own, source: source}
 	if eligible {
 		switch {
@@ -413,8 +413,14 @@ func nodeEligible(n *corev1.Node) bool {
 	return false
 }
 
-func (idx *Index) nodeInfo(n *corev1.Node) *NodeInfo {
-	info := &NodeInfo{Name: n.Name, Labels: NewLabels(n.Labels), pool: PoolKey(n.Labels, idx.cfg.Pinning.NodeLabels)}
+// nodeInfo is what the index keeps of n; old is what it kept before, if any.
+func (idx *Index) nodeInfo(n *corev1.Node, old *nodeState) *NodeInfo {
+	info := &NodeInfo{Name: n.Name, pool: PoolKey(n.Labels, idx.cfg.Pinning.NodeLabels)}
+	if old != nil && old.info != nil && old.info.Labels.sameAs(n.Labels) {
+		info.Labels = old.info.Labels
+	} else {
+		info.Labels = NewLabels(n.Labels)
+	}
 	for _, t := range n.Spec.Taints {
 		if t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute {
 			info.Taints = append(info.Taints, t)

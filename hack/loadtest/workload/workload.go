@@ -58,21 +58,27 @@ type Pool struct {
 	GPUs         int64
 	InstanceType string
 	Product      string
+	// Family, MemoryMiB and Compute are what GPU feature discovery labels.
+	Family    string
+	MemoryMiB int
+	Compute   [2]int
 }
 
 // Pools are the node layouts of the load script and the benchmark: most
 // GPUs on the loose-file layout, so that is the one pods get.
 func Pools() []Pool {
 	return []Pool{
-		{Plan: LooseFilePlan("550.54.15"), GPUs: 8, InstanceType: "p5.48xlarge", Product: "NVIDIA-H100-80GB-HBM3"},
-		{Plan: FolderPlan("535.104.05"), GPUs: 4, InstanceType: "g5.12xlarge", Product: "NVIDIA-A10G"},
-		{Plan: LooseFilePlan("470.256.02"), GPUs: 1, InstanceType: "p3.2xlarge", Product: "Tesla-V100-SXM2-16GB"},
+		{Plan: LooseFilePlan("550.54.15"), GPUs: 8, InstanceType: "p5.48xlarge", Product: "NVIDIA-H100-80GB-HBM3", Family: "hopper", MemoryMiB: 81559, Compute: [2]int{9, 0}},
+		{Plan: FolderPlan("535.104.05"), GPUs: 4, InstanceType: "g5.12xlarge", Product: "NVIDIA-A10G", Family: "ampere", MemoryMiB: 23028, Compute: [2]int{8, 6}},
+		{Plan: LooseFilePlan("470.256.02"), GPUs: 1, InstanceType: "p3.2xlarge", Product: "Tesla-V100-SXM2-16GB", Family: "volta", MemoryMiB: 16384, Compute: [2]int{7, 0}},
 	}
 }
 
 // Node is node i of n: pools in turn, three zones, every tenth node tainted
 // as GPU node pools often are, with the labels, images and status a real
-// kubelet, the probe and GPU feature discovery leave on it.
+// kubelet, the probe, the GPU operator, Node Feature Discovery and GPU
+// feature discovery leave on it (114 labels, one of them, GPU feature
+// discovery's timestamp, different on every node).
 func Node(i int) *corev1.Node {
 	pools := Pools()
 	pool := pools[i%len(pools)]
@@ -111,7 +117,83 @@ func Node(i int) *corev1.Node {
 	if i%10 == 0 {
 		n.Spec.Taints = append(n.Spec.Taints, corev1.Taint{Key: "nvidia.com/gpu", Value: "present", Effect: corev1.TaintEffectNoSchedule})
 	}
+	for k, v := range discoveredLabels(pool, i) {
+		n.Labels[k] = v
+	}
 	return n
+}
+
+// cpuFeatures are the CPUID flags Node Feature Discovery labels on a recent
+// x86 server, one label each.
+var cpuFeatures = []string{"ADX", "AESNI", "AMXBF16", "AMXINT8", "AMXTILE", "AVX", "AVX2", "AVX512BF16", "AVX512BITALG",
+	"AVX512BW", "AVX512CD", "AVX512DQ", "AVX512F", "AVX512FP16", "AVX512IFMA", "AVX512VBMI", "AVX512VBMI2", "AVX512VL",
+	"AVX512VNNI", "AVX512VPOPCNTDQ", "AVXVNNI", "CMPXCHG8", "FMA3", "FXSR", "FXSROPT", "GFNI", "HYPERVISOR", "LAHF",
+	"MOVBE", "MOVDIR64B", "MOVDIRI", "OSXSAVE", "SERIALIZE", "SHA", "SPEC_CTRL_SSBD", "SYSCALL", "SYSEE", "TSXLDTRK",
+	"VAES", "VPCLMULQDQ", "WAITPKG", "X87", "XGETBV1", "XSAVE", "XSAVEC", "XSAVEOPT", "XSAVES"}
+
+// discoveredLabels are the labels the GPU operator's Node Feature Discovery
+// and GPU feature discovery put on node i of pool.
+func discoveredLabels(pool Pool, i int) map[string]string {
+	const nfd = "feature.node.kubernetes.io/"
+	driver := strings.Split(pool.Plan.DriverVersion, ".")
+	for len(driver) < 3 {
+		driver = append(driver, "0")
+	}
+	m := map[string]string{
+		nfd + "cpu-cpuid.AVX512F":                     "true",
+		nfd + "cpu-hardware_multithreading":           "true",
+		nfd + "cpu-model.family":                      "6",
+		nfd + "cpu-model.id":                          "143",
+		nfd + "cpu-model.vendor_id":                   "Intel",
+		nfd + "kernel-version.full":                   "6.8.0-1021-aws",
+		nfd + "kernel-version.major":                  "6",
+		nfd + "kernel-version.minor":                  "8",
+		nfd + "kernel-version.revision":               "0",
+		nfd + "pci-10de.present":                      "true",
+		nfd + "pci-1d0f.present":                      "true",
+		nfd + "storage-nonrotationaldisk":             "true",
+		nfd + "system-os_release.ID":                  "ubuntu",
+		nfd + "system-os_release.VERSION_ID":          "22.04",
+		nfd + "system-os_release.VERSION_ID.major":    "22",
+		nfd + "system-os_release.VERSION_ID.minor":    "04",
+		"nvidia.com/cuda.driver-version.full":         pool.Plan.DriverVersion,
+		"nvidia.com/cuda.driver-version.major":        driver[0],
+		"nvidia.com/cuda.driver-version.minor":        driver[1],
+		"nvidia.com/cuda.driver-version.revision":     driver[2],
+		"nvidia.com/cuda.driver.major":                driver[0],
+		"nvidia.com/cuda.driver.minor":                driver[1],
+		"nvidia.com/cuda.driver.rev":                  driver[2],
+		"nvidia.com/cuda.runtime-version.full":        "12.4",
+		"nvidia.com/cuda.runtime-version.major":       "12",
+		"nvidia.com/cuda.runtime-version.minor":       "4",
+		"nvidia.com/cuda.runtime.major":               "12",
+		"nvidia.com/cuda.runtime.minor":               "4",
+		"nvidia.com/gfd.timestamp":                    fmt.Sprint(1718000000 + i),
+		"nvidia.com/gpu.compute.major":                fmt.Sprint(pool.Compute[0]),
+		"nvidia.com/gpu.compute.minor":                fmt.Sprint(pool.Compute[1]),
+		"nvidia.com/gpu.family":                       pool.Family,
+		"nvidia.com/gpu.machine":                      pool.InstanceType,
+		"nvidia.com/gpu.memory":                       fmt.Sprint(pool.MemoryMiB),
+		"nvidia.com/gpu.mode":                         "compute",
+		"nvidia.com/gpu.replicas":                     "1",
+		"nvidia.com/gpu.sharing-strategy":             "none",
+		"nvidia.com/mig.capable":                      fmt.Sprint(pool.Family == "hopper"),
+		"nvidia.com/mig.strategy":                     "single",
+		"nvidia.com/mps.capable":                      "false",
+		"nvidia.com/vgpu.present":                     "false",
+		"nvidia.com/gpu.deploy.container-toolkit":     "true",
+		"nvidia.com/gpu.deploy.dcgm":                  "true",
+		"nvidia.com/gpu.deploy.dcgm-exporter":         "true",
+		"nvidia.com/gpu.deploy.device-plugin":         "true",
+		"nvidia.com/gpu.deploy.driver":                "true",
+		"nvidia.com/gpu.deploy.gpu-feature-discovery": "true",
+		"nvidia.com/gpu.deploy.node-status-exporter":  "true",
+		"nvidia.com/gpu.deploy.operator-validator":    "true",
+	}
+	for _, f := range cpuFeatures {
+		m[nfd+"cpu-cpuid."+f] = "true"
+	}
+	return m
 }
 
 // NodeStatus is the status a kubelet would report for node i.
