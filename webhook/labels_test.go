@@ -5,7 +5,10 @@ import (
 	"slices"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 )
 
 func TestLabels(t *testing.T) {
@@ -54,5 +57,46 @@ func TestLabels(t *testing.T) {
 	}
 	if !sel.Matches(l) || sel.Matches(NewLabels(map[string]string{"zone": "c"})) {
 		t.Errorf("selector %s matched wrongly", sel)
+	}
+}
+
+// TestAffinityNodeReadsAsFullNode: the matcher given only the labels the
+// pod's selectors name decides as it does given every label of the node.
+func TestAffinityNodeReadsAsFullNode(t *testing.T) {
+	nodes := []*NodeInfo{
+		{Name: "gpu-1", Labels: NewLabels(map[string]string{"zone": "a", "gpus": "8", "gpu": "h100", "pool": "train", "kubernetes.io/hostname": "gpu-1"})},
+		{Name: "gpu-2", Labels: NewLabels(map[string]string{"zone": "b", "gpus": "2", "kubernetes.io/hostname": "gpu-2"})},
+		{Name: "gpu-3", Labels: NewLabels(nil)},
+	}
+	expr := func(key string, op corev1.NodeSelectorOperator, values ...string) corev1.NodeSelectorRequirement {
+		return corev1.NodeSelectorRequirement{Key: key, Operator: op, Values: values}
+	}
+	terms := [][]corev1.NodeSelectorTerm{
+		{{MatchExpressions: []corev1.NodeSelectorRequirement{expr("zone", corev1.NodeSelectorOpIn, "a", "c")}}},
+		{{MatchExpressions: []corev1.NodeSelectorRequirement{expr("zone", corev1.NodeSelectorOpNotIn, "a")}}},
+		{{MatchExpressions: []corev1.NodeSelectorRequirement{expr("gpu", corev1.NodeSelectorOpExists)}}},
+		{{MatchExpressions: []corev1.NodeSelectorRequirement{expr("gpu", corev1.NodeSelectorOpDoesNotExist)}}},
+		{{MatchExpressions: []corev1.NodeSelectorRequirement{expr("gpus", corev1.NodeSelectorOpGt, "4")}}},
+		{{MatchExpressions: []corev1.NodeSelectorRequirement{expr("gpus", corev1.NodeSelectorOpLt, "4"), expr("zone", corev1.NodeSelectorOpIn, "b")}}},
+		{{MatchFields: []corev1.NodeSelectorRequirement{expr("metadata.name", corev1.NodeSelectorOpIn, "gpu-2")}}},
+		{{MatchFields: []corev1.NodeSelectorRequirement{expr("metadata.name", corev1.NodeSelectorOpNotIn, "gpu-2")}, MatchExpressions: []corev1.NodeSelectorRequirement{expr("pool", corev1.NodeSelectorOpExists)}}},
+		{{}, {MatchExpressions: []corev1.NodeSelectorRequirement{expr("zone", corev1.NodeSelectorOpIn, "b")}}},
+		{{MatchExpressions: []corev1.NodeSelectorRequirement{expr("zone", "Bogus", "a")}}, {MatchExpressions: []corev1.NodeSelectorRequirement{expr("gpus", corev1.NodeSelectorOpGt, "x")}}},
+		{},
+	}
+	for i, ts := range terms {
+		for _, sel := range []map[string]string{nil, {"pool": "train"}} {
+			pod := &corev1.Pod{Spec: corev1.PodSpec{NodeSelector: sel, Affinity: &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
+				RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: ts}}}}}
+			affinity := nodeaffinity.GetRequiredNodeAffinity(pod)
+			match := newAffinityNode(pod)
+			for _, n := range nodes {
+				want, wantErr := affinity.Match(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.Name, Labels: n.Labels.Map()}})
+				got, gotErr := affinity.Match(match.of(n))
+				if got != want || (gotErr == nil) != (wantErr == nil) {
+					t.Errorf("terms %d, nodeSelector %v, node %s: matched %v (%v) with the named labels, %v (%v) with all", i, sel, n.Name, got, gotErr, want, wantErr)
+				}
+			}
+		}
 	}
 }

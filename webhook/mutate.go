@@ -13,6 +13,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
 	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 	"k8s.io/klog/v2"
@@ -309,6 +310,10 @@ func chooseLayout(pod *corev1.Pod, layouts []*Layout, cfg *config.Configuration,
 	sort.SliceStable(order, func(i, j int) bool { return better(order[i], order[j], cfg.LayoutPolicy) })
 
 	affinity := nodeaffinity.GetRequiredNodeAffinity(pod)
+	var match *affinityNode
+	if hasRequiredAffinity(pod) {
+		match = newAffinityNode(pod)
+	}
 	spread := cfg.LayoutPolicy == config.LayoutPolicySpread && prev == nil
 	var reasons []string
 	var fits []*Layout
@@ -323,7 +328,7 @@ layouts:
 		}
 		nodes, why := candidateNodes(pod, l)
 		for _, n := range nodes {
-			if why = nodeMismatch(pod, affinity, n); why == "" {
+			if why = nodeMismatch(pod, affinity, match, n); why == "" {
 				if !spread {
 					return l, ""
 				}
@@ -395,22 +400,20 @@ func candidateNodes(pod *corev1.Pod, l *Layout) ([]*NodeInfo, string) {
 
 // nodeMismatch says why the pod cannot land on the node, or "" if it can.
 // The last node's reason stands for the layout in a denial message.
-func nodeMismatch(pod *corev1.Pod, affinity nodeaffinity.RequiredNodeAffinity, n *NodeInfo) string {
+// match is set if the pod has required node affinity.
+func nodeMismatch(pod *corev1.Pod, affinity nodeaffinity.RequiredNodeAffinity, match *affinityNode, n *NodeInfo) string {
 	if pod.Spec.NodeName != "" && pod.Spec.NodeName != n.Name {
 		return fmt.Sprintf("pod is bound to node %q", pod.Spec.NodeName)
 	}
-	// Plain map lookups first: most constraints are a nodeSelector, and this
+	// Label lookups first: most constraints are a nodeSelector, and this
 	// check runs for every node of a layout until one fits.
 	for k, v := range pod.Spec.NodeSelector {
 		if have, ok := n.Labels.Lookup(k); !ok || have != v {
 			return "no node matches the pod's nodeSelector or required node affinity"
 		}
 	}
-	if hasRequiredAffinity(pod) {
-		// The matcher reads a Node's label map; the index keeps none.
-		node := corev1.Node{}
-		node.Name, node.Labels = n.Name, n.Labels.Map()
-		if ok, _ := affinity.Match(&node); !ok {
+	if match != nil {
+		if ok, _ := affinity.Match(match.of(n)); !ok {
 			return "no node matches the pod's nodeSelector or required node affinity"
 		}
 	}
@@ -436,6 +439,40 @@ func selectorConflict(pod *corev1.Pod, sel map[string]string) (string, bool) {
 		}
 	}
 	return "", false
+}
+
+// affinityNode is the Node the node affinity matcher reads, which wants a
+// label map: the index keeps none, so one map is refilled for each node
+// checked, with only the labels the pod's selectors name (a selector reads no
+// other key), not a node's hundred.
+type affinityNode struct {
+	node corev1.Node
+	keys []string
+}
+
+func newAffinityNode(pod *corev1.Pod) *affinityNode {
+	a := &affinityNode{node: corev1.Node{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{}}}}
+	for k := range pod.Spec.NodeSelector {
+		a.keys = append(a.keys, k)
+	}
+	for _, t := range pod.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms {
+		for _, e := range t.MatchExpressions {
+			a.keys = append(a.keys, e.Key)
+		}
+	}
+	return a
+}
+
+// of is n as the matcher reads it; valid until the next call.
+func (a *affinityNode) of(n *NodeInfo) *corev1.Node {
+	a.node.Name = n.Name
+	clear(a.node.Labels)
+	for _, k := range a.keys {
+		if v, ok := n.Labels.Lookup(k); ok {
+			a.node.Labels[k] = v
+		}
+	}
+	return &a.node
 }
 
 func hasRequiredAffinity(pod *corev1.Pod) bool {

@@ -221,8 +221,8 @@ func FuzzNodeLayout(f *testing.F) {
 			}
 		}
 
-		// The informer stores nodes after Transform: it must keep all the
-		// index reads.
+		// A streamed list hands the index nodes after Transform: it must
+		// keep all the index reads.
 		stripped, err := idx.Transform(n.DeepCopy())
 		if err != nil {
 			t.Fatal(err)
@@ -231,7 +231,7 @@ func FuzzNodeLayout(f *testing.F) {
 		idx2.Update(good)
 		idx2.Update(stripped.(*corev1.Node))
 		if a, b := layoutSummary(layouts), layoutSummary(idx2.Layouts()); a != b {
-			t.Fatalf("the cache transform changes what the index reads:\n%s\nvs\n%s", a, b)
+			t.Fatalf("the transform changes what the index reads:\n%s\nvs\n%s", a, b)
 		}
 		// The same node again (a heartbeat) changes nothing; deleting it
 		// leaves the good node's layout alone.

@@ -27,7 +27,7 @@ import (
 )
 
 // Index holds the driver layouts that ready GPU nodes publish, grouped by
-// fingerprint. Writers (informer events) serialise on a mutex and publish an
+// fingerprint. Writers (watch events) serialise on a mutex and publish an
 // immutable snapshot; readers (admission requests) load it without locks.
 type Index struct {
 	cfg   *config.Configuration
@@ -147,8 +147,8 @@ func (idx *Index) Update(n *corev1.Node) {
 }
 
 // Replace records a full list of Nodes: every Node in it, and forgets those
-// not in it. It publishes once, where Update would publish, and copy the
-// layouts' node lists, once per Node.
+// not in it. It publishes once for the whole list, where Update publishes
+// once per Node and copies its layout's node list each time.
 func (idx *Index) Replace(nodes []*corev1.Node) {
 	idx.mu.Lock()
 	defer idx.mu.Unlock()
@@ -188,7 +188,13 @@ func (idx *Index) record(n *corev1.Node, b *batch) {
 	old := idx.nodes[n.Name]
 	info := idx.nodeInfo(n, old)
 	eligible := nodeEligible(n)
-	source := layoutSource{annotation: unique.Make(n.Annotations[layout.AnnotationLayout]), label: n.Labels[layout.LabelFingerprint]}
+	source := layoutSource{label: n.Labels[layout.LabelFingerprint]}
+	if ann := n.Annotations[layout.AnnotationLayout]; old != nil && old.source.annotation.Value() == ann {
+		// Most events are status updates: compare rather than hash again.
+		source.annotation = old.source.annotation
+	} else {
+		source.annotation = unique.Make(ann)
+	}
 	own := info.AllocatableGPUs
 	info.AllocatableGPUs = min(own+idx.draGPUs[n.Name], MaxNodeGPUs)
 	st := &nodeState{info: info, ownGPUs: own, source: source}
@@ -503,7 +509,7 @@ func (idx *Index) Transform(obj any) (any, error) {
 // what the index keeps of each, which at thousands of nodes is most of the
 // webhook's memory.
 func (idx *Index) Watch(ctx context.Context, lw toolscache.ListerWatcher) {
-	r := toolscache.NewReflectorWithOptions(lw, &corev1.Node{}, NodeStore{idx}, toolscache.ReflectorOptions{Name: "nodes"})
+	r := toolscache.NewReflectorWithOptions(lw, &corev1.Node{}, NodeStore{idx}, toolscache.ReflectorOptions{Name: "nodes", Logger: &idx.log})
 	r.RunWithContext(ctx)
 }
 

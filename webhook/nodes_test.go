@@ -595,6 +595,51 @@ func TestIndexWatch(t *testing.T) {
 	}
 }
 
+// TestIndexWatchListStream: where the API server streams the first list as
+// watch events ending in a bookmark (client-go's default since 1.35), the
+// index is ready once the stream ends, with every streamed Node.
+func TestIndexWatchListStream(t *testing.T) {
+	idx := NewIndex(config.Default(), logr.Discard())
+	p := ixPlan("535.104.05")
+	lw := &toolscache.ListWatch{
+		ListWithContextFunc: func(context.Context, metav1.ListOptions) (runtime.Object, error) {
+			t.Error("the reflector listed instead of streaming")
+			return &corev1.NodeList{ListMeta: metav1.ListMeta{ResourceVersion: "1"}}, nil
+		},
+		WatchFuncWithContext: func(_ context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			w := watch.NewFakeWithChanSize(4, false)
+			if o.SendInitialEvents != nil && *o.SendInitialEvents {
+				for _, name := range []string{"n1", "n2"} {
+					w.Add(ixNode(name, p, 8, func(n *corev1.Node) {
+						n.ResourceVersion = "5"
+						n.Status.Images = []corev1.ContainerImage{{Names: []string{"nvcr.io/nvidia/cuda:12.4"}, SizeBytes: 1 << 30}}
+					}))
+				}
+				w.Action(watch.Bookmark, &corev1.Node{ObjectMeta: metav1.ObjectMeta{ResourceVersion: "10",
+					Annotations: map[string]string{metav1.InitialEventsAnnotationKey: "true"}}})
+			}
+			return w, nil
+		},
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); idx.Watch(ctx, lw) }()
+	defer func() { cancel(); <-done }()
+	deadline := time.Now().Add(10 * time.Second)
+	for !idx.Ready() {
+		if time.Now().After(deadline) {
+			t.Fatal("not ready after the streamed list")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := idx.nodeNames(); len(got) != 2 {
+		t.Errorf("nodes after the streamed list = %v, want n1 and n2", got)
+	}
+	if ls := idx.Layouts(); len(ls) != 1 || ls[0].AllocatableGPUs != 16 {
+		t.Errorf("layouts after the streamed list = %v", ls)
+	}
+}
+
 // noWatchList makes a reflector list, then watch: the scripted list and
 // watch above do not stream a list as an API server does.
 type noWatchList struct{}

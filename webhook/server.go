@@ -18,7 +18,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/rest"
-	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -223,9 +222,9 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if err := mgr.Add(nodeWatch{idx: idx, lw: nodes}); err != nil {
-		return fmt.Errorf("failed to add the node watch: %w", err)
-	}
+	// Started with the caches, not after them as a manager runnable would
+	// be: the pool memory's writer waits for the index.
+	go idx.Watch(mgrCtx, nodes)
 	// Kubernetes 1.34+ serves resource.k8s.io/v1: GPUs may come through DRA,
 	// counted from ResourceSlices and claimed through DeviceClasses. An older
 	// API server gets no informer that could never sync.
@@ -314,17 +313,3 @@ func restConfig(kubeconfig string) (*rest.Config, error) {
 	}
 	return c, nil
 }
-
-// nodeWatch feeds the index under the manager, on every replica.
-type nodeWatch struct {
-	idx *Index
-	lw  toolscache.ListerWatcher
-}
-
-func (w nodeWatch) Start(ctx context.Context) error {
-	w.idx.Watch(ctx, w.lw)
-	return nil
-}
-
-// NeedLeaderElection: every replica serves, from its own index.
-func (nodeWatch) NeedLeaderElection() bool { return false }

@@ -14,7 +14,7 @@ import (
 	"github.com/gpu-injector/gpu-injector/layout"
 )
 
-// NodeInfo is what the mutation needs of a Node: the cache keeps only this.
+// NodeInfo is what the mutation needs of a Node: the index keeps only this.
 type NodeInfo struct {
 	Name   string
 	Labels Labels

@@ -511,7 +511,7 @@ func (e *Env) WaitProbed(ctx context.Context) (Fingerprints, error) {
 	return fps, nil
 }
 
-// WaitWebhookSees waits until the node cache of every ready webhook replica
+// WaitWebhookSees waits until the node index of every ready webhook replica
 // holds each of these layouts (its gpu_injector_layout_nodes metric), so the
 // next pod gets them whichever replica the API server calls.
 func (e *Env) WaitWebhookSees(ctx context.Context, fps Fingerprints) error {
