@@ -1,6 +1,7 @@
 package webhook
 
 import (
+	"fmt"
 	"maps"
 	"slices"
 	"testing"
@@ -49,6 +50,22 @@ func TestLabels(t *testing.T) {
 	m["zone2"] = "a"
 	if l.sameAs(m) {
 		t.Errorf("sameAs missed a renamed key")
+	}
+	// Across chunks: every key found, and none of the keys between them.
+	many := map[string]string{}
+	for i := range 3*labelChunkLen + 3 {
+		many[fmt.Sprintf("k%03d", 2*i)] = fmt.Sprint(i)
+	}
+	ml := NewLabels(many)
+	for i := -1; i < 2*(3*labelChunkLen+3)+1; i++ {
+		k := fmt.Sprintf("k%03d", i)
+		v, ok := ml.Lookup(k)
+		if want, wantOK := many[k]; v != want || ok != wantOK {
+			t.Errorf("Lookup(%s) = %q, %v; want %q, %v", k, v, ok, want, wantOK)
+		}
+	}
+	if ml.Has("") || ml.Has("zzz") || ml.Len() != len(many) || !maps.Equal(ml.Map(), many) {
+		t.Errorf("labels across chunks: Len %d, Map %v", ml.Len(), ml.Map())
 	}
 	// A label selector reads Labels as it reads a map.
 	sel, err := labels.Parse("zone in (a,b),!gpu,nvidia.com/gpu.product=H100")

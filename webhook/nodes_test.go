@@ -3,6 +3,7 @@ package webhook
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
@@ -22,6 +23,7 @@ import (
 	toolscache "k8s.io/client-go/tools/cache"
 
 	"github.com/gpu-injector/gpu-injector/config"
+	"github.com/gpu-injector/gpu-injector/hack/loadtest/workload"
 	"github.com/gpu-injector/gpu-injector/layout"
 )
 
@@ -756,6 +758,25 @@ func TestIndexCapsNodeGPUs(t *testing.T) {
 	}
 }
 
+// TestLabelsShareChunks: nodes of a pool (the load script's, 114 labels)
+// share every chunk of labels but those holding a label of their own.
+func TestLabelsShareChunks(t *testing.T) {
+	a, b := NewLabels(workload.Node(0).Labels), NewLabels(workload.Node(3).Labels)
+	if a.Len() != 114 || !maps.Equal(a.Map(), workload.Node(0).Labels) {
+		t.Fatalf("labels of node 0: %d, %v", a.Len(), a.Map())
+	}
+	own := 0
+	for i := range a.chunks {
+		if a.chunks[i] != b.chunks[i] {
+			own++
+		}
+	}
+	// The hostname and GPU feature discovery's timestamp differ.
+	if own == 0 || own > 2 {
+		t.Errorf("%d of %d chunks differ between two nodes of a pool, want 1 or 2", own, len(a.chunks))
+	}
+}
+
 // TestIndexSharesLabelsAndLayout: nodes of one pool publish the same layout
 // annotation and mostly the same labels; the index keeps one copy of each,
 // however many copies the decoded Nodes carried.
@@ -779,9 +800,11 @@ func TestIndexSharesLabelsAndLayout(t *testing.T) {
 		t.Errorf("the layout annotation is kept twice")
 	}
 	pair := func(l Labels, key string) unique.Handle[labelPair] {
-		for _, h := range l.pairs {
-			if h.Value().key == key {
-				return h
+		for i := range l.chunks {
+			for _, h := range l.pairs(i) {
+				if h.Value().key == key {
+					return h
+				}
 			}
 		}
 		t.Fatalf("no label %s in %v", key, l.Map())
