@@ -715,6 +715,18 @@ func (c *Cluster) Stop() error {
 			}
 		}
 	}
+	if mntNS != "" {
+		// Until containerd stopped, a shim could still start a process (a
+		// runc cleaning up the containers just killed): sweep once more,
+		// now that nothing can start another.
+		pids, err := namespaceProcesses(mntNS)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		if err := killAll(pids, 10*time.Second); err != nil {
+			errs = append(errs, fmt.Errorf("failed to kill what containerd left: %w", err))
+		}
+	}
 	for _, f := range netns {
 		if err := os.Remove(f); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("failed to remove %s: %w", f, err))
