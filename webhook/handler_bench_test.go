@@ -51,7 +51,9 @@ func benchIndex(b *testing.B, cfg *config.Configuration) (*Index, []*corev1.Node
 func looseFileIndex(b *testing.B, cfg *config.Configuration) *Index {
 	b.Helper()
 	idx := NewIndex(cfg, logr.Discard())
-	idx.Replace(looseFileNodes(b, cfg))
+	if err := (NodeStore{idx}).Replace(streamedNodes(b, cfg), ""); err != nil {
+		b.Fatal(err)
+	}
 	if got := len(idx.Layouts()); got != len(workload.Pools()) {
 		b.Fatalf("index has %d layouts, want %d", got, len(workload.Pools()))
 	}
@@ -59,18 +61,28 @@ func looseFileIndex(b *testing.B, cfg *config.Configuration) *Index {
 }
 
 // looseFileNodes are the load script's 5,000 nodes (114 labels each), as
-// the transform of a streamed list leaves them.
-func looseFileNodes(b *testing.B, cfg *config.Configuration) []*corev1.Node {
-	b.Helper()
-	idx := NewIndex(cfg, logr.Discard())
+// a watch event delivers them.
+func looseFileNodes() []*corev1.Node {
 	nodes := make([]*corev1.Node, benchNodes)
 	for i := range nodes {
 		nodes[i] = workload.ReadyNode(i)
-		if _, err := idx.Transform(nodes[i]); err != nil {
+	}
+	return nodes
+}
+
+// streamedNodes are the same nodes as a reflector hands over a streamed
+// first list: each through the index's Transform.
+func streamedNodes(b *testing.B, cfg *config.Configuration) []any {
+	b.Helper()
+	idx := NewIndex(cfg, logr.Discard())
+	list := make([]any, benchNodes)
+	for i, n := range looseFileNodes() {
+		var err error
+		if list[i], err = idx.Transform(n); err != nil {
 			b.Fatal(err)
 		}
 	}
-	return nodes
+	return list
 }
 
 // BenchmarkHandler is one GPU pod's AdmissionReview through the real
@@ -146,9 +158,8 @@ func bodyPod(b *testing.B, body []byte) []byte {
 func BenchmarkIndexUpdate(b *testing.B) {
 	cfg := config.Default()
 	b.Run("change", func(b *testing.B) {
-		nodes := looseFileNodes(b, cfg)
-		idx := NewIndex(cfg, logr.Discard())
-		idx.Replace(nodes)
+		nodes := looseFileNodes()
+		idx := looseFileIndex(b, cfg)
 		b.ReportAllocs()
 		i := 0
 		for b.Loop() {
@@ -161,9 +172,8 @@ func BenchmarkIndexUpdate(b *testing.B) {
 		}
 	})
 	b.Run("heartbeat", func(b *testing.B) {
-		nodes := looseFileNodes(b, cfg)
-		idx := NewIndex(cfg, logr.Discard())
-		idx.Replace(nodes)
+		nodes := looseFileNodes()
+		idx := looseFileIndex(b, cfg)
 		b.ReportAllocs()
 		i := 0
 		for b.Loop() {
@@ -174,11 +184,13 @@ func BenchmarkIndexUpdate(b *testing.B) {
 	b.Run("list", func(b *testing.B) {
 		// The first list of the load script's 5,000 nodes, as a reflector
 		// hands it over: stripped while streamed, recorded at once.
-		list := looseFileNodes(b, cfg)
+		list := streamedNodes(b, cfg)
 		b.ReportAllocs()
 		for b.Loop() {
 			idx := NewIndex(cfg, logr.Discard())
-			idx.Replace(list)
+			if err := (NodeStore{idx}).Replace(list, ""); err != nil {
+				b.Fatal(err)
+			}
 			if len(idx.Layouts()) != len(workload.Pools()) {
 				b.Fatalf("index has %d layouts", len(idx.Layouts()))
 			}

@@ -229,7 +229,9 @@ func FuzzNodeLayout(f *testing.F) {
 		}
 		idx2 := NewIndex(cfg, logr.Discard())
 		idx2.Update(good)
-		idx2.Update(stripped.(*corev1.Node))
+		if err := (NodeStore{idx2}).Update(stripped); err != nil {
+			t.Fatal(err)
+		}
 		if a, b := layoutSummary(layouts), layoutSummary(idx2.Layouts()); a != b {
 			t.Fatalf("the transform changes what the index reads:\n%s\nvs\n%s", a, b)
 		}
@@ -257,7 +259,11 @@ func layoutSummary(ls []*Layout) string {
 	for _, l := range ls {
 		b.WriteString(l.Fingerprint)
 		for _, n := range l.Nodes {
-			b.WriteString(" " + n.Name)
+			b.WriteString(" " + n.Name + "{")
+			for k, v := range n.Labels.All() {
+				b.WriteString(k + "=" + v + ",")
+			}
+			b.WriteString("}")
 		}
 		b.WriteString(" gpus=" + resource.NewQuantity(l.AllocatableGPUs, resource.DecimalSI).String() + "\n")
 	}

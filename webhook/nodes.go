@@ -138,11 +138,15 @@ func (idx *Index) Add(n *corev1.Node) { idx.Update(n) }
 
 // Update records the current state of a Node. It keeps nothing of n that
 // the caller may change later.
-func (idx *Index) Update(n *corev1.Node) {
+func (idx *Index) Update(n *corev1.Node) { idx.update(n, nil) }
+
+// update is Update with the node's labels already interned, if labels is
+// not nil (a streamed Node's, whose label map Transform cut down).
+func (idx *Index) update(n *corev1.Node, labels *Labels) {
 	idx.mu.Lock()
 	defer idx.mu.Unlock()
 	b := newBatch()
-	idx.record(n, b)
+	idx.record(n, labels, b)
 	idx.flush(b)
 }
 
@@ -150,13 +154,23 @@ func (idx *Index) Update(n *corev1.Node) {
 // not in it. It publishes once for the whole list, where Update publishes
 // once per Node and copies its layout's node list each time.
 func (idx *Index) Replace(nodes []*corev1.Node) {
+	list := make([]streamedNode, len(nodes))
+	for i, n := range nodes {
+		list[i].Node = n
+	}
+	idx.replace(list)
+}
+
+// replace is Replace of Nodes as a reflector hands them over: streamed ones
+// with their labels interned, listed ones as they are.
+func (idx *Index) replace(nodes []streamedNode) {
 	idx.mu.Lock()
 	defer idx.mu.Unlock()
 	b := newBatch()
 	seen := make(map[string]bool, len(nodes))
 	for _, n := range nodes {
 		seen[n.Name] = true
-		idx.record(n, b)
+		idx.record(n.Node, n.interned(), b)
 	}
 	for name := range idx.nodes {
 		if !seen[name] {
@@ -184,9 +198,9 @@ func (idx *Index) flush(b *batch) {
 }
 
 // record is Update under idx.mu, publishing through b.
-func (idx *Index) record(n *corev1.Node, b *batch) {
+func (idx *Index) record(n *corev1.Node, labels *Labels, b *batch) {
 	old := idx.nodes[n.Name]
-	info := idx.nodeInfo(n, old)
+	info := idx.nodeInfo(n, labels, old)
 	eligible := nodeEligible(n)
 	source := layoutSource{label: n.Labels[layout.LabelFingerprint]}
 	if ann := n.Annotations[layout.AnnotationLayout]; old != nil && old.source.annotation.Value() == ann {
@@ -419,12 +433,16 @@ func nodeEligible(n *corev1.Node) bool {
 	return false
 }
 
-// nodeInfo is what the index keeps of n; old is what it kept before, if any.
-func (idx *Index) nodeInfo(n *corev1.Node, old *nodeState) *NodeInfo {
+// nodeInfo is what the index keeps of n; labels are n's labels interned,
+// if not nil; old is what it kept before, if any.
+func (idx *Index) nodeInfo(n *corev1.Node, labels *Labels, old *nodeState) *NodeInfo {
 	info := &NodeInfo{Name: n.Name, pool: PoolKey(n.Labels, idx.cfg.Pinning.NodeLabels)}
-	if old != nil && old.info != nil && old.info.Labels.sameAs(n.Labels) {
+	switch {
+	case labels != nil:
+		info.Labels = *labels
+	case old != nil && old.info != nil && old.info.Labels.sameAs(n.Labels):
 		info.Labels = old.info.Labels
-	} else {
+	default:
 		info.Labels = NewLabels(n.Labels)
 	}
 	for _, t := range n.Spec.Taints {
@@ -465,12 +483,21 @@ func infoEqual(a, b *NodeInfo) bool {
 // Transform strips a Node down to what the index reads. The index keeps no
 // Node, but a reflector streaming the first list holds all of them until the
 // list ends (NodeStore.Transformer); on a large cluster images and
-// managedFields alone are most of each object's size.
+// managedFields alone are most of each object's size, and a GPU operator
+// node's hundred labels most of the rest (about 9 KiB a map). So the labels
+// are interned here, while the list streams, and the Node keeps only the
+// few the index reads by key: the reflector holds a streamedNode of a few
+// hundred bytes per node instead of a map, and what the index keeps is made
+// while each Node's garbage is still short-lived, not among thousands of
+// Nodes that all die at once when the list ends (which left the heap's
+// spans half empty). Other objects pass through unchanged.
 func (idx *Index) Transform(obj any) (any, error) {
 	n, ok := obj.(*corev1.Node)
 	if !ok {
 		return obj, nil
 	}
+	labels := NewLabels(n.Labels)
+	n.Labels = idx.labelsReadByKey(n.Labels)
 	n.ManagedFields = nil
 	n.OwnerReferences = nil
 	n.Finalizers = nil
@@ -501,7 +528,61 @@ func (idx *Index) Transform(obj any) (any, error) {
 		}
 	}
 	n.Status = status
-	return n, nil
+	return &streamedNode{Node: n, labels: labels, hasLabels: true}, nil
+}
+
+// labelsReadByKey are the labels of m that the index reads by key rather
+// than through a NodeInfo's Labels: the probe's state and fingerprint, and
+// the pool's keys.
+func (idx *Index) labelsReadByKey(m map[string]string) map[string]string {
+	var out map[string]string
+	keep := func(k string) {
+		if v, ok := m[k]; ok {
+			if out == nil {
+				out = make(map[string]string, 2+len(idx.cfg.Pinning.NodeLabels))
+			}
+			out[k] = v
+		}
+	}
+	keep(layout.LabelState)
+	keep(layout.LabelFingerprint)
+	for _, k := range idx.cfg.Pinning.NodeLabels {
+		keep(k)
+	}
+	return out
+}
+
+// streamedNode is what Transform makes of a Node: the stripped Node, whose
+// label map holds only the labels read by key, and all its labels interned.
+// It is a runtime.Object and a metav1.Object through the Node, so a
+// reflector's temporary store keys it as it would the Node.
+type streamedNode struct {
+	*corev1.Node
+	labels    Labels
+	hasLabels bool
+}
+
+// interned are the node's labels if Transform interned them, else nil.
+func (s *streamedNode) interned() *Labels {
+	if !s.hasLabels {
+		return nil
+	}
+	return &s.labels
+}
+
+// asNode is a Node as a reflector hands it to the store: streamed through
+// Transform or not.
+func asNode(obj any) (streamedNode, bool) {
+	switch n := obj.(type) {
+	case *streamedNode:
+		if n == nil || n.Node == nil {
+			return streamedNode{}, false
+		}
+		return *n, true
+	case *corev1.Node:
+		return streamedNode{Node: n}, n != nil
+	}
+	return streamedNode{}, false
 }
 
 // Watch lists and watches Nodes into the index until ctx ends. The index is
@@ -535,11 +616,11 @@ func (s NodeStore) Add(obj any) error { return s.Update(obj) }
 
 // Update records a Node.
 func (s NodeStore) Update(obj any) error {
-	n, ok := obj.(*corev1.Node)
+	n, ok := asNode(obj)
 	if !ok {
 		return fmt.Errorf("failed to record a node: got %T", obj)
 	}
-	s.idx.Update(n)
+	s.idx.update(n.Node, n.interned())
 	return nil
 }
 
@@ -548,7 +629,7 @@ func (s NodeStore) Delete(obj any) error {
 	if t, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
 		obj = t.Obj
 	}
-	n, ok := obj.(*corev1.Node)
+	n, ok := asNode(obj)
 	if !ok {
 		return fmt.Errorf("failed to forget a node: got %T", obj)
 	}
@@ -559,15 +640,15 @@ func (s NodeStore) Delete(obj any) error {
 // Replace records a full list: every Node in it, and forgets those not in
 // it (deleted while the watch was down).
 func (s NodeStore) Replace(list []any, _ string) error {
-	nodes := make([]*corev1.Node, 0, len(list))
+	nodes := make([]streamedNode, 0, len(list))
 	for _, obj := range list {
-		n, ok := obj.(*corev1.Node)
+		n, ok := asNode(obj)
 		if !ok {
 			return fmt.Errorf("failed to record a node: got %T", obj)
 		}
 		nodes = append(nodes, n)
 	}
-	s.idx.Replace(nodes)
+	s.idx.replace(nodes)
 	if !s.idx.listed.Swap(true) {
 		// The first list is the largest the process ever holds at once:
 		// every Node, decoded whole, and the index being built from them.

@@ -406,11 +406,19 @@ func TestIndexTransform(t *testing.T) {
 		n.Status.Conditions = append([]corev1.NodeCondition{{Type: corev1.NodeMemoryPressure, Status: corev1.ConditionFalse}}, n.Status.Conditions...)
 		n.Status.Conditions[1].Message = "kubelet is posting ready status"
 	})
+	full := n.DeepCopy()
 	out, err := idx.Transform(n)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := out.(*corev1.Node)
+	sn := out.(*streamedNode)
+	s := sn.Node
+	if sn.labels.Len() != len(full.Labels) || !sn.labels.sameAs(full.Labels) {
+		t.Errorf("interned labels = %v, want every label of the node %v", sn.labels.Map(), full.Labels)
+	}
+	if _, ok := s.Labels["kubernetes.io/hostname"]; ok || len(s.Labels) != 2 {
+		t.Errorf("label map = %v, want only the probe's state and fingerprint", s.Labels)
+	}
 	if s.ManagedFields != nil || s.Status.Images != nil || s.Status.Capacity != nil || s.Status.Addresses != nil {
 		t.Errorf("transform kept bulk: %+v", s)
 	}
@@ -429,9 +437,28 @@ func TestIndexTransform(t *testing.T) {
 	if len(s.Spec.Taints) != 1 {
 		t.Errorf("taints = %v", s.Spec.Taints)
 	}
-	idx.Add(s)
-	if got := idx.Layouts(); len(got) != 1 || got[0].AllocatableGPUs != 8 {
-		t.Errorf("the stripped node is no longer a candidate: %v", got)
+	if err := (NodeStore{idx}).Add(sn); err != nil {
+		t.Fatal(err)
+	}
+	got := idx.Layouts()
+	if len(got) != 1 || got[0].AllocatableGPUs != 8 {
+		t.Fatalf("the stripped node is no longer a candidate: %v", got)
+	}
+	if l := got[0].Nodes[0].Labels; !l.sameAs(full.Labels) {
+		t.Errorf("the index keeps labels %v, want the node's %v", l.Map(), full.Labels)
+	}
+	// A heartbeat of the full Node afterwards changes nothing kept.
+	idx.Update(full)
+	if again := idx.Layouts(); len(again) != 1 || again[0].Nodes[0] != got[0].Nodes[0] {
+		t.Errorf("a heartbeat after the streamed node republished it")
+	}
+	// A pool's keys stay in the map: the index reads them by key.
+	pcfg := config.Default()
+	pcfg.Pinning.NodeLabels = []string{"karpenter.sh/nodepool"}
+	pn := ixNode("n2", p, 8, func(n *corev1.Node) { n.Labels["karpenter.sh/nodepool"] = "gpu" })
+	pout, _ := NewIndex(pcfg, logr.Discard()).Transform(pn)
+	if m := pout.(*streamedNode).Labels; len(m) != 3 || m["karpenter.sh/nodepool"] != "gpu" {
+		t.Errorf("label map with pinning by pool = %v, want the pool key kept", m)
 	}
 	// Other objects pass through untouched.
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "x", ManagedFields: []metav1.ManagedFieldsEntry{{}}}}

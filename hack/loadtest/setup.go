@@ -62,6 +62,7 @@ type run struct {
 
 	rssIdleKiB, rssPeakKiB, rssHWMKiB int64
 	rssAnonKiB, rssFileKiB            int64
+	rssPeakAnonKiB, rssPeakFileKiB    int64
 	heapIdleBytes                     float64
 	results                           []result
 }
