@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -236,6 +237,11 @@ func (r *run) sampleRSS(on bool, peak *int64) func() {
 				*peak = max(*peak, m.rss)
 				if m.rss > r.rssPeakKiB {
 					r.rssPeakKiB, r.rssPeakAnonKiB, r.rssPeakFileKiB = m.rss, m.anon, m.file
+					// Peaks get rarer as a run goes on: the gauges are read
+					// at each new one, milliseconds after it.
+					if g, err := scrapeURL(context.Background(), http.DefaultClient, r.webhookMetrics, ""); err == nil {
+						r.peakGauges = g
+					}
 				}
 				r.rssHWMKiB = m.hwm
 			}
@@ -262,6 +268,19 @@ type metrics map[string][2]float64
 // heapInUse is the Go runtime's gauge of heap spans in use, which
 // controller-runtime's metrics carry.
 const heapInUse = "go_memstats_heap_inuse_bytes"
+
+// The Go runtime's gauges that say where a resident peak goes: the live
+// heap at the last collection, the heap size the collector lets it grow to
+// (twice the live heap, GOGC=100), the free pages not yet returned to the
+// OS, and the unused part of the spans in use.
+const (
+	heapLive   = "go_gc_heap_live_bytes"
+	heapGoal   = "go_gc_heap_goal_bytes"
+	heapFree   = "go_memory_classes_heap_free_bytes"
+	heapUnused = "go_memory_classes_heap_unused_bytes"
+)
+
+var runtimeGauges = []string{heapInUse, heapLive, heapGoal, heapFree, heapUnused}
 
 func webhookKey(name string) string {
 	return "apiserver_admission_webhook_admission_duration_seconds|" + name
@@ -318,9 +337,9 @@ func scrapeURL(ctx context.Context, c *http.Client, url, token string) (metrics,
 	s.Buffer(make([]byte, 1<<20), 1<<20)
 	for s.Scan() {
 		line := s.Text()
-		if v, ok := strings.CutPrefix(line, heapInUse+" "); ok {
+		if name, v, ok := strings.Cut(line, " "); ok && slices.Contains(runtimeGauges, name) {
 			if f, err := strconv.ParseFloat(strings.TrimSpace(v), 64); err == nil {
-				m[heapInUse] = [2]float64{f}
+				m[name] = [2]float64{f}
 			}
 			continue
 		}
@@ -411,6 +430,11 @@ func (r *run) table() string {
 		// anonymous part is the process's own.
 		fmt.Fprintf(&b, "at most under load: %.1f MiB anonymous + %.1f MiB of mapped files\n",
 			float64(r.rssPeakAnonKiB)/1024, float64(r.rssPeakFileKiB)/1024)
+		if g := r.peakGauges; g != nil {
+			mib := func(k string) float64 { return g[k][0] / (1 << 20) }
+			fmt.Fprintf(&b, "Go heap at that peak: %.1f MiB live at the last collection, goal %.1f MiB, %.1f MiB in use (%.1f MiB of it unused in spans), %.1f MiB free not yet returned\n",
+				mib(heapLive), mib(heapGoal), mib(heapInUse), mib(heapUnused), mib(heapFree))
+		}
 	}
 	return b.String()
 }

@@ -1,7 +1,11 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"strings"
 	"testing"
@@ -98,5 +102,34 @@ func TestProcMemoryReadsItsOwnProcess(t *testing.T) {
 	}
 	if m.rss <= 0 || m.hwm < m.rss || m.anon <= 0 || m.file <= 0 || m.anon+m.file > m.rss+1024 {
 		t.Errorf("implausible /proc figures: %+v", m)
+	}
+}
+
+func TestScrapeReadsHistogramsAndRuntimeGauges(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprint(w, `# TYPE go_gc_heap_live_bytes gauge
+go_gc_heap_live_bytes 1.2e+07
+go_gc_heap_goal_bytes 2.4e+07
+go_gc_heap_goal_bytes_other 1
+go_memory_classes_heap_free_bytes 3.5e+06
+go_memory_classes_heap_unused_bytes 6e+06
+go_memstats_heap_inuse_bytes 1.8e+07
+controller_runtime_webhook_latency_seconds_sum{webhook="/mutate-v1-pod"} 0.5
+controller_runtime_webhook_latency_seconds_count{webhook="/mutate-v1-pod"} 1000
+`)
+	}))
+	defer srv.Close()
+	m, err := scrapeURL(context.Background(), srv.Client(), srv.URL, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]float64{heapLive: 12e6, heapGoal: 24e6, heapFree: 3.5e6, heapUnused: 6e6, heapInUse: 18e6}
+	for k, v := range want {
+		if m[k][0] != v {
+			t.Errorf("%s = %v, want %v", k, m[k][0], v)
+		}
+	}
+	if len(m) != len(want)+1 {
+		t.Errorf("scraped %v, want the five gauges and the webhook's latency", m)
 	}
 }

@@ -63,8 +63,10 @@ type run struct {
 	rssIdleKiB, rssPeakKiB, rssHWMKiB int64
 	rssAnonKiB, rssFileKiB            int64
 	rssPeakAnonKiB, rssPeakFileKiB    int64
-	heapIdleBytes                     float64
-	results                           []result
+	// peakGauges are the webhook's runtime gauges read at its resident peak.
+	peakGauges    metrics
+	heapIdleBytes float64
+	results       []result
 }
 
 func newRun(ctx context.Context, o *options, dir string, cp *controlPlane) (*run, error) {
