@@ -56,6 +56,8 @@ type loadResult struct {
 	slow       int
 	maxLatency time.Duration
 	errors     map[string]int
+	// failedSent are when the failed creates were sent.
+	failedSent []time.Time
 }
 
 func (r loadResult) String() string {
@@ -136,9 +138,11 @@ func (l *load) create() {
 		l.res.errors[shortError(err)]++
 	case err != nil:
 		l.res.failed++
+		l.res.failedSent = append(l.res.failedSent, start)
 		l.res.errors[shortError(err)]++
 	case p.Annotations[layout.AnnotationInjected] == "":
 		l.res.failed++
+		l.res.failedSent = append(l.res.failedSent, start)
 		l.res.errors["admitted without the injection"]++
 	}
 }
@@ -232,6 +236,7 @@ func waitWebhookReady(t *testing.T) {
 // server's connection sticks to is hit) is deleted with --grace-period=0
 // --force: the API object is gone at once, the endpoint with it.
 func TestDrillWebhookPodForceDeleted(t *testing.T) {
+	var outages []outage
 	res := drill(t, "webhook pod force-deleted (each replica in turn)", func(t *testing.T) {
 		done := map[string]bool{}
 		for range 2 {
@@ -246,27 +251,36 @@ func TestDrillWebhookPodForceDeleted(t *testing.T) {
 				t.Fatal("no ready webhook pod left to delete")
 			}
 			done[victim] = true
+			o := outage{what: "pod " + victim + " force-deleted", from: time.Now()}
 			if _, stderr, err := kubectl(t, "", "-n", env.Namespace, "delete", "pod", victim, "--grace-period=0", "--force"); err != nil {
 				t.Fatalf("kubectl delete: %v: %s", err, stderr)
 			}
 			waitWebhookReady(t)
+			// Both replicas ready again: the replacement is serving.
+			waitFor(t, 2*time.Minute, "two ready webhook replicas", func(context.Context) (bool, error) {
+				return len(readyWebhookPods(t)) >= 2, nil
+			})
+			o.to = time.Now()
+			outages = append(outages, o)
 		}
 	})
 	// Whether the kubelet then gives the process its termination grace period
 	// or only a moment before SIGKILL has changed between kubelet versions
 	// (kubernetes/kubernetes#115819); a process killed inside its shutdown
 	// delay cannot drain, as in the SIGKILL drill. A 1.36.3 run failed 1 of
-	// 640, so this drill bounds the failures as that one does.
-	requireFewFailedWebhookCalls(t, res)
+	// 640, so this drill confines the failures as that one does.
+	requireFailuresOnlyDuring(t, res, outages)
 }
 
 // TestDrillWebhookProcessKilled: SIGKILL of each replica's process in turn,
 // through containerd: no graceful anything, the kubelet restarts the
 // container in the same pod.
 func TestDrillWebhookProcessKilled(t *testing.T) {
+	var outages []outage
 	res := drill(t, "webhook process SIGKILLed (each replica in turn)", func(t *testing.T) {
 		for _, p := range readyWebhookPods(t) {
 			restarts := p.Status.ContainerStatuses[0].RestartCount
+			o := outage{what: "pod " + p.Name + "'s process killed", from: time.Now()}
 			if err := testEnv.SignalContainer(testContext(t), &p, "webhook", "SIGKILL"); err != nil {
 				t.Fatal(err)
 			}
@@ -277,23 +291,54 @@ func TestDrillWebhookProcessKilled(t *testing.T) {
 				}
 				return now.Status.ContainerStatuses[0].RestartCount > restarts && env.PodReady(now), nil
 			})
+			o.to = time.Now()
+			outages = append(outages, o)
 		}
 	})
 	// SIGKILL leaves the process no chance to drain: a call in flight on the
 	// killed replica's connection, or one dialled to its closed port before
-	// the kubelet marks the pod unready, fails (failurePolicy Fail, and the
-	// API server does not retry a POST). So this drill bounds the failures
-	// instead of promising none; docs/e2e.md has the figures.
-	requireFewFailedWebhookCalls(t, res)
+	// the kubelet notices the death and the endpoint goes, fails
+	// (failurePolicy Fail, and the API server does not retry a POST). How
+	// many is the request rate times that delay (the kubelet's relist, a
+	// second or more on a loaded machine), so this drill does not count
+	// them: it requires that every one was sent while a killed replica was
+	// not back yet; docs/e2e.md has the figures.
+	requireFailuresOnlyDuring(t, res, outages)
 }
 
-// requireFewFailedWebhookCalls allows at most 1% of the creates to fail, each
-// by a failed call of the webhook (no other error, no create without the
-// injection), and none to miss the API server.
-func requireFewFailedWebhookCalls(t *testing.T, res loadResult) {
+// outage is the time from just before a replica was killed or deleted until
+// the webhook was whole again.
+type outage struct {
+	what     string
+	from, to time.Time
+}
+
+// inFlight is how long before an outage a failed call may have been sent:
+// one in flight on the killed replica's connection fails too.
+const inFlight = time.Second
+
+// requireFailuresOnlyDuring allows creates to fail only by a failed call of
+// the webhook (no other error, no create without the injection) sent during
+// one of the outages, and none to miss the API server: after each outage
+// the webhook answers every call again.
+func requireFailuresOnlyDuring(t *testing.T, res loadResult, outages []outage) {
 	t.Helper()
-	if res.unreachable > 0 || res.failed*100 > res.sent {
-		t.Errorf("%d of %d admissions failed (%d found no API server), want at most 1%%: %s", res.failed, res.sent, res.unreachable, res)
+	if res.unreachable > 0 {
+		t.Errorf("%d creates found no API server: %s", res.unreachable, res)
+	}
+	for _, sent := range res.failedSent {
+		during := false
+		for _, o := range outages {
+			if !sent.Before(o.from.Add(-inFlight)) && !sent.After(o.to) {
+				during = true
+			}
+		}
+		if !during {
+			t.Errorf("a create sent at %s failed outside every outage %v: %s", sent.Format(time.StampMilli), outages, res)
+		}
+	}
+	for _, o := range outages {
+		t.Logf("outage: %s, %s to %s (%s)", o.what, o.from.Format(time.StampMilli), o.to.Format(time.StampMilli), o.to.Sub(o.from).Round(time.Millisecond))
 	}
 	for msg := range res.errors {
 		if !strings.Contains(msg, `failed calling webhook "pods.gpu-injector.io"`) {
