@@ -266,7 +266,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 	}
 
-	server.Register(Path, Serve(NewHandler(cfg, idx, namespaces).WithDRA(dra)))
+	server.Register(Path, closeWhileDraining(&draining, Serve(NewHandler(cfg, idx, namespaces).WithDRA(dra))))
 	if err := mgr.Add(startAfter{ready: certsReady, server: server}); err != nil {
 		return fmt.Errorf("failed to add the webhook server: %w", err)
 	}
@@ -312,4 +312,24 @@ func restConfig(kubeconfig string) (*rest.Config, error) {
 		return nil, fmt.Errorf("failed to load kubeconfig %q: %w", kubeconfig, err)
 	}
 	return c, nil
+}
+
+// closeWhileDraining asks each client to move to another connection once
+// the replica is shutting down. The API server keeps one HTTP/2 connection
+// to a webhook and reuses it, so removing this replica's endpoint moves no
+// traffic: only the connection's end does, and if that end is the server's
+// Shutdown, a request written as it closes fails ("broken pipe"; the API
+// server does not retry an admission). "Connection: close" on a response
+// makes Go's HTTP/2 server send a graceful GOAWAY: requests already sent on
+// the connection are answered, later ones are refused in a way the client
+// retries, and the client's next requests dial anew, through the Service,
+// to a ready replica. In HTTP/1.1 it closes the connection after the
+// response.
+func closeWhileDraining(draining *atomic.Bool, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if draining.Load() {
+			w.Header().Set("Connection", "close")
+		}
+		next.ServeHTTP(w, r)
+	})
 }

@@ -220,6 +220,10 @@ func (r *run) profile(ctx context.Context, v, size string, conc int) func() erro
 	}
 }
 
+// gaugeStepKiB is how much a resident peak must grow before the webhook's
+// gauges are read again.
+const gaugeStepKiB = 1024
+
 // sampleRSS records the webhook's peak resident set while a cell runs.
 func (r *run) sampleRSS(on bool, peak *int64) func() {
 	if !on {
@@ -237,10 +241,16 @@ func (r *run) sampleRSS(on bool, peak *int64) func() {
 				*peak = max(*peak, m.rss)
 				if m.rss > r.rssPeakKiB {
 					r.rssPeakKiB, r.rssPeakAnonKiB, r.rssPeakFileKiB = m.rss, m.anon, m.file
-					// Peaks get rarer as a run goes on: the gauges are read
-					// at each new one, milliseconds after it.
-					if g, err := scrapeURL(context.Background(), http.DefaultClient, r.webhookMetrics, ""); err == nil {
-						r.peakGauges = g
+					// The gauges are read at a new peak, milliseconds after
+					// it, but only once it is gaugeStepKiB above the last
+					// read: while the resident set grows a few pages a
+					// sample, a read at every peak made the webhook encode
+					// its metrics several times a second, which slowed the
+					// requests being measured.
+					if m.rss >= r.gaugedKiB+gaugeStepKiB {
+						if g, err := scrapeURL(context.Background(), http.DefaultClient, r.webhookMetrics, ""); err == nil {
+							r.peakGauges, r.gaugedKiB = g, m.rss
+						}
 					}
 				}
 				r.rssHWMKiB = m.hwm
@@ -432,8 +442,8 @@ func (r *run) table() string {
 			float64(r.rssPeakAnonKiB)/1024, float64(r.rssPeakFileKiB)/1024)
 		if g := r.peakGauges; g != nil {
 			mib := func(k string) float64 { return g[k][0] / (1 << 20) }
-			fmt.Fprintf(&b, "Go heap at that peak: %.1f MiB live at the last collection, goal %.1f MiB, %.1f MiB in use (%.1f MiB of it unused in spans), %.1f MiB free not yet returned\n",
-				mib(heapLive), mib(heapGoal), mib(heapInUse), mib(heapUnused), mib(heapFree))
+			fmt.Fprintf(&b, "Go heap at that peak (read within %d MiB of it): %.1f MiB live at the last collection, goal %.1f MiB, %.1f MiB in use (%.1f MiB of it unused in spans), %.1f MiB free not yet returned\n",
+				gaugeStepKiB/1024, mib(heapLive), mib(heapGoal), mib(heapInUse), mib(heapUnused), mib(heapFree))
 		}
 	}
 	return b.String()

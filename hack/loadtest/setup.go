@@ -63,8 +63,10 @@ type run struct {
 	rssIdleKiB, rssPeakKiB, rssHWMKiB int64
 	rssAnonKiB, rssFileKiB            int64
 	rssPeakAnonKiB, rssPeakFileKiB    int64
-	// peakGauges are the webhook's runtime gauges read at its resident peak.
+	// peakGauges are the webhook's runtime gauges read at its resident
+	// peak, when it was gaugedKiB.
 	peakGauges    metrics
+	gaugedKiB     int64
 	heapIdleBytes float64
 	results       []result
 }
