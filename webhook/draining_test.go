@@ -6,7 +6,6 @@ import (
 	"net/http/httptest"
 	"net/http/httptrace"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 )
@@ -26,7 +25,6 @@ func TestCloseWhileDrainingMovesHTTP2Clients(t *testing.T) {
 	defer srv.Close()
 	client := srv.Client()
 
-	var mu sync.Mutex
 	var conns []string
 	post := func() (proto string, reused bool) {
 		t.Helper()
@@ -45,9 +43,7 @@ func TestCloseWhileDrainingMovesHTTP2Clients(t *testing.T) {
 		if resp.StatusCode != http.StatusOK {
 			t.Fatalf("HTTP %d", resp.StatusCode)
 		}
-		mu.Lock()
 		conns = append(conns, got.Conn.LocalAddr().String())
-		mu.Unlock()
 		return resp.Proto, got.Reused
 	}
 

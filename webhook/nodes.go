@@ -170,7 +170,7 @@ func (idx *Index) replace(nodes []streamedNode) {
 	seen := make(map[string]bool, len(nodes))
 	for _, n := range nodes {
 		seen[n.Name] = true
-		idx.record(n.Node, n.interned(), b)
+		idx.record(n.Node, n.labels, b)
 	}
 	for name := range idx.nodes {
 		if !seen[name] {
@@ -528,7 +528,7 @@ func (idx *Index) Transform(obj any) (any, error) {
 		}
 	}
 	n.Status = status
-	return &streamedNode{Node: n, labels: labels, hasLabels: true}, nil
+	return &streamedNode{Node: n, labels: &labels}, nil
 }
 
 // labelsReadByKey are the labels of m that the index reads by key rather
@@ -553,21 +553,13 @@ func (idx *Index) labelsReadByKey(m map[string]string) map[string]string {
 }
 
 // streamedNode is what Transform makes of a Node: the stripped Node, whose
-// label map holds only the labels read by key, and all its labels interned.
-// It is a runtime.Object and a metav1.Object through the Node, so a
-// reflector's temporary store keys it as it would the Node.
+// label map holds only the labels read by key, and all its labels interned
+// (nil for a Node that did not go through Transform). It is a
+// runtime.Object and a metav1.Object through the Node, so a reflector's
+// temporary store keys it as it would the Node.
 type streamedNode struct {
 	*corev1.Node
-	labels    Labels
-	hasLabels bool
-}
-
-// interned are the node's labels if Transform interned them, else nil.
-func (s *streamedNode) interned() *Labels {
-	if !s.hasLabels {
-		return nil
-	}
-	return &s.labels
+	labels *Labels
 }
 
 // asNode is a Node as a reflector hands it to the store: streamed through
@@ -620,7 +612,7 @@ func (s NodeStore) Update(obj any) error {
 	if !ok {
 		return fmt.Errorf("failed to record a node: got %T", obj)
 	}
-	s.idx.update(n.Node, n.interned())
+	s.idx.update(n.Node, n.labels)
 	return nil
 }
 

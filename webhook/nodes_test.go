@@ -413,7 +413,7 @@ func TestIndexTransform(t *testing.T) {
 	}
 	sn := out.(*streamedNode)
 	s := sn.Node
-	if sn.labels.Len() != len(full.Labels) || !sn.labels.sameAs(full.Labels) {
+	if sn.labels == nil || sn.labels.Len() != len(full.Labels) || !sn.labels.sameAs(full.Labels) {
 		t.Errorf("interned labels = %v, want every label of the node %v", sn.labels.Map(), full.Labels)
 	}
 	if _, ok := s.Labels["kubernetes.io/hostname"]; ok || len(s.Labels) != 2 {
@@ -842,5 +842,60 @@ func TestIndexSharesLabelsAndLayout(t *testing.T) {
 	}
 	if na.info.Labels.Get(corev1.LabelHostname) != "a" || nb.info.Labels.Get(corev1.LabelHostname) != "b" {
 		t.Errorf("hostnames mixed up: %v %v", na.info.Labels.Map(), nb.info.Labels.Map())
+	}
+}
+
+// TestIndexStreamedRelistLikeWholeNodes: a relist streamed through
+// Transform (a watch-list after the watch expired) in which one node's
+// labels changed, as GPU feature discovery relabels a node after a driver
+// upgrade, and another moved to another pool, leaves the index as the same
+// Nodes recorded whole would: the changed labels and pools are seen.
+func TestIndexStreamedRelistLikeWholeNodes(t *testing.T) {
+	cfg := config.Default()
+	cfg.Pinning.NodeLabels = []string{"karpenter.sh/nodepool"}
+	p := ixPlan("535.104.05")
+	node := func(name, pool, cuda string) *corev1.Node {
+		return ixNode(name, p, 8, func(n *corev1.Node) {
+			n.Labels["karpenter.sh/nodepool"] = pool
+			n.Labels["nvidia.com/cuda.driver.major"] = cuda
+		})
+	}
+	first := []*corev1.Node{node("n1", "a", "12"), node("n2", "a", "12"), node("n3", "b", "12")}
+	relist := []*corev1.Node{node("n1", "a", "13"), node("n2", "b", "12"), node("n3", "b", "12")}
+	stream := func(idx *Index, nodes []*corev1.Node) {
+		t.Helper()
+		list := make([]any, len(nodes))
+		for i, n := range nodes {
+			var err error
+			if list[i], err = idx.Transform(n.DeepCopy()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := (NodeStore{idx}).Replace(list, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	streamed, whole := NewIndex(cfg, logr.Discard()), NewIndex(cfg, logr.Discard())
+	stream(streamed, first)
+	whole.Replace(first)
+	stream(streamed, relist)
+	whole.Replace(relist)
+	describe := func(idx *Index) string {
+		var b strings.Builder
+		for _, l := range idx.Layouts() {
+			for _, n := range l.Nodes {
+				fmt.Fprintf(&b, "%s pool=%s %v\n", n.Name, n.pool, n.Labels.Map())
+			}
+		}
+		return b.String()
+	}
+	got, want := describe(streamed), describe(whole)
+	if got != want {
+		t.Fatalf("streamed relist gives\n%s\nwhole Nodes give\n%s", got, want)
+	}
+	for _, want := range []string{"n1 pool=karpenter.sh/nodepool=a", "nvidia.com/cuda.driver.major:13", "n2 pool=karpenter.sh/nodepool=b"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("index after the relist:\n%s\nwant %q", got, want)
+		}
 	}
 }
