@@ -58,6 +58,16 @@ type loadResult struct {
 	errors     map[string]int
 	// failedSent are when the failed creates were sent.
 	failedSent []time.Time
+	// calls are every create, in the order they were answered.
+	calls []loadCall
+}
+
+// loadCall is one create of the load: when it was sent, how long its answer
+// took, and whether it was an admission that failed.
+type loadCall struct {
+	sent    time.Time
+	latency time.Duration
+	failed  bool
 }
 
 func (r loadResult) String() string {
@@ -130,6 +140,7 @@ func (l *load) create() {
 		l.res.slow++
 	}
 	var status apierrors.APIStatus
+	failed := false
 	switch {
 	case err != nil && !errors.As(err, &status):
 		// No answer from an API server at all: connection refused while it
@@ -137,14 +148,17 @@ func (l *load) create() {
 		l.res.unreachable++
 		l.res.errors[shortError(err)]++
 	case err != nil:
-		l.res.failed++
-		l.res.failedSent = append(l.res.failedSent, start)
+		failed = true
 		l.res.errors[shortError(err)]++
 	case p.Annotations[layout.AnnotationInjected] == "":
-		l.res.failed++
-		l.res.failedSent = append(l.res.failedSent, start)
+		failed = true
 		l.res.errors["admitted without the injection"]++
 	}
+	if failed {
+		l.res.failed++
+		l.res.failedSent = append(l.res.failedSent, start)
+	}
+	l.res.calls = append(l.res.calls, loadCall{sent: start, latency: lat, failed: failed})
 }
 
 // shortError keeps an error's start (what failed) and its end (why: EOF,
@@ -607,16 +621,21 @@ func TestDrillProbeRestart(t *testing.T) {
 	requireNoFailedAdmission(t, res)
 }
 
-// TestDrillAPIServerRestart: kube-apiserver is stopped for 5 s and started
-// again under the running webhook. Creates sent while it is down find no
-// API server (counted apart); every create it answers after must be
-// mutated. The webhook must reconnect: a Node added afterwards reaches every
-// replica's cache. Its /readyz is sampled throughout.
+// TestDrillAPIServerRestart: kube-apiserver is stopped (SIGTERM, as a
+// control-plane upgrade does) and started again under the running webhook.
+// Creates sent while it is down find no API server (counted apart). Once it
+// is back, what a user sees is measured, not only the outage: every create
+// it answers must be mutated and none may wait past the webhook's timeout,
+// and every replica must answer admissions again (each replica's injected
+// count, sampled with its /readyz, grows after the restart; how long that
+// took is logged). The webhook must reconnect: a Node added afterwards
+// reaches every replica's cache.
 func TestDrillAPIServerRestart(t *testing.T) {
 	pods := readyWebhookPods(t)
 	type sample struct {
-		at    time.Time
-		ready []bool
+		at       time.Time
+		ready    []bool
+		injected []float64 // -1: not read
 	}
 	var samples []sample
 	sampleCtx, stopSampling := context.WithCancel(context.Background())
@@ -633,6 +652,7 @@ func TestDrillAPIServerRestart(t *testing.T) {
 					resp.Body.Close()
 				}
 				s.ready = append(s.ready, ok)
+				s.injected = append(s.injected, injectedCount(hc, p))
 			}
 			samples = append(samples, s)
 			time.Sleep(200 * time.Millisecond)
@@ -660,6 +680,42 @@ func TestDrillAPIServerRestart(t *testing.T) {
 		up.Sub(down).Round(time.Millisecond), len(samples)*len(pods), notReady)
 	if res.failed > 0 {
 		t.Errorf("%d admissions failed, want 0 (creates that found no API server: %d): %s", res.failed, res.unreachable, res)
+	}
+
+	// After the restart: every answer in time, every replica answering.
+	after, slowest := 0, time.Duration(0)
+	for _, c := range res.calls {
+		if c.sent.Before(up) {
+			continue
+		}
+		after++
+		slowest = max(slowest, c.latency)
+		if c.latency >= webhookTimeout {
+			t.Errorf("a create sent %s after the API server was back took %s, the webhook's timeout or more: the API server's call to the webhook hung",
+				c.sent.Sub(up).Round(time.Millisecond), c.latency.Round(time.Millisecond))
+		}
+	}
+	t.Logf("after the restart: %d creates, slowest %s", after, slowest.Round(time.Millisecond))
+	if after == 0 {
+		t.Errorf("no create was sent after the API server was back")
+	}
+	for i, p := range pods {
+		base, answered := -1.0, time.Time{}
+		for _, s := range samples {
+			v := s.injected[i]
+			switch {
+			case v < 0:
+			case !s.at.After(up):
+				base = v
+			case base >= 0 && v > base && answered.IsZero():
+				answered = s.at
+			}
+		}
+		if answered.IsZero() {
+			t.Errorf("replica %s injected no pod after the API server was back (its count before: %v)", p.Name, base)
+			continue
+		}
+		t.Logf("replica %s answered admissions again within %s of the API server's return", p.Name, answered.Sub(up).Round(time.Millisecond))
 	}
 
 	// Reconnected and resynced: a new Node with the k80's layout reaches every replica.
@@ -717,6 +773,27 @@ func TestDrillAPIServerRestart(t *testing.T) {
 		}
 		return true, nil
 	})
+}
+
+// webhookTimeout is the chart's webhook.timeoutSeconds: an API server call
+// to the webhook that takes this long has hung.
+const webhookTimeout = 5 * time.Second
+
+// injectedCount is a webhook pod's gpu_injector_pods_injected_total, or -1
+// when its metrics cannot be read.
+func injectedCount(hc *http.Client, p corev1.Pod) float64 {
+	resp, err := hc.Get("http://" + net.JoinHostPort(p.Status.PodIP, "8080") + "/metrics")
+	if err != nil {
+		return -1
+	}
+	for _, line := range strings.Split(readAll(resp), "\n") {
+		if v, ok := strings.CutPrefix(line, "gpu_injector_pods_injected_total "); ok {
+			if f, err := strconv.ParseFloat(strings.TrimSpace(v), 64); err == nil {
+				return f
+			}
+		}
+	}
+	return -1
 }
 
 func readAll(resp *http.Response) string {
