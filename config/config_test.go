@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+
 	"github.com/gpu-injector/gpu-injector/layout"
 )
 
@@ -192,5 +194,31 @@ func TestExtraAllowlist(t *testing.T) {
 	c.HostPaths.ExtraAllowlist = []layout.AllowedPath{{Path: "/srv/b"}}
 	if b := c.HostPaths.Entries(); a[1].Path != "/srv/a" || b[1].Path != "/srv/b" {
 		t.Errorf("entries share memory: %v, %v", a, b)
+	}
+}
+
+// TestDocumentedDefaults: the whole file that docs/configuration.md shows is the
+// defaults, so the page cannot drift from SetDefaults.
+func TestDocumentedDefaults(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join("..", "docs", "configuration.md"))
+	if err != nil {
+		t.Fatalf("failed to read the page: %v", err)
+	}
+	_, rest, ok := strings.Cut(string(data), "## The whole file, with its defaults\n")
+	if !ok {
+		t.Fatal("docs/configuration.md has no section \"The whole file, with its defaults\"")
+	}
+	_, rest, ok = strings.Cut(rest, "```yaml\n")
+	block, _, closed := strings.Cut(rest, "```")
+	if !ok || !closed {
+		t.Fatal("the section has no yaml block")
+	}
+	c, err := Parse([]byte(block))
+	if err != nil {
+		t.Fatalf("the documented file does not parse: %v", err)
+	}
+	// Semantic: the page's empty lists equal the unset defaults.
+	if want := Default(); !apiequality.Semantic.DeepEqual(c, want) {
+		t.Errorf("the documented file differs from the defaults:\n got %+v\nwant %+v", c, want)
 	}
 }
