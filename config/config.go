@@ -209,7 +209,7 @@ func SetDefaults(c *Configuration) {
 		c.Kind = Kind
 	}
 	if c.Resources.Names == nil {
-		c.Resources.Names = []string{"nvidia.com/gpu", "alpha.kubernetes.io/nvidia-gpu"}
+		c.Resources.Names = DefaultResourceNames()
 	}
 	if c.Resources.Legacy == nil {
 		c.Resources.Legacy = []string{"alpha.kubernetes.io/nvidia-gpu"}
@@ -269,6 +269,16 @@ func SetDefaults(c *Configuration) {
 			c.StaticLayouts[i].SchemaVersion = layout.SchemaVersion
 		}
 	}
+}
+
+// DefaultResourceNames are what NVIDIA's k8s-device-plugin advertises, so that
+// a pod asking for any of its resources is a GPU pod without configuration:
+// whole GPUs (nvidia.com/gpu, also MIG's single strategy), time-sliced or MPS
+// shared GPUs under renameByDefault (nvidia.com/gpu.shared), the MIG devices
+// of its mixed strategy (nvidia.com/mig-1g.10gb, and nvidia.com/mig-1g.10gb.shared
+// when those are shared too), and the alpha name of Kubernetes before 1.10.
+func DefaultResourceNames() []string {
+	return []string{"nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-*", "alpha.kubernetes.io/nvidia-gpu"}
 }
 
 // DefaultAllowlist covers the driver folders of the common distributions and
