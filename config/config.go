@@ -88,6 +88,20 @@ const (
 	RuntimeInjectionSkip = "Skip"
 )
 
+// What to do for the toleration a renamed pod would have had.
+const (
+	// RenameTolerationAdd gives a pod whose legacy resource is renamed the
+	// toleration that the ExtendedResourceToleration admission plugin gives
+	// every pod requesting the new name: the plugin ran before the webhook,
+	// saw the legacy name, which is no extended resource, and added none, so
+	// the renamed pod could not use GPU nodes tainted for that name (GKE's
+	// nvidia.com/gpu=present:NoSchedule).
+	RenameTolerationAdd = "Add"
+	// RenameTolerationNone adds none. (Not "Off": YAML 1.1, which the
+	// configuration is read as, makes an unquoted Off the boolean false.)
+	RenameTolerationNone = "None"
+)
+
 // Configuration is the file's schema.
 type Configuration struct {
 	APIVersion string `json:"apiVersion"`
@@ -163,6 +177,8 @@ type Resources struct {
 	// Legacy names are rewritten to RenameTo in limits and requests.
 	Legacy   []string `json:"legacy"`
 	RenameTo string   `json:"renameTo"`
+	// RenameToleration is RenameTolerationAdd or RenameTolerationNone.
+	RenameToleration string `json:"renameToleration"`
 }
 
 // HostPaths is the trust boundary for layouts published by nodes.
@@ -216,6 +232,9 @@ func SetDefaults(c *Configuration) {
 	}
 	if c.Resources.RenameTo == "" {
 		c.Resources.RenameTo = "nvidia.com/gpu"
+	}
+	if c.Resources.RenameToleration == "" {
+		c.Resources.RenameToleration = RenameTolerationAdd
 	}
 	if c.HostPaths.Allowlist == nil {
 		c.HostPaths.Allowlist = DefaultAllowlist()
@@ -379,6 +398,12 @@ func (c *Configuration) Validate() field.ErrorList {
 	if msgs := validation.IsQualifiedName(c.Resources.RenameTo); len(msgs) > 0 {
 		errs = append(errs, field.Invalid(rp.Child("renameTo"), c.Resources.RenameTo, strings.Join(msgs, "; ")))
 	}
+	errs = append(errs, oneOf(rp.Child("renameToleration"), c.Resources.RenameToleration, RenameTolerationAdd, RenameTolerationNone)...)
+	if c.Resources.RenameToleration == RenameTolerationAdd && len(c.Resources.Legacy) > 0 && !IsExtendedResourceName(c.Resources.RenameTo) {
+		// The admission plugin adds nothing for such a name either, so there
+		// is nothing to stand in for.
+		errs = append(errs, field.Invalid(rp.Child("renameToleration"), c.Resources.RenameToleration, fmt.Sprintf("renameTo %q is no extended resource name (a domain outside kubernetes.io, like nvidia.com/gpu), for which the ExtendedResourceToleration admission plugin adds no toleration; set renameToleration: %s", c.Resources.RenameTo, RenameTolerationNone)))
+	}
 	hp := field.NewPath("hostPaths")
 	if len(c.HostPaths.Allowlist) == 0 {
 		errs = append(errs, field.Required(hp.Child("allowlist"), "an empty allowlist would reject every layout"))
@@ -490,6 +515,18 @@ func (p Pinning) validate(fp *field.Path) field.ErrorList {
 		errs = append(errs, field.Invalid(fp.Child("rememberFor"), p.RememberFor.Duration.String(), "must not be negative; 0s forgets a pool as soon as its last node leaves"))
 	}
 	return errs
+}
+
+// IsExtendedResourceName reports whether name is an extended resource, as
+// the API server decides it: a name with a domain outside kubernetes.io, not
+// a quota's "requests." name, that is a qualified name with that prefix too.
+// Only extended resources get a toleration from the ExtendedResourceToleration
+// admission plugin.
+func IsExtendedResourceName(name string) bool {
+	if !strings.Contains(name, "/") || strings.Contains(name, "kubernetes.io/") || strings.HasPrefix(name, "requests.") {
+		return false
+	}
+	return len(validation.IsQualifiedName("requests."+name)) == 0
 }
 
 // sensitiveFolders must never be mounted whole: the host's system, its

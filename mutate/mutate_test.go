@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -245,5 +246,78 @@ spec:
 	}
 	if strings.Contains(out, "creationTimestamp") {
 		t.Errorf("output gained creationTimestamp noise:\n%s", out)
+	}
+}
+
+// gkeNodes writes the golden cluster's GKE nodes alone, every GPU node
+// tainted nvidia.com/gpu=present:NoSchedule, as `kubectl get nodes -o yaml`
+// would on such a cluster.
+func gkeNodes(t *testing.T) string {
+	t.Helper()
+	nodes, err := ReadNodes(nodesFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	list := corev1.NodeList{}
+	list.APIVersion, list.Kind = "v1", "List"
+	for _, n := range nodes {
+		if strings.HasPrefix(n.Name, "gpu-gke-") {
+			list.Items = append(list.Items, n)
+		}
+	}
+	b, err := yaml.Marshal(list)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := filepath.Join(t.TempDir(), "gke-nodes.yaml")
+	if err := os.WriteFile(f, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// TestLegacyJobOnTaintedPool: the classic nvidia-smi Job, offline, on a
+// cluster whose GPU nodes are all tainted: renamed, given the toleration the
+// ExtendedResourceToleration admission plugin gives a pod requesting
+// nvidia.com/gpu, injected; and the same again changes nothing.
+func TestLegacyJobOnTaintedPool(t *testing.T) {
+	nodes := gkeNodes(t)
+	in := `apiVersion: batch/v1
+kind: Job
+metadata: {name: nvidia-smi, namespace: ml}
+spec:
+  template:
+    spec:
+      restartPolicy: Never
+      containers:
+      - name: nvidia-smi
+        image: nvidia/cuda:9.0-base
+        command: ["nvidia-smi"]
+        resources:
+          limits:
+            alpha.kubernetes.io/nvidia-gpu: 1
+`
+	out, stderr, err := runMutate(t, in, "-f", "-", "--nodes", nodes)
+	if err != nil {
+		t.Fatalf("mutate: %v\n%s", err, stderr)
+	}
+	var job batchv1.Job
+	if err := yaml.UnmarshalStrict([]byte(out), &job); err != nil {
+		t.Fatal(err)
+	}
+	ps := job.Spec.Template.Spec
+	want := []corev1.Toleration{{Key: "nvidia.com/gpu", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}}
+	if !reflect.DeepEqual(ps.Tolerations, want) {
+		t.Errorf("tolerations = %+v, want %+v", ps.Tolerations, want)
+	}
+	if ps.NodeSelector[layout.LabelFingerprint] != "c7533112b3c59a93fcb3" || len(ps.Volumes) != 2 {
+		t.Errorf("want the GKE layout injected, got selector %v and %d volumes", ps.NodeSelector, len(ps.Volumes))
+	}
+	if !strings.Contains(stderr, "added the toleration {key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}") {
+		t.Errorf("stderr lacks the toleration in the rename warning:\n%s", stderr)
+	}
+	again, stderr2, err := runMutate(t, out, "-f", "-", "--nodes", nodes)
+	if err != nil || again != out {
+		t.Errorf("second run: %v, changed=%v\n%s", err, again != out, stderr2)
 	}
 }

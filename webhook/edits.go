@@ -309,6 +309,18 @@ func (e addNodeSelector) apply(pod *corev1.Pod) {
 	pod.Spec.NodeSelector[e.key] = e.value
 }
 
+// addToleration appends a toleration to the pod (the one a renamed legacy
+// resource would have had).
+type addToleration struct{ toleration corev1.Toleration }
+
+func (e addToleration) ops(pod *corev1.Pod, out []jsonpatch.Operation) []jsonpatch.Operation {
+	return append(out, appendOp("/spec/tolerations", len(pod.Spec.Tolerations), e.toleration))
+}
+
+func (e addToleration) apply(pod *corev1.Pod) {
+	pod.Spec.Tolerations = append(pod.Spec.Tolerations, e.toleration)
+}
+
 // setAnnotation sets an annotation (the injection record).
 type setAnnotation struct{ key, value string }
 

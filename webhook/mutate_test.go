@@ -1,9 +1,12 @@
 package webhook
 
 import (
+	"slices"
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
 
 	"github.com/gpu-injector/gpu-injector/config"
 )
@@ -29,6 +32,122 @@ func TestDefaultGPUResources(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			if got := IsGPUResource(cfg, corev1.ResourceName(name)); got != want {
 				t.Errorf("IsGPUResource(%s) = %v, want %v", name, got, want)
+			}
+		})
+	}
+}
+
+// gkeLayouts are the golden cluster's GKE nodes alone: every GPU node is
+// tainted nvidia.com/gpu=present:NoSchedule.
+func gkeLayouts(t *testing.T, cfg *config.Configuration) []*Layout {
+	t.Helper()
+	var gke []corev1.Node
+	for _, n := range loadNodes(t, "testdata/nodes.yaml") {
+		if strings.HasPrefix(n.Name, "gpu-gke-") {
+			gke = append(gke, n)
+		}
+	}
+	if len(gke) != 2 {
+		t.Fatalf("found %d GKE nodes in testdata/nodes.yaml, want 2", len(gke))
+	}
+	return layoutsOf(cfg, gke)
+}
+
+// TestRenameToleration: a renamed legacy pod gets the toleration the
+// ExtendedResourceToleration admission plugin gives a pod that requests
+// nvidia.com/gpu, unless one it has already covers it; with renameToleration
+// None it gets none and is denied on a tainted pool, with the fix named.
+func TestRenameToleration(t *testing.T) {
+	gpu := corev1.Toleration{Key: "nvidia.com/gpu", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}
+	tests := map[string]struct {
+		have    []corev1.Toleration
+		none    bool
+		added   bool
+		decided Decision
+	}{
+		"no tolerations":                   {added: true, decided: DecisionInjected},
+		"the plugin's own":                 {have: []corev1.Toleration{gpu}, decided: DecisionInjected},
+		"the key, every effect":            {have: []corev1.Toleration{{Key: "nvidia.com/gpu", Operator: corev1.TolerationOpExists}}, decided: DecisionInjected},
+		"every taint":                      {have: []corev1.Toleration{{Operator: corev1.TolerationOpExists}}, decided: DecisionInjected},
+		"the key with GKE's value":         {have: []corev1.Toleration{{Key: "nvidia.com/gpu", Operator: corev1.TolerationOpEqual, Value: "present", Effect: corev1.TaintEffectNoSchedule}}, added: true, decided: DecisionInjected},
+		"the key, NoExecute only":          {have: []corev1.Toleration{{Key: "nvidia.com/gpu", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute}}, added: true, decided: DecisionInjected},
+		"another key":                      {have: []corev1.Toleration{{Key: "dedicated", Operator: corev1.TolerationOpExists}}, added: true, decided: DecisionInjected},
+		"renameToleration None":            {none: true, decided: DecisionDenied},
+		"renameToleration None, tolerated": {none: true, have: []corev1.Toleration{gpu}, decided: DecisionInjected},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			cfg := config.Default()
+			if tc.none {
+				cfg.Resources.RenameToleration = config.RenameTolerationNone
+			}
+			pod := hPod("alpha.kubernetes.io/nvidia-gpu", func(p *corev1.Pod) { p.Namespace = "ml"; p.Spec.Tolerations = slices.Clone(tc.have) })
+			before := pod.DeepCopy()
+			res := Mutate(Input{Pod: pod, Layouts: gkeLayouts(t, cfg)}, cfg)
+			if res.Decision != tc.decided {
+				t.Fatalf("decision %s (%s), want %s", res.Decision, res.Reason, tc.decided)
+			}
+			if res.Decision == DecisionDenied {
+				// The admission plugin would not help: it saw the legacy name.
+				for _, want := range []string{"nodes have taint nvidia.com/gpu=present:NoSchedule the pod does not tolerate", "add the toleration {key: nvidia.com/gpu, operator: Exists, effect: NoSchedule} to the pod, or have gpu-injector add it to pods whose legacy resource it renames (resources.renameToleration: Add in its configuration)"} {
+					if !strings.Contains(res.Reason, want) {
+						t.Errorf("denial lacks %q:\n%s", want, res.Reason)
+					}
+				}
+				return
+			}
+			checkPatch(t, before, pod, res.Patch)
+			want := slices.Clone(tc.have)
+			if tc.added {
+				want = append(want, gpu)
+			}
+			if !apiequality.Semantic.DeepEqual(pod.Spec.Tolerations, want) {
+				t.Errorf("tolerations = %+v, want %+v", pod.Spec.Tolerations, want)
+			}
+			if mentions := strings.Contains(strings.Join(res.Warnings, "\n"), "added the toleration {key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}"); mentions != tc.added {
+				t.Errorf("the rename warning mentions the toleration: %v, want %v: %q", mentions, tc.added, res.Warnings)
+			}
+		})
+	}
+}
+
+// TestUntoleratedTaintFix: a denial names the taint and the toleration that
+// fixes it; the admission plugin only where it would add that toleration.
+func TestUntoleratedTaintFix(t *testing.T) {
+	tests := map[string]struct {
+		resource string
+		taint    corev1.Taint
+		want     string
+	}{
+		"the GPU taint of a GPU pod": {
+			resource: "nvidia.com/gpu", taint: corev1.Taint{Key: "nvidia.com/gpu", Value: "present", Effect: corev1.TaintEffectNoSchedule},
+			want: "nodes have taint nvidia.com/gpu=present:NoSchedule the pod does not tolerate (add the toleration {key: nvidia.com/gpu, operator: Exists, effect: NoSchedule} to the pod, or enable the API server's ExtendedResourceToleration admission plugin, which adds it to pods that request nvidia.com/gpu)",
+		},
+		"a MIG taint of a MIG pod": {
+			resource: "nvidia.com/mig-1g.10gb", taint: corev1.Taint{Key: "nvidia.com/mig-1g.10gb", Effect: corev1.TaintEffectNoSchedule},
+			want: "nodes have taint nvidia.com/mig-1g.10gb:NoSchedule the pod does not tolerate (add the toleration {key: nvidia.com/mig-1g.10gb, operator: Exists, effect: NoSchedule} to the pod, or enable the API server's ExtendedResourceToleration admission plugin, which adds it to pods that request nvidia.com/mig-1g.10gb)",
+		},
+		"the GPU taint of a shared-GPU pod": {
+			resource: "nvidia.com/gpu.shared", taint: corev1.Taint{Key: "nvidia.com/gpu", Value: "present", Effect: corev1.TaintEffectNoSchedule},
+			want: "nodes have taint nvidia.com/gpu=present:NoSchedule the pod does not tolerate (add the toleration {key: nvidia.com/gpu, operator: Exists, effect: NoSchedule} to the pod)",
+		},
+		"a NoExecute GPU taint": {
+			resource: "nvidia.com/gpu", taint: corev1.Taint{Key: "nvidia.com/gpu", Effect: corev1.TaintEffectNoExecute},
+			want: "nodes have taint nvidia.com/gpu:NoExecute the pod does not tolerate (add the toleration {key: nvidia.com/gpu, operator: Exists, effect: NoExecute} to the pod)",
+		},
+		"a taint of another kind": {
+			resource: "nvidia.com/gpu", taint: corev1.Taint{Key: "dedicated", Value: "ml", Effect: corev1.TaintEffectNoSchedule},
+			want: "nodes have taint dedicated=ml:NoSchedule the pod does not tolerate (add the toleration {key: dedicated, operator: Exists, effect: NoSchedule} to the pod)",
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			node := ixNode("n1", ixPlan("535.104.05"), 4, func(n *corev1.Node) { n.Spec.Taints = []corev1.Taint{tc.taint} })
+			cfg := config.Default()
+			pod := hPod(tc.resource, func(p *corev1.Pod) { p.Namespace = "ml" })
+			res := Mutate(Input{Pod: pod, Layouts: layoutsOf(cfg, []corev1.Node{*node})}, cfg)
+			if res.Decision != DecisionDenied || !strings.Contains(res.Reason, tc.want) {
+				t.Errorf("got %s:\n%s\nwant it to contain\n%s", res.Decision, res.Reason, tc.want)
 			}
 		})
 	}
