@@ -3,7 +3,6 @@ package webhook
 import (
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"path"
 	"slices"
@@ -77,7 +76,14 @@ func Mutate(in Input, cfg *config.Configuration) Result {
 		warn("%s: the API server will reject this pod", msg)
 	}
 
-	prev := previousInjection(pod)
+	prev, err := previousInjection(pod)
+	if err != nil {
+		// Without the record, which volumes, mounts and selector are ours is
+		// unknown: injecting again could stack a second driver on the first.
+		warn("the pod's annotation %s is not one gpu-injector wrote (%v); the pod is left as it is. Remove the annotation to have the driver injected (and the %s* volumes, their mounts and the %s selector, if gpu-injector's earlier injection is still in the pod)",
+			layout.AnnotationInjected, err, volumePrefix, layout.LabelFingerprint)
+		return done(ReasonAlreadyInjected)
+	}
 	var ours []string
 	if prev != nil {
 		ours = prev.Volumes
@@ -88,15 +94,17 @@ func Mutate(in Input, cfg *config.Configuration) Result {
 		layouts, keepWhy = keepsLegacy(layouts, legacy)
 	}
 	chosen, whyNot := chooseLayout(pod, layouts, cfg, prev, in.Seed, renamed)
+	// stale is an earlier injection whose layout no longer fits the pod (its
+	// nodes are gone, or changed their driver, or a static layout changed):
+	// it is replaced, as a fresh pod would be injected, rather than left to
+	// pin the pod where no node has those files.
+	var stale *layout.Injected
+	if prev != nil && (chosen == nil || !injectionFits(prev, chosen)) {
+		stale = prev
+		chosen, whyNot = chooseLayout(unpinned(pod, prev), layouts, cfg, nil, in.Seed, renamed)
+	}
 	if keepWhy != "" {
 		whyNot = keepWhy
-	}
-	if chosen == nil && prev != nil {
-		// Injected before, but that layout is gone: leave our earlier work alone
-		// rather than stack a second layout on top of it, and say what follows.
-		warn("the pod carries %s for layout %s%s (driver %s), which no ready node publishes now; its nodeSelector keeps it Pending until one does. Remove the annotation, the %s* volumes and mounts and the %s selector to have the current layout injected",
-			layout.AnnotationInjected, prev.Fingerprint, prev.StaticLayout, prev.DriverVersion, volumePrefix, layout.LabelFingerprint)
-		return done(ReasonAlreadyInjected)
 	}
 	if chosen == nil {
 		switch cfg.NoLayout.Action {
@@ -117,27 +125,49 @@ func Mutate(in Input, cfg *config.Configuration) Result {
 			chosen = &Layout{Static: s.Name, Plan: s.Plan, NodeSelector: s.NodeSelector}
 			warn("no ready GPU node layout fits this pod (%s); using static layout %q from the configuration", whyNot, s.Name)
 		case config.NoLayoutAllow:
+			if stale != nil {
+				warn("the pod carries the NVIDIA driver %s, %s, and no other ready GPU node layout fits it (%s); admitted unchanged, its nodeSelector keeps it Pending until a node of that layout is ready",
+					describeInjected(stale), m.staleWhy(stale), whyNot)
+				return done(ReasonNoLayout)
+			}
 			warn("no ready GPU node layout fits this pod (%s); admitted without the NVIDIA driver", whyNot)
 			return done(ReasonNoLayout)
 		default:
 			if keepWhy != "" {
 				return Result{Decision: DecisionDenied, Reason: warnPrefix + keepWhy + ", or set legacyMounts: " + config.LegacyMountsReplace + " in the webhook's configuration", Warnings: res.Warnings}
 			}
+			why := "no ready GPU node layout fits this pod: "
+			if stale != nil {
+				why = fmt.Sprintf("the pod carries the NVIDIA driver %s, %s, and no other ready GPU node layout fits it: ", describeInjected(stale), m.staleWhy(stale))
+			}
 			return Result{
 				Decision: DecisionDenied,
-				Reason:   warnPrefix + "no ready GPU node layout fits this pod: " + whyNot + `; check the pod's nodeName, nodeSelector, node affinity and tolerations, or opt the pod out with annotation ` + layout.AnnotationInject + `: "false"`,
+				Reason:   warnPrefix + why + whyNot + `; check the pod's nodeName, nodeSelector, node affinity and tolerations, or opt the pod out with annotation ` + layout.AnnotationInject + `: "false"`,
 				Warnings: res.Warnings,
 			}
 		}
 	}
 
 	if chosen.Plan.RuntimeInjection != "" && cfg.RuntimeInjection == config.RuntimeInjectionSkip {
+		if stale != nil {
+			// Left alone means as a pod never injected: without the stale
+			// driver, its pin and its record.
+			m.removeInjection(ed, stale, nil, targets)
+			ed.do(removeAnnotation{key: layout.AnnotationInjected})
+			warn("the pod carried the NVIDIA driver %s, %s; removed, as the node's container runtime injects driver %s there (runtimeInjection: %s)",
+				describeInjected(stale), m.staleWhy(stale), chosen.Plan.DriverVersion, config.RuntimeInjectionSkip)
+		}
 		return done(ReasonRuntimeInjection)
+	}
+	if stale != nil {
+		m.removeInjection(ed, stale, chosen, targets)
+		warn("the pod carried the NVIDIA driver %s, %s; re-injected with driver %s of %s: the volumes, mounts, %s folders and pin gpu-injector had put in follow the new layout, the rest of the pod is as it was",
+			describeInjected(stale), m.staleWhy(stale), chosen.Plan.DriverVersion, describeLayout(chosen), envLDLibraryPath)
 	}
 	if len(legacy) > 0 && cfg.LegacyMounts == config.LegacyMountsReplace {
 		replaceLegacy(ed, legacy, chosen, warn)
 	}
-	if prev == nil {
+	if prev == nil || stale != nil {
 		poolWarnings(chosen, warn)
 	}
 	m.inject(ed, targets, chosen, warn)
@@ -349,27 +379,15 @@ func (m matcher) targetContainers(pod *corev1.Pod) []containerRef {
 	return all
 }
 
-func previousInjection(pod *corev1.Pod) *layout.Injected {
-	v, ok := pod.Annotations[layout.AnnotationInjected]
-	if !ok {
-		return nil
-	}
-	var inj layout.Injected
-	if err := json.Unmarshal([]byte(v), &inj); err != nil {
-		// A marker we cannot read is still our marker: do not inject twice.
-		return &inj
-	}
-	return &inj
-}
-
 // chooseLayout returns the layout for the pod, or nil and why none fits.
 //
 // Policy MostGPUs: among layouts with at least one ready node the pod may land
 // on (nodeName, nodeSelector, required node affinity, NoSchedule/NoExecute
 // taints), the one with the most allocatable GPUs in total, then the newest
 // driver, then the smallest fingerprint so that replicas agree. NewestDriver
-// swaps the first two keys. A pod injected before keeps its layout. renamed
-// are the resources fixResources renamed to, for the advice on a taint.
+// swaps the first two keys. A pod injected before keeps its layout while that
+// fits it (Mutate re-injects it once it no longer does). renamed are the
+// resources fixResources renamed to, for the advice on a taint.
 func chooseLayout(pod *corev1.Pod, layouts []*Layout, cfg *config.Configuration, prev *layout.Injected, seed uint64, renamed []corev1.ResourceName) (*Layout, string) {
 	if prev != nil && prev.StaticLayout != "" {
 		if s, ok := cfg.Static(prev.StaticLayout); ok {

@@ -152,3 +152,100 @@ func TestUntoleratedTaintFix(t *testing.T) {
 		})
 	}
 }
+
+// TestRemoveLibraryDirs: an earlier injection's folders leave LD_LIBRARY_PATH,
+// but for those the next layout puts there again; the user's stay, and a
+// variable left with nothing of the user's goes.
+func TestRemoveLibraryDirs(t *testing.T) {
+	lib := "/usr/local/nvidia/lib64"
+	tests := map[string]struct {
+		value, want string
+		keep        []string
+		removed     bool
+	}{
+		"the next layout's folder too":    {value: "/opt/conda/lib:" + lib, keep: []string{lib}, want: "/opt/conda/lib:" + lib},
+		"no folder next (runtime)":        {value: "/opt/conda/lib:" + lib, want: "/opt/conda/lib"},
+		"prepended":                       {value: lib + ":/opt/conda/lib", want: "/opt/conda/lib"},
+		"only ours":                       {value: lib, removed: true},
+		"only ours, after envFrom's":      {value: "$(LD_LIBRARY_PATH):" + lib, removed: true},
+		"a folder below a mounted one":    {value: lib + "/vdpau:/opt/lib", want: "/opt/lib"},
+		"a folder that only starts alike": {value: lib + "-old:/opt/lib", want: lib + "-old:/opt/lib"},
+		"none of ours":                    {value: "/opt/lib", want: "/opt/lib"},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			pod := hPod("nvidia.com/gpu", func(p *corev1.Pod) {
+				p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "A", Value: "1"}, {Name: envLDLibraryPath, Value: tc.value}}
+			})
+			before := pod.DeepCopy()
+			ed := &editor{pod: pod}
+			ref := containerRef{appContainers, 0}
+			removeLibraryDirs(ed, ref, []string{lib}, tc.keep)
+			checkPatch(t, before, pod, ed.patch)
+			env := pod.Spec.Containers[0].Env
+			switch {
+			case tc.removed:
+				if len(env) != 1 || env[0].Name != "A" {
+					t.Errorf("env = %+v, want LD_LIBRARY_PATH removed", env)
+				}
+			case len(env) != 2 || env[1].Value != tc.want:
+				t.Errorf("env = %+v, want LD_LIBRARY_PATH=%s", env, tc.want)
+			case tc.want == tc.value && len(ed.edits) > 0:
+				t.Errorf("unchanged value, yet %d edits", len(ed.edits))
+			}
+		})
+	}
+}
+
+// TestReinjectTouchesOnlyItsOwn: a stale injection's volume goes from every
+// container that mounts it, a sidecar's included (the volume goes); the
+// user's own volume named like gpu-injector's but not in the record, their
+// LD_LIBRARY_PATH under ldLibraryPath: Off, and their selectors stay.
+func TestReinjectTouchesOnlyItsOwn(t *testing.T) {
+	cfg := config.Default()
+	cfg.LDLibraryPath = config.LDLibraryPathOff
+	ro := func(name, at string) corev1.VolumeMount {
+		return corev1.VolumeMount{Name: name, MountPath: at, ReadOnly: true}
+	}
+	host := func(name, p string) corev1.Volume {
+		return corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: p}}}
+	}
+	pod := hPod("nvidia.com/gpu", func(p *corev1.Pod) {
+		p.Namespace = "ml"
+		p.Annotations = map[string]string{"gpu-injector.io/injected": `{"fingerprint":"aaaaaaaaaaaaaaaaaaaa","driverVersion":"470.57.02","containers":["cuda"],"volumes":["gpu-injector-old"]}`}
+		p.Spec.NodeSelector = map[string]string{"accelerator": "nvidia-tesla-k80", "gpu-injector.io/layout-fingerprint": "aaaaaaaaaaaaaaaaaaaa"}
+		p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: envLDLibraryPath, Value: "/usr/local/nvidia/lib64"}}
+		p.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{ro("gpu-injector-old", "/usr/local/nvidia/lib64"), ro("gpu-injector-mine", "/opt/mine")}
+		p.Spec.Containers = append(p.Spec.Containers, corev1.Container{Name: "profiler", VolumeMounts: []corev1.VolumeMount{ro("gpu-injector-old", "/driver")}})
+		p.Spec.Volumes = []corev1.Volume{host("gpu-injector-old", "/usr/lib/nvidia-470"), host("gpu-injector-mine", "/opt/mine")}
+	})
+	before := pod.DeepCopy()
+	res := Mutate(Input{Pod: pod, Layouts: layoutsOf(cfg, loadNodes(t, "testdata/nodes.yaml"))}, cfg)
+	if res.Decision != DecisionInjected || res.Layout == nil || res.Layout.Fingerprint != "03b3b0fb0c0413aeadfa" {
+		t.Fatalf("decision %s %q, layout %v: want re-injected with the K80 nodes' layout", res.Decision, res.Reason, res.Layout)
+	}
+	checkPatch(t, before, pod, res.Patch)
+	var names []string
+	for _, v := range pod.Spec.Volumes {
+		names = append(names, v.Name)
+	}
+	if slices.Contains(names, "gpu-injector-old") || !slices.Contains(names, "gpu-injector-mine") {
+		t.Errorf("volumes = %v, want the stale one gone and the user's kept", names)
+	}
+	for _, c := range pod.Spec.Containers {
+		for _, vm := range c.VolumeMounts {
+			if vm.Name == "gpu-injector-old" {
+				t.Errorf("container %s still mounts the stale volume", c.Name)
+			}
+		}
+	}
+	if env := pod.Spec.Containers[0].Env; len(env) != 1 || env[0].Value != "/usr/local/nvidia/lib64" {
+		t.Errorf("env = %+v, want LD_LIBRARY_PATH untouched under ldLibraryPath: Off", env)
+	}
+	if want := map[string]string{"accelerator": "nvidia-tesla-k80", "gpu-injector.io/layout-fingerprint": "03b3b0fb0c0413aeadfa"}; !apiequality.Semantic.DeepEqual(pod.Spec.NodeSelector, want) {
+		t.Errorf("nodeSelector = %v, want %v", pod.Spec.NodeSelector, want)
+	}
+	if w := strings.Join(res.Warnings, "\n"); !strings.Contains(w, "470.57.02") || !strings.Contains(w, "re-injected with driver 384.130") {
+		t.Errorf("warnings do not name both drivers: %q", res.Warnings)
+	}
+}
