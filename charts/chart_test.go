@@ -69,6 +69,8 @@ func helmBinary(t *testing.T) string {
 type renderOpts struct {
 	kubeVersion string
 	set         []string
+	// files are values files (-f), applied before set as helm does.
+	files []string
 }
 
 // rendered is the chart's output, one object per document.
@@ -79,6 +81,9 @@ type rendered struct {
 func helmTemplate(t *testing.T, o renderOpts) ([]byte, error) {
 	t.Helper()
 	args := []string{"template", releaseName, chartDir, "--namespace", namespace, "--kube-version", o.kubeVersion}
+	for _, f := range o.files {
+		args = append(args, "--values", f)
+	}
 	for _, s := range o.set {
 		args = append(args, "--set", s)
 	}
@@ -98,6 +103,11 @@ func render(t *testing.T, o renderOpts) rendered {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return parseRendered(t, out)
+}
+
+func parseRendered(t *testing.T, out []byte) rendered {
+	t.Helper()
 	var r rendered
 	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(out), 4096)
 	for {

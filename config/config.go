@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path"
+	"slices"
 	"strings"
 	"time"
 
@@ -183,8 +184,23 @@ type Resources struct {
 
 // HostPaths is the trust boundary for layouts published by nodes.
 type HostPaths struct {
-	Allowlist          []layout.AllowedPath `json:"allowlist"`
+	Allowlist []layout.AllowedPath `json:"allowlist"`
+	// ExtraAllowlist is added to Allowlist, defaulted or not: a list given
+	// for Allowlist replaces the defaults whole (and Helm replaces lists in
+	// values too), so a cluster that only needs one more folder names it
+	// here and keeps the defaults, including those of later releases.
+	ExtraAllowlist     []layout.AllowedPath `json:"extraAllowlist,omitempty"`
 	DriverFilePatterns []string             `json:"driverFilePatterns"`
+}
+
+// Entries is the allowlist in force: Allowlist, then ExtraAllowlist.
+func (h HostPaths) Entries() []layout.AllowedPath {
+	if len(h.ExtraAllowlist) == 0 {
+		return h.Allowlist
+	}
+	// Clipped, so that the append copies instead of writing the extra entries
+	// into spare capacity that Allowlist's own backing array may have.
+	return append(slices.Clip(h.Allowlist), h.ExtraAllowlist...)
 }
 
 // ContainerPaths are where the driver appears inside containers.
@@ -351,7 +367,7 @@ func DefaultDriverFilePatterns() []string {
 // Rules returns the layout validation rules this configuration implies.
 func (c *Configuration) Rules() layout.Rules {
 	return layout.Rules{
-		HostPathAllowlist:  c.HostPaths.Allowlist,
+		HostPathAllowlist:  c.HostPaths.Entries(),
 		DriverFilePatterns: c.HostPaths.DriverFilePatterns,
 		ContainerPathRoots: []string{c.ContainerPaths.LibraryDir, c.ContainerPaths.BinaryDir},
 	}
@@ -408,25 +424,18 @@ func (c *Configuration) Validate() field.ErrorList {
 	if len(c.HostPaths.Allowlist) == 0 {
 		errs = append(errs, field.Required(hp.Child("allowlist"), "an empty allowlist would reject every layout"))
 	}
-	for i, a := range c.HostPaths.Allowlist {
-		ip := hp.Child("allowlist").Index(i).Child("path")
-		if !path.IsAbs(a.Path) || path.Clean(a.Path) != a.Path || a.Path == "/" {
-			errs = append(errs, field.Invalid(ip, a.Path, "must be an absolute, clean path other than /"))
-		} else if _, err := path.Match(a.Path, "/"); err != nil {
-			errs = append(errs, field.Invalid(ip, a.Path, fmt.Sprintf("bad pattern: %v", err)))
-		} else if s := sensitiveOverlap(a.Path); s != "" && !a.FilesOnly {
-			errs = append(errs, field.Forbidden(ip, fmt.Sprintf("it would allow the system folder %s whole; allow it only with filesOnly: true, or name the driver's own folder", s)))
-		}
-	}
+	errs = append(errs, validateAllowlist(hp.Child("allowlist"), c.HostPaths.Allowlist)...)
+	errs = append(errs, validateAllowlist(hp.Child("extraAllowlist"), c.HostPaths.ExtraAllowlist)...)
 	for i, p := range c.HostPaths.DriverFilePatterns {
 		if _, err := path.Match(p, ""); err != nil || p == "" || strings.Contains(p, "/") {
 			errs = append(errs, field.Invalid(hp.Child("driverFilePatterns").Index(i), p, "must be a file name pattern without '/'"))
 		}
 	}
 	cp := field.NewPath("containerPaths")
-	for name, v := range map[string]string{"libraryDir": c.ContainerPaths.LibraryDir, "binaryDir": c.ContainerPaths.BinaryDir} {
-		if !path.IsAbs(v) || path.Clean(v) != v || v == "/" || strings.Contains(v, ":") {
-			errs = append(errs, field.Invalid(cp.Child(name), v, "must be an absolute, clean path other than / without ':'"))
+	// In field order, so that the errors read the same on every start.
+	for _, f := range []struct{ name, v string }{{"libraryDir", c.ContainerPaths.LibraryDir}, {"binaryDir", c.ContainerPaths.BinaryDir}} {
+		if !path.IsAbs(f.v) || path.Clean(f.v) != f.v || f.v == "/" || strings.Contains(f.v, ":") {
+			errs = append(errs, field.Invalid(cp.Child(f.name), f.v, "must be an absolute, clean path other than / without ':'"))
 		}
 	}
 	errs = append(errs, oneOf(field.NewPath("ldLibraryPath"), c.LDLibraryPath, LDLibraryPathAppend, LDLibraryPathPrepend, LDLibraryPathOff)...)
@@ -486,6 +495,23 @@ func (c *Configuration) Validate() field.ErrorList {
 	for i, ns := range c.ExcludedNamespaces {
 		if msgs := validation.IsDNS1123Label(ns); len(msgs) > 0 {
 			errs = append(errs, field.Invalid(field.NewPath("excludedNamespaces").Index(i), ns, strings.Join(msgs, "; ")))
+		}
+	}
+	return errs
+}
+
+// validateAllowlist applies one set of rules to allowlist and extraAllowlist
+// entries: an added folder is trusted exactly as a default one is.
+func validateAllowlist(fp *field.Path, entries []layout.AllowedPath) field.ErrorList {
+	var errs field.ErrorList
+	for i, a := range entries {
+		ip := fp.Index(i).Child("path")
+		if !path.IsAbs(a.Path) || path.Clean(a.Path) != a.Path || a.Path == "/" {
+			errs = append(errs, field.Invalid(ip, a.Path, "must be an absolute, clean path other than /"))
+		} else if _, err := path.Match(a.Path, "/"); err != nil {
+			errs = append(errs, field.Invalid(ip, a.Path, fmt.Sprintf("bad pattern: %v", err)))
+		} else if s := sensitiveOverlap(a.Path); s != "" && !a.FilesOnly {
+			errs = append(errs, field.Forbidden(ip, fmt.Sprintf("it would allow the system folder %s whole; allow it only with filesOnly: true, or name the driver's own folder", s)))
 		}
 	}
 	return errs

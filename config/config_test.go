@@ -3,8 +3,13 @@ package config
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+
+	"github.com/gpu-injector/gpu-injector/layout"
 )
 
 func TestDefaultsValidate(t *testing.T) {
@@ -60,6 +65,8 @@ func TestParseNamesEachBadField(t *testing.T) {
 		"toleration of a native name": {head + "resources: {renameTo: kubernetes.io/gpu}\n",
 			[]string{`resources.renameToleration: Invalid value: "Add": renameTo "kubernetes.io/gpu" is no extended resource name`}},
 		"excluded namespace": {head + "excludedNamespaces: [Kube_System]\n", []string{"excludedNamespaces[0]"}},
+		"extra allowlist": {head + "hostPaths: {extraAllowlist: [{path: srv/gpu}, {path: /srv/gpu/}, {path: /etc/nvidia}, {path: '/srv/[gpu'}, {path: /usr/lib}]}\n",
+			[]string{"hostPaths.extraAllowlist[0].path: Invalid", "hostPaths.extraAllowlist[1].path: Invalid", "hostPaths.extraAllowlist[2].path: Forbidden", "hostPaths.extraAllowlist[3].path: Invalid value: \"/srv/[gpu\": bad pattern", "hostPaths.extraAllowlist[4].path: Forbidden"}},
 		"pinning": {head + "pinning: {nodeLabels: ['karpenter.sh/nodepool', 'karpenter.sh/nodepool', 'gpu-injector.io/layout-fingerprint', 'bad label!'], rememberFor: -1h}\n",
 			[]string{"pinning.nodeLabels[1]: Duplicate", "pinning.nodeLabels[2]: Forbidden", "pinning.nodeLabels[3]: Invalid", "pinning.rememberFor: Invalid"}},
 		"pinning duration": {head + "pinning: {rememberFor: three days}\n", []string{`invalid duration "three days"`}},
@@ -163,5 +170,93 @@ func TestIsExtendedResourceName(t *testing.T) {
 		if got := IsExtendedResourceName(name); got != want {
 			t.Errorf("IsExtendedResourceName(%q) = %v, want %v", name, got, want)
 		}
+	}
+}
+
+// TestExtraAllowlist: extra entries add to the allowlist, defaulted or
+// written, and reach the rules every layout is checked against.
+func TestExtraAllowlist(t *testing.T) {
+	srv := layout.Plan{SchemaVersion: layout.SchemaVersion, DriverVersion: "570.86.15", LibraryPaths: []string{"/usr/local/nvidia/lib64"},
+		Mounts: []layout.Mount{{HostPath: "/srv/gpu/lib", ContainerPath: "/usr/local/nvidia/lib64", Kind: layout.KindDirectory}}}
+	extra := []layout.AllowedPath{{Path: "/srv/gpu"}, {Path: "/srv/shared/lib", FilesOnly: true}}
+	tests := map[string]struct {
+		yaml      string
+		allowlist []layout.AllowedPath
+		entries   []layout.AllowedPath
+		srvValid  bool
+	}{
+		"none": {
+			yaml:      "",
+			allowlist: DefaultAllowlist(),
+			entries:   DefaultAllowlist(),
+		},
+		"added to the defaults": {
+			yaml:      "hostPaths: {extraAllowlist: [{path: /srv/gpu}, {path: /srv/shared/lib, filesOnly: true}]}\n",
+			allowlist: DefaultAllowlist(),
+			entries:   append(DefaultAllowlist(), extra...),
+			srvValid:  true,
+		},
+		"added to a written allowlist": {
+			yaml:      "hostPaths: {allowlist: [{path: /opt/nvidia}], extraAllowlist: [{path: /srv/gpu}, {path: /srv/shared/lib, filesOnly: true}]}\n",
+			allowlist: []layout.AllowedPath{{Path: "/opt/nvidia"}},
+			entries:   append([]layout.AllowedPath{{Path: "/opt/nvidia"}}, extra...),
+			srvValid:  true,
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			c, err := Parse([]byte(tc.yaml))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(c.HostPaths.Allowlist, tc.allowlist) {
+				t.Errorf("allowlist = %v, want %v", c.HostPaths.Allowlist, tc.allowlist)
+			}
+			if got := c.HostPaths.Entries(); !slices.Equal(got, tc.entries) {
+				t.Errorf("entries = %v, want %v", got, tc.entries)
+			}
+			if got := c.Rules().HostPathAllowlist; !slices.Equal(got, tc.entries) {
+				t.Errorf("rules allowlist = %v, want %v", got, tc.entries)
+			}
+			if errs := srv.Validate(c.Rules()); (len(errs) == 0) != tc.srvValid {
+				t.Errorf("a layout under /srv/gpu: errors %v, want valid %v", errs, tc.srvValid)
+			}
+		})
+	}
+	// Entries must not write into the allowlist's spare capacity, which
+	// another caller's Entries would then see.
+	c := Default()
+	c.HostPaths.Allowlist = append(make([]layout.AllowedPath, 0, 8), layout.AllowedPath{Path: "/opt/nvidia"})
+	c.HostPaths.ExtraAllowlist = []layout.AllowedPath{{Path: "/srv/a"}}
+	a := c.HostPaths.Entries()
+	c.HostPaths.ExtraAllowlist = []layout.AllowedPath{{Path: "/srv/b"}}
+	if b := c.HostPaths.Entries(); a[1].Path != "/srv/a" || b[1].Path != "/srv/b" {
+		t.Errorf("entries share memory: %v, %v", a, b)
+	}
+}
+
+// TestDocumentedDefaults: the whole file that docs/configuration.md shows is the
+// defaults, so the page cannot drift from SetDefaults.
+func TestDocumentedDefaults(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join("..", "docs", "configuration.md"))
+	if err != nil {
+		t.Fatalf("failed to read the page: %v", err)
+	}
+	_, rest, ok := strings.Cut(string(data), "## The whole file, with its defaults\n")
+	if !ok {
+		t.Fatal("docs/configuration.md has no section \"The whole file, with its defaults\"")
+	}
+	_, rest, ok = strings.Cut(rest, "```yaml\n")
+	block, _, closed := strings.Cut(rest, "```")
+	if !ok || !closed {
+		t.Fatal("the section has no yaml block")
+	}
+	c, err := Parse([]byte(block))
+	if err != nil {
+		t.Fatalf("the documented file does not parse: %v", err)
+	}
+	// Semantic: the page's empty lists equal the unset defaults.
+	if want := Default(); !apiequality.Semantic.DeepEqual(c, want) {
+		t.Errorf("the documented file differs from the defaults:\n got %+v\nwant %+v", c, want)
 	}
 }

@@ -58,6 +58,16 @@ type loadResult struct {
 	errors     map[string]int
 	// failedSent are when the failed creates were sent.
 	failedSent []time.Time
+	// calls are every create, in the order they were answered.
+	calls []loadCall
+}
+
+// loadCall is one create of the load: when it was sent, how long its answer
+// took, and whether it was an admission that failed.
+type loadCall struct {
+	sent    time.Time
+	latency time.Duration
+	failed  bool
 }
 
 func (r loadResult) String() string {
@@ -130,6 +140,7 @@ func (l *load) create() {
 		l.res.slow++
 	}
 	var status apierrors.APIStatus
+	failed := false
 	switch {
 	case err != nil && !errors.As(err, &status):
 		// No answer from an API server at all: connection refused while it
@@ -137,14 +148,17 @@ func (l *load) create() {
 		l.res.unreachable++
 		l.res.errors[shortError(err)]++
 	case err != nil:
-		l.res.failed++
-		l.res.failedSent = append(l.res.failedSent, start)
+		failed = true
 		l.res.errors[shortError(err)]++
 	case p.Annotations[layout.AnnotationInjected] == "":
-		l.res.failed++
-		l.res.failedSent = append(l.res.failedSent, start)
+		failed = true
 		l.res.errors["admitted without the injection"]++
 	}
+	if failed {
+		l.res.failed++
+		l.res.failedSent = append(l.res.failedSent, start)
+	}
+	l.res.calls = append(l.res.calls, loadCall{sent: start, latency: lat, failed: failed})
 }
 
 // shortError keeps an error's start (what failed) and its end (why: EOF,
@@ -607,11 +621,15 @@ func TestDrillProbeRestart(t *testing.T) {
 	requireNoFailedAdmission(t, res)
 }
 
-// TestDrillAPIServerRestart: kube-apiserver is stopped for 5 s and started
-// again under the running webhook. Creates sent while it is down find no
-// API server (counted apart); every create it answers after must be
-// mutated. The webhook must reconnect: a Node added afterwards reaches every
-// replica's cache. Its /readyz is sampled throughout.
+// TestDrillAPIServerRestart: kube-apiserver is stopped (SIGTERM, as a
+// control-plane upgrade does) and started again under the running webhook.
+// Creates sent while it is down find no API server (counted apart). Once it
+// is back, what a user sees is measured, not only the outage: every create
+// it answers must be mutated and none may wait past the webhook's timeout,
+// and the API server must reach every replica again (bursts of creates until
+// each replica's injected count has grown; how long that took is logged).
+// The webhook's /readyz is sampled throughout. The webhook must reconnect: a
+// Node added afterwards reaches every replica's cache.
 func TestDrillAPIServerRestart(t *testing.T) {
 	pods := readyWebhookPods(t)
 	type sample struct {
@@ -638,13 +656,17 @@ func TestDrillAPIServerRestart(t *testing.T) {
 			time.Sleep(200 * time.Millisecond)
 		}
 	}()
+	burstNS := newNamespace(t, true)
 	var down, up time.Time
+	var everyReplica time.Duration
+	var bursts int
 	res := drill(t, "kube-apiserver restarted (5 s down) under the webhook", func(t *testing.T) {
 		down = time.Now()
 		if err := testEnv.Cluster.RestartAPIServer(testContext(t), 5*time.Second); err != nil {
 			t.Fatal(err)
 		}
 		up = time.Now()
+		everyReplica, bursts = burstUntilEveryReplica(t, burstNS, pods, hc)
 	})
 	stopSampling()
 	<-sampled
@@ -661,6 +683,25 @@ func TestDrillAPIServerRestart(t *testing.T) {
 	if res.failed > 0 {
 		t.Errorf("%d admissions failed, want 0 (creates that found no API server: %d): %s", res.failed, res.unreachable, res)
 	}
+
+	// After the restart: every answer in time, every replica answering.
+	after, slowest := 0, time.Duration(0)
+	for _, c := range res.calls {
+		if c.sent.Before(up) {
+			continue
+		}
+		after++
+		slowest = max(slowest, c.latency)
+		if c.latency >= webhookTimeout {
+			t.Errorf("a create sent %s after the API server was back took %s, the webhook's timeout or more: the API server's call to the webhook hung",
+				c.sent.Sub(up).Round(time.Millisecond), c.latency.Round(time.Millisecond))
+		}
+	}
+	t.Logf("after the restart: %d creates, slowest %s", after, slowest.Round(time.Millisecond))
+	if after == 0 {
+		t.Errorf("no create was sent after the API server was back")
+	}
+	t.Logf("every replica answered the API server's admissions %s after its return (%d bursts)", everyReplica.Round(time.Millisecond), bursts)
 
 	// Reconnected and resynced: a new Node with the k80's layout reaches every replica.
 	src, err := client().CoreV1().Nodes().Get(testContext(t), "ubuntu-k80", metav1.GetOptions{})
@@ -717,6 +758,86 @@ func TestDrillAPIServerRestart(t *testing.T) {
 		}
 		return true, nil
 	})
+}
+
+// burstUntilEveryReplica sends bursts of concurrent GPU pod creates (dry
+// runs) until every webhook replica's injected count has grown, and returns
+// how long that took and how many bursts it needed. A steady load does not
+// show that every replica is reached: the API server reuses an idle
+// keep-alive connection, so one replica may take every call. Concurrent calls
+// make it dial more, and each dial goes to a random ready endpoint. Every
+// create must be mutated, within the webhook's timeout.
+func burstUntilEveryReplica(t *testing.T, ns string, pods []corev1.Pod, hc *http.Client) (time.Duration, int) {
+	t.Helper()
+	start := time.Now()
+	base := make([]float64, len(pods))
+	for i, p := range pods {
+		if base[i] = injectedCount(hc, p); base[i] < 0 {
+			t.Fatalf("failed to read replica %s's metrics", p.Name)
+		}
+	}
+	pod := gpuPod("", podOpts{resource: gpu, nodeSelector: map[string]string{env.LabelAccelerator: testEnv.Node("ubuntu-k80").Accelerator}})
+	pod.GenerateName = "burst-"
+	const width = 16
+	for burst := 1; ; burst++ {
+		var wg sync.WaitGroup
+		errs := make(chan error, width)
+		for range width {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				sent := time.Now()
+				p, err := client().CoreV1().Pods(ns).Create(context.Background(), pod.DeepCopy(), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+				took := time.Since(sent)
+				switch {
+				case took >= webhookTimeout:
+					errs <- fmt.Errorf("a create sent %s after the API server was back took %s (%v)", sent.Sub(start).Round(time.Millisecond), took.Round(time.Millisecond), err)
+				case err != nil:
+					errs <- fmt.Errorf("a create sent %s after the API server was back failed: %w", sent.Sub(start).Round(time.Millisecond), err)
+				case p.Annotations[layout.AnnotationInjected] == "":
+					errs <- fmt.Errorf("a create sent %s after the API server was back was admitted without the injection", sent.Sub(start).Round(time.Millisecond))
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Error(err)
+		}
+		waiting := 0
+		for i, p := range pods {
+			if injectedCount(hc, p) <= base[i] {
+				waiting++
+			}
+		}
+		if waiting == 0 {
+			return time.Since(start), burst
+		}
+		if time.Since(start) > 30*time.Second {
+			t.Fatalf("after %d bursts of %d creates in %s, %d of %d replicas had injected no pod since the API server was back", burst, width, time.Since(start).Round(time.Millisecond), waiting, len(pods))
+		}
+	}
+}
+
+// webhookTimeout is the chart's webhook.timeoutSeconds: an API server call
+// to the webhook that takes this long has hung.
+const webhookTimeout = 5 * time.Second
+
+// injectedCount is a webhook pod's gpu_injector_pods_injected_total, or -1
+// when its metrics cannot be read.
+func injectedCount(hc *http.Client, p corev1.Pod) float64 {
+	resp, err := hc.Get("http://" + net.JoinHostPort(p.Status.PodIP, "8080") + "/metrics")
+	if err != nil {
+		return -1
+	}
+	for _, line := range strings.Split(readAll(resp), "\n") {
+		if v, ok := strings.CutPrefix(line, "gpu_injector_pods_injected_total "); ok {
+			if f, err := strconv.ParseFloat(strings.TrimSpace(v), 64); err == nil {
+				return f
+			}
+		}
+	}
+	return -1
 }
 
 func readAll(resp *http.Response) string {

@@ -64,7 +64,9 @@ func runSuite(m *testing.M) int {
 		os.Exit(1)
 	}()
 	code := m.Run()
-	if code != 0 {
+	// E2E_KEEP=1 keeps the environment's folder (logs, kubeconfigs) after a
+	// passing run too, for reading what happened.
+	if code != 0 || os.Getenv("E2E_KEEP") != "" {
 		e.MarkFailed()
 	}
 	if err := e.Down(); err != nil {

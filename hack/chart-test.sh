@@ -39,6 +39,7 @@ modes=(
   "out-of-cluster webhook url|--kube-version 1.36.3 --set webhook.url=https://127.0.0.1:9443 --set webhook.caBundle=Zm9v --set webhook.enabled=false"
   "privileged probe, one replica|--kube-version 1.36.3 --set nodeprobe.privileged=true --set webhook.replicas=1"
   "probe disabled|--kube-version 1.36.3 --set nodeprobe.enabled=false"
+  "an added allowlist entry|--kube-version 1.36.3 --set config.hostPaths.extraAllowlist[0].path=/srv/gpu"
 )
 for mode in "${modes[@]}"; do
   name="${mode%%|*}"

@@ -193,7 +193,7 @@ func BuildPlan(files *Files, version, cudaVersion string, cfg *config.Configurat
 			}
 		}
 		if len(outside) > 0 {
-			return plan, notes, &PlanError{ConditionDriverFilesNotAllowed, fmt.Sprintf("the driver %s is in %s, outside the host path allowlist (hostPaths.allowlist); add the folder to serve this node", version, strings.Join(outside, ", "))}
+			return plan, notes, &PlanError{ConditionDriverFilesNotAllowed, fmt.Sprintf("the driver %s is in %s, outside the host path allowlist; add the folder to hostPaths.extraAllowlist to serve this node", version, strings.Join(outside, ", "))}
 		}
 		return plan, notes, &PlanError{ConditionDriverFilesNotFound, fmt.Sprintf("no driver library of version %s under the host root", version)}
 	}

@@ -1,6 +1,7 @@
 package webhook
 
 import (
+	"crypto/tls"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -10,20 +11,35 @@ import (
 	"testing"
 )
 
-// TestCloseWhileDrainingMovesHTTP2Clients: over a real TLS connection with
-// HTTP/2, as the API server calls the webhook, a client keeps reusing one
-// connection until the replica drains; the first answer while draining
-// makes it dial a new one, and no request fails meanwhile.
-func TestCloseWhileDrainingMovesHTTP2Clients(t *testing.T) {
+// TestCloseWhileDrainingMovesClients: over a real TLS connection, a client
+// keeps reusing one connection until the replica drains; the first answer
+// while draining makes it dial a new one, and no request fails meanwhile.
+// Over HTTP/1.1 keep-alive, which is how the API server calls a webhook
+// behind a Service (it sets NextProtos to http/1.1 so that its calls spread
+// over the replicas), and over HTTP/2, which it speaks to a webhook URL on
+// loopback and other clients may.
+func TestCloseWhileDrainingMovesClients(t *testing.T) {
+	for proto, http2 := range map[string]bool{"HTTP/1.1": false, "HTTP/2.0": true} {
+		t.Run(proto, func(t *testing.T) { testCloseWhileDraining(t, proto, http2) })
+	}
+}
+
+func testCloseWhileDraining(t *testing.T, wantProto string, http2 bool) {
 	var draining atomic.Bool
 	srv := httptest.NewUnstartedServer(closeWhileDraining(&draining, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 		w.Write([]byte(`{"allowed":true}`))
 	})))
-	srv.EnableHTTP2 = true
+	srv.EnableHTTP2 = http2
 	srv.StartTLS()
 	defer srv.Close()
 	client := srv.Client()
+	if !http2 {
+		tr := client.Transport.(*http.Transport)
+		tr.ForceAttemptHTTP2 = false
+		tr.TLSNextProto = map[string]func(string, *tls.Conn) http.RoundTripper{}
+		tr.TLSClientConfig.NextProtos = []string{"http/1.1"}
+	}
 
 	var conns []string
 	post := func() (proto string, reused bool) {
@@ -47,15 +63,16 @@ func TestCloseWhileDrainingMovesHTTP2Clients(t *testing.T) {
 		return resp.Proto, got.Reused
 	}
 
-	if proto, _ := post(); proto != "HTTP/2.0" {
-		t.Fatalf("protocol %s, want HTTP/2.0", proto)
+	if proto, _ := post(); proto != wantProto {
+		t.Fatalf("protocol %s, want %s", proto, wantProto)
 	}
 	if _, reused := post(); !reused {
 		t.Fatal("a serving replica's connection was not reused")
 	}
 	draining.Store(true)
-	// This answer carries the GOAWAY; the connection is gone for new
-	// requests once the client has read it.
+	// This answer carries "Connection: close": HTTP/1.1 closes the
+	// connection after it, HTTP/2 sends a graceful GOAWAY; either way the
+	// connection is gone for new requests once the client has read it.
 	post()
 	_, reused := post()
 	if reused || conns[3] == conns[0] {

@@ -88,7 +88,7 @@ func (m matcher) isDriverPath(p string, layouts []*Layout) bool {
 	if p == "/" || !path.IsAbs(p) || path.Clean(p) != p {
 		return false
 	}
-	for _, a := range m.cfg.HostPaths.Allowlist {
+	for _, a := range m.cfg.HostPaths.Entries() {
 		if a.FilesOnly {
 			if ok, _ := path.Match(a.Path, path.Dir(p)); ok && m.isDriverFileName(path.Base(p)) {
 				return true
@@ -120,7 +120,7 @@ func (m matcher) isDriverPath(p string, layouts []*Layout) bool {
 // driver files (a filesOnly allowlist entry): the recipes mounted /usr/bin or
 // /usr/lib64/nvidia's parent whole to reach nvidia-smi or libcuda.
 func (m matcher) isSharedDriverFolder(p string) bool {
-	for _, a := range m.cfg.HostPaths.Allowlist {
+	for _, a := range m.cfg.HostPaths.Entries() {
 		if ok, _ := path.Match(a.Path, p); ok && a.FilesOnly {
 			return true
 		}

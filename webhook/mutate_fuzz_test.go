@@ -461,7 +461,7 @@ func checkPlanSafe(t *testing.T, p layout.Plan, cfg *config.Configuration) {
 // allowed: a folder entry covers itself and everything below it; a
 // files-only entry covers driver files directly inside it.
 func allowed(p string, kind layout.MountKind, cfg *config.Configuration) bool {
-	for _, a := range cfg.HostPaths.Allowlist {
+	for _, a := range cfg.HostPaths.Entries() {
 		if a.FilesOnly {
 			if ok, _ := path.Match(a.Path, path.Dir(p)); !ok || kind != layout.KindFile {
 				continue

@@ -195,7 +195,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 	// A replica that closes its port at SIGTERM fails every request the API
 	// server sends it until the endpoint removal reaches the API server (and
-	// its HTTP/2 connection sticks to one replica). So the manager runs on a
+	// keep-alive connection sticks to one replica). So the manager runs on a
 	// context of its own that ends shutdownDelay after ctx: meanwhile the
 	// server keeps answering and /readyz fails; then the server drains the
 	// requests in flight (http.Server.Shutdown) and the process exits.
@@ -315,16 +315,16 @@ func restConfig(kubeconfig string) (*rest.Config, error) {
 }
 
 // closeWhileDraining asks each client to move to another connection once
-// the replica is shutting down. The API server keeps one HTTP/2 connection
-// to a webhook and reuses it, so removing this replica's endpoint moves no
-// traffic: only the connection's end does, and if that end is the server's
-// Shutdown, a request written as it closes fails ("broken pipe"; the API
-// server does not retry an admission). "Connection: close" on a response
-// makes Go's HTTP/2 server send a graceful GOAWAY: requests already sent on
-// the connection are answered, later ones are refused in a way the client
-// retries, and the client's next requests dial anew, through the Service,
-// to a ready replica. In HTTP/1.1 it closes the connection after the
-// response.
+// the replica is shutting down. The API server calls a webhook behind a
+// Service over HTTP/1.1 keep-alive connections (it asks for http/1.1 so that
+// its calls spread over the replicas) and reuses each one, so removing this
+// replica's endpoint moves no traffic: only the connection's end does, and
+// if that end is the server's Shutdown, a request written as it closes fails
+// ("broken pipe"; the API server does not retry an admission).
+// "Connection: close" on a response closes an HTTP/1.1 connection after that
+// response and makes Go's HTTP/2 server send a graceful GOAWAY: requests
+// already sent are answered, and the client's next requests dial anew,
+// through the Service, to a ready replica.
 func closeWhileDraining(draining *atomic.Bool, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if draining.Load() {

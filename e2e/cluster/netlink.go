@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"crypto/rand"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -17,10 +18,26 @@ import (
 
 // createBridge makes a Linux bridge named name, gives it each address (CIDR)
 // and sets it up.
+//
+// The bridge gets a MAC address of its own at creation. Without one, the
+// kernel gives a bridge the lowest MAC of its ports and changes it whenever
+// a port with a lower one comes or the lowest one goes, that is whenever a
+// pod starts or stops. Every other pod still has the old MAC cached for its
+// gateway (this host) and sends its replies there, where nothing takes them,
+// until its neighbour entry expires and it asks again: 10 to 50 s in which
+// the API server's calls to a webhook pod and the kubelet's probes time out.
+// A real node does not do that: udev (MACAddressPolicy=persistent) gives
+// cni0 a fixed address as it is made, Docker does the same for docker0, and
+// an address set this way is one the kernel never replaces.
 func createBridge(name string, cidrs ...string) error {
 	linkinfo := nlAttr(unix.IFLA_INFO_KIND, append([]byte("bridge"), 0))
+	mac, err := localMAC()
+	if err != nil {
+		return fmt.Errorf("failed to make a MAC address for bridge %s: %w", name, err)
+	}
 	msg := ifinfo(0, unix.IFF_UP, unix.IFF_UP)
 	msg = append(msg, nlAttr(unix.IFLA_IFNAME, append([]byte(name), 0))...)
+	msg = append(msg, nlAttr(unix.IFLA_ADDRESS, mac)...)
 	msg = append(msg, nlAttr(unix.IFLA_LINKINFO|unix.NLA_F_NESTED, linkinfo)...)
 	if err := netlinkDo(unix.RTM_NEWLINK, unix.NLM_F_CREATE|unix.NLM_F_EXCL, msg); err != nil {
 		return fmt.Errorf("failed to create bridge %s: %w", name, err)
@@ -47,6 +64,17 @@ func createBridge(name string, cidrs ...string) error {
 		}
 	}
 	return nil
+}
+
+// localMAC is a random, locally administered unicast MAC address, as the
+// kernel's eth_random_addr makes them.
+func localMAC() (net.HardwareAddr, error) {
+	mac := make(net.HardwareAddr, 6)
+	if _, err := rand.Read(mac); err != nil {
+		return nil, err
+	}
+	mac[0] = mac[0]&^0x01 | 0x02
+	return mac, nil
 }
 
 // deleteLink removes the link named name; a missing link is no error.

@@ -1,10 +1,15 @@
 package cluster
 
 import (
+	"encoding/binary"
+	"fmt"
 	"net"
 	"os"
 	"slices"
+	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // The bridge the launcher makes without iproute2: created up, with both
@@ -50,4 +55,82 @@ func TestCreateBridge(t *testing.T) {
 	if err := deleteLink(name); err != nil {
 		t.Errorf("deleting a missing link: %v", err)
 	}
+}
+
+// A pod's veth joining and leaving the bridge must not change the bridge's
+// MAC: pods cache it for their gateway, and a bridge that took its lowest
+// port's address and dropped it with the port left every other pod sending
+// its replies to an address nothing answers, for tens of seconds.
+func TestBridgeKeepsItsMAC(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("making a bridge needs root")
+	}
+	name := "git" + randomHex(3)
+	if err := createBridge(name, "10.87.252.1/24"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = deleteLink(name) })
+	br, err := net.InterfaceByName(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mac := br.HardwareAddr.String()
+	if b, err := os.ReadFile("/sys/class/net/" + name + "/addr_assign_type"); err != nil || strings.TrimSpace(string(b)) != "3" {
+		t.Errorf("bridge %s addr_assign_type %q (%v), want 3 (set at creation)", name, b, err)
+	}
+
+	// A port whose MAC sorts below any the bridge can have: a kernel that
+	// picks the bridge's address from its ports would take this one.
+	port, peer := "gip"+randomHex(3), "gic"+randomHex(3)
+	if err := createVethPort(port, peer, net.HardwareAddr{0, 0, 0, 0, 0, 1}, br.Index); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = deleteLink(port) })
+	if got := macOf(t, name); got != mac {
+		t.Errorf("bridge MAC %s after a port with a lower MAC joined, want %s", got, mac)
+	}
+	if err := deleteLink(port); err != nil {
+		t.Fatal(err)
+	}
+	if got := macOf(t, name); got != mac {
+		t.Errorf("bridge MAC %s after the port left, want %s", got, mac)
+	}
+}
+
+func macOf(t *testing.T, name string) string {
+	t.Helper()
+	ifc, err := net.InterfaceByName(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ifc.HardwareAddr.String()
+}
+
+// createVethPort makes a veth pair, as the CNI bridge plugin does for a pod,
+// with the given MAC on name, and makes name a port of the bridge master.
+func createVethPort(name, peer string, mac net.HardwareAddr, master int) error {
+	peerMsg := ifinfo(0, 0, 0)
+	peerMsg = append(peerMsg, nlAttr(unix.IFLA_IFNAME, append([]byte(peer), 0))...)
+	data := nlAttr(1 /* VETH_INFO_PEER */ |unix.NLA_F_NESTED, peerMsg)
+	linkinfo := nlAttr(unix.IFLA_INFO_KIND, append([]byte("veth"), 0))
+	linkinfo = append(linkinfo, nlAttr(unix.IFLA_INFO_DATA|unix.NLA_F_NESTED, data)...)
+	msg := ifinfo(0, 0, 0)
+	msg = append(msg, nlAttr(unix.IFLA_IFNAME, append([]byte(name), 0))...)
+	msg = append(msg, nlAttr(unix.IFLA_ADDRESS, mac)...)
+	msg = append(msg, nlAttr(unix.IFLA_LINKINFO|unix.NLA_F_NESTED, linkinfo)...)
+	if err := netlinkDo(unix.RTM_NEWLINK, unix.NLM_F_CREATE|unix.NLM_F_EXCL, msg); err != nil {
+		return fmt.Errorf("failed to create veth %s: %w", name, err)
+	}
+	ifc, err := net.InterfaceByName(name)
+	if err != nil {
+		return fmt.Errorf("failed to find veth %s: %w", name, err)
+	}
+	set := ifinfo(int32(ifc.Index), 0, 0)
+	m := make([]byte, 4)
+	binary.NativeEndian.PutUint32(m, uint32(master))
+	set = append(set, nlAttr(unix.IFLA_MASTER, m)...)
+	if err := netlinkDo(unix.RTM_NEWLINK, 0, set); err != nil {
+		return fmt.Errorf("failed to add %s to the bridge: %w", name, err)
+	}
+	return nil
 }
