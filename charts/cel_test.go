@@ -193,7 +193,19 @@ spec:
     resources:
       limits: {nvidia.com/mig-1g.10gb: "1"}
 `,
-			want: map[string]bool{"default names": false, "mig pattern": true},
+			want: map[string]bool{"default names": true, "mig pattern": true},
+		},
+		"shared gpu": {
+			pod: `
+metadata: {name: shared, namespace: ml}
+spec:
+  containers:
+  - name: main
+    image: cuda
+    resources:
+      limits: {nvidia.com/gpu.shared: "1"}
+`,
+			want: map[string]bool{"default names": true, "mig pattern": false},
 		},
 		"a name that only shares the pattern's stem": {
 			pod: `

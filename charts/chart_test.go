@@ -916,6 +916,12 @@ func TestConfigValues(t *testing.T) {
 				}
 			},
 		},
+		"no toleration for renamed pods": {
+			set: []string{"config.resources.renameToleration=None"},
+			check: func(t *testing.T, c *config.Configuration) {
+				eq(t, c.Resources.RenameToleration, config.RenameTolerationNone)
+			},
+		},
 		"pinning by pool": {
 			set: []string{"config.pinning.nodeLabels={karpenter.sh/nodepool,node.kubernetes.io/instance-type}", "config.pinning.rememberFor=72h"},
 			check: func(t *testing.T, c *config.Configuration) {

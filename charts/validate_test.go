@@ -183,6 +183,15 @@ func TestConfigChecksAgree(t *testing.T) {
 		schemaField, binaryField string
 	}{
 		"the defaults": {config: map[string]any{}},
+		"a toleration for a native renameTo": {
+			config: map[string]any{"resources": map[string]any{"renameTo": "kubernetes.io/gpu"}},
+		},
+		"no toleration for a native renameTo": {
+			config: map[string]any{"resources": map[string]any{"renameTo": "kubernetes.io/gpu", "renameToleration": "None"}},
+		},
+		"a native renameTo with nothing to rename": {
+			config: map[string]any{"resources": map[string]any{"renameTo": "requests.gpu/x", "legacy": []any{}}},
+		},
 		"static without a name": {
 			config: map[string]any{"noLayout": map[string]any{"action": "Static"}},
 		},

@@ -89,6 +89,20 @@ const (
 	RuntimeInjectionSkip = "Skip"
 )
 
+// What to do for the toleration a renamed pod would have had.
+const (
+	// RenameTolerationAdd gives a pod whose legacy resource is renamed the
+	// toleration that the ExtendedResourceToleration admission plugin gives
+	// every pod requesting the new name: the plugin ran before the webhook,
+	// saw the legacy name, which is no extended resource, and added none, so
+	// the renamed pod could not use GPU nodes tainted for that name (GKE's
+	// nvidia.com/gpu=present:NoSchedule).
+	RenameTolerationAdd = "Add"
+	// RenameTolerationNone adds none. (Not "Off": YAML 1.1, which the
+	// configuration is read as, makes an unquoted Off the boolean false.)
+	RenameTolerationNone = "None"
+)
+
 // Configuration is the file's schema.
 type Configuration struct {
 	APIVersion string `json:"apiVersion"`
@@ -164,6 +178,8 @@ type Resources struct {
 	// Legacy names are rewritten to RenameTo in limits and requests.
 	Legacy   []string `json:"legacy"`
 	RenameTo string   `json:"renameTo"`
+	// RenameToleration is RenameTolerationAdd or RenameTolerationNone.
+	RenameToleration string `json:"renameToleration"`
 }
 
 // HostPaths is the trust boundary for layouts published by nodes.
@@ -225,13 +241,16 @@ func SetDefaults(c *Configuration) {
 		c.Kind = Kind
 	}
 	if c.Resources.Names == nil {
-		c.Resources.Names = []string{"nvidia.com/gpu", "alpha.kubernetes.io/nvidia-gpu"}
+		c.Resources.Names = DefaultResourceNames()
 	}
 	if c.Resources.Legacy == nil {
 		c.Resources.Legacy = []string{"alpha.kubernetes.io/nvidia-gpu"}
 	}
 	if c.Resources.RenameTo == "" {
 		c.Resources.RenameTo = "nvidia.com/gpu"
+	}
+	if c.Resources.RenameToleration == "" {
+		c.Resources.RenameToleration = RenameTolerationAdd
 	}
 	if c.HostPaths.Allowlist == nil {
 		c.HostPaths.Allowlist = DefaultAllowlist()
@@ -285,6 +304,16 @@ func SetDefaults(c *Configuration) {
 			c.StaticLayouts[i].SchemaVersion = layout.SchemaVersion
 		}
 	}
+}
+
+// DefaultResourceNames are what NVIDIA's k8s-device-plugin advertises, so that
+// a pod asking for any of its resources is a GPU pod without configuration:
+// whole GPUs (nvidia.com/gpu, also MIG's single strategy), time-sliced or MPS
+// shared GPUs under renameByDefault (nvidia.com/gpu.shared), the MIG devices
+// of its mixed strategy (nvidia.com/mig-1g.10gb, and nvidia.com/mig-1g.10gb.shared
+// when those are shared too), and the alpha name of Kubernetes before 1.10.
+func DefaultResourceNames() []string {
+	return []string{"nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-*", "alpha.kubernetes.io/nvidia-gpu"}
 }
 
 // DefaultAllowlist covers the driver folders of the common distributions and
@@ -384,6 +413,12 @@ func (c *Configuration) Validate() field.ErrorList {
 	}
 	if msgs := validation.IsQualifiedName(c.Resources.RenameTo); len(msgs) > 0 {
 		errs = append(errs, field.Invalid(rp.Child("renameTo"), c.Resources.RenameTo, strings.Join(msgs, "; ")))
+	}
+	errs = append(errs, oneOf(rp.Child("renameToleration"), c.Resources.RenameToleration, RenameTolerationAdd, RenameTolerationNone)...)
+	if c.Resources.RenameToleration == RenameTolerationAdd && len(c.Resources.Legacy) > 0 && !IsExtendedResourceName(c.Resources.RenameTo) {
+		// The admission plugin adds nothing for such a name either, so there
+		// is nothing to stand in for.
+		errs = append(errs, field.Invalid(rp.Child("renameToleration"), c.Resources.RenameToleration, fmt.Sprintf("renameTo %q is no extended resource name (a domain outside kubernetes.io, like nvidia.com/gpu), for which the ExtendedResourceToleration admission plugin adds no toleration; set renameToleration: %s", c.Resources.RenameTo, RenameTolerationNone)))
 	}
 	hp := field.NewPath("hostPaths")
 	if len(c.HostPaths.Allowlist) == 0 {
@@ -506,6 +541,18 @@ func (p Pinning) validate(fp *field.Path) field.ErrorList {
 		errs = append(errs, field.Invalid(fp.Child("rememberFor"), p.RememberFor.Duration.String(), "must not be negative; 0s forgets a pool as soon as its last node leaves"))
 	}
 	return errs
+}
+
+// IsExtendedResourceName reports whether name is an extended resource, as
+// the API server decides it: a name with a domain outside kubernetes.io, not
+// a quota's "requests." name, that is a qualified name with that prefix too.
+// Only extended resources get a toleration from the ExtendedResourceToleration
+// admission plugin.
+func IsExtendedResourceName(name string) bool {
+	if !strings.Contains(name, "/") || strings.Contains(name, "kubernetes.io/") || strings.HasPrefix(name, "requests.") {
+		return false
+	}
+	return len(validation.IsQualifiedName("requests."+name)) == 0
 }
 
 // sensitiveFolders must never be mounted whole: the host's system, its

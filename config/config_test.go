@@ -20,7 +20,7 @@ func TestDefaultsValidate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.ContainerPaths.LibraryDir != "/usr/local/nvidia/lib64" || c.NoLayout.Action != NoLayoutDeny || c.Resources.RenameTo != "nvidia.com/gpu" {
+	if c.ContainerPaths.LibraryDir != "/usr/local/nvidia/lib64" || c.NoLayout.Action != NoLayoutDeny || c.Resources.RenameTo != "nvidia.com/gpu" || c.Resources.RenameToleration != RenameTolerationAdd {
 		t.Errorf("unexpected defaults: %+v", c)
 	}
 }
@@ -61,7 +61,10 @@ func TestParseNamesEachBadField(t *testing.T) {
 		"pattern with slash":    {head + "hostPaths: {driverFilePatterns: [a/b]}\n", []string{"hostPaths.driverFilePatterns[0]"}},
 		"resource names":        {head + "resources: {names: [gpu], renameTo: 'not valid!'}\n", []string{"resources.names[0]", "resources.renameTo"}},
 		"container path":        {head + "containerPaths: {libraryDir: lib}\n", []string{"containerPaths.libraryDir"}},
-		"excluded namespace":    {head + "excludedNamespaces: [Kube_System]\n", []string{"excludedNamespaces[0]"}},
+		"rename toleration":     {head + "resources: {renameToleration: Always}\n", []string{"resources.renameToleration: Unsupported value"}},
+		"toleration of a native name": {head + "resources: {renameTo: kubernetes.io/gpu}\n",
+			[]string{`resources.renameToleration: Invalid value: "Add": renameTo "kubernetes.io/gpu" is no extended resource name`}},
+		"excluded namespace": {head + "excludedNamespaces: [Kube_System]\n", []string{"excludedNamespaces[0]"}},
 		"extra allowlist": {head + "hostPaths: {extraAllowlist: [{path: srv/gpu}, {path: /srv/gpu/}, {path: /etc/nvidia}, {path: '/srv/[gpu'}, {path: /usr/lib}]}\n",
 			[]string{"hostPaths.extraAllowlist[0].path: Invalid", "hostPaths.extraAllowlist[1].path: Invalid", "hostPaths.extraAllowlist[2].path: Forbidden", "hostPaths.extraAllowlist[3].path: Invalid value: \"/srv/[gpu\": bad pattern", "hostPaths.extraAllowlist[4].path: Forbidden"}},
 		"pinning": {head + "pinning: {nodeLabels: ['karpenter.sh/nodepool', 'karpenter.sh/nodepool', 'gpu-injector.io/layout-fingerprint', 'bad label!'], rememberFor: -1h}\n",
@@ -132,6 +135,41 @@ func TestDRAPatternsParse(t *testing.T) {
 	}
 	if len(c.DRA.DeviceClasses) != 3 || c.LegacyMounts != LegacyMountsKeep || c.RuntimeInjection != RuntimeInjectionSkip {
 		t.Errorf("unexpected %+v", c)
+	}
+}
+
+func TestRenameToleration(t *testing.T) {
+	// Off is always valid; without legacy names nothing is renamed, so a
+	// native renameTo needs no toleration either.
+	for _, doc := range []string{
+		"resources: {renameToleration: None}\n",
+		"resources: {renameTo: kubernetes.io/gpu, renameToleration: None}\n",
+		"resources: {renameTo: kubernetes.io/gpu, legacy: []}\n",
+	} {
+		if _, err := Parse([]byte(doc)); err != nil {
+			t.Errorf("%s: %v", doc, err)
+		}
+	}
+}
+
+// TestIsExtendedResourceName: the API server's rule, which decides whether
+// the ExtendedResourceToleration admission plugin adds a toleration.
+func TestIsExtendedResourceName(t *testing.T) {
+	tests := map[string]bool{
+		"nvidia.com/gpu":                 true,
+		"nvidia.com/gpu.shared":          true,
+		"nvidia.com/mig-1g.10gb":         true,
+		"example.com/fpga":               true,
+		"alpha.kubernetes.io/nvidia-gpu": false,
+		"kubernetes.io/gpu":              false,
+		"cpu":                            false,
+		"requests.nvidia.com/gpu":        false,
+		"nvidia.com/gpu!":                false,
+	}
+	for name, want := range tests {
+		if got := IsExtendedResourceName(name); got != want {
+			t.Errorf("IsExtendedResourceName(%q) = %v, want %v", name, got, want)
+		}
 	}
 }
 

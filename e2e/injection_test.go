@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 
 	"github.com/gpu-injector/gpu-injector/e2e/env"
 	"github.com/gpu-injector/gpu-injector/e2e/standin"
@@ -208,6 +209,126 @@ func TestLegacyNvidiaSMIJob(t *testing.T) {
 		}
 		t.Logf("cuda-check said: %s", strings.TrimSpace(log))
 	})
+}
+
+// TestLegacyJobOnTaintedGPUNode: GKE taints its GPU nodes
+// nvidia.com/gpu=present:NoSchedule and relies on the ExtendedResourceToleration
+// admission plugin to tolerate it for pods that request nvidia.com/gpu; the
+// plugin sees the legacy name, no extended resource, and adds nothing. With
+// the kubelet node tainted so, the classic Job is renamed, given the
+// toleration the plugin gives nvidia.com/gpu, injected with that node's
+// layout and run there. This API server runs no ExtendedResourceToleration,
+// so a modern pod without the toleration is denied, with the taint and the
+// fix in the reason.
+func TestLegacyJobOnTaintedGPUNode(t *testing.T) {
+	kn := testEnv.KubeletNode()
+	gpuTaint := corev1.Taint{Key: string(gpu), Value: "present", Effect: corev1.TaintEffectNoSchedule}
+	ns := newNamespace(t, true)
+	// A server-side dry run goes through the webhook and creates nothing: it
+	// says when the webhook's node index has seen the taint come and go.
+	probe := gpuPod("taint-probe", podOpts{resource: gpu, nodeSelector: map[string]string{env.LabelAccelerator: kn.Accelerator}})
+	dryRun := func(ctx context.Context) error {
+		_, err := client().CoreV1().Pods(ns).Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return err
+	}
+	setGPUTaint(t, kn.Name, gpuTaint, true)
+	t.Cleanup(func() {
+		setGPUTaint(t, kn.Name, gpuTaint, false)
+		waitFor(t, apiTimeout, "the webhook to admit pods on "+kn.Name+" again", func(ctx context.Context) (bool, error) {
+			return dryRun(ctx) == nil, nil
+		})
+	})
+	var denial string
+	waitFor(t, apiTimeout, "the webhook to deny a pod for the taint of "+kn.Name, func(ctx context.Context) (bool, error) {
+		err := dryRun(ctx)
+		if err != nil && strings.Contains(err.Error(), gpuTaint.ToString()) {
+			denial = err.Error()
+			return true, nil
+		}
+		return false, nil
+	})
+	for _, want := range []string{
+		"the pod does not tolerate (add the toleration {key: nvidia.com/gpu, operator: Exists, effect: NoSchedule} to the pod",
+		"or enable the API server's ExtendedResourceToleration admission plugin",
+	} {
+		if !strings.Contains(denial, want) {
+			t.Errorf("denial of a pod without the toleration:\n%s\nwant %q", denial, want)
+		}
+	}
+	t.Logf("a modern pod without the toleration: %s", denial)
+
+	ctx := testContext(t)
+	if _, err := client().BatchV1().Jobs(ns).Create(ctx, legacyJob(), metav1.CreateOptions{}); err != nil {
+		t.Fatalf("failed to create the job: %v", err)
+	}
+	p := jobPod(t, ns, "nvidia-smi")
+	for _, c := range p.Spec.Containers {
+		if _, ok := c.Resources.Limits[legacyGPU]; ok {
+			t.Errorf("container %s still asks for %s: %v", c.Name, legacyGPU, c.Resources.Limits)
+		}
+	}
+	n := 0
+	for _, tol := range p.Spec.Tolerations {
+		if tol.Key == string(gpu) {
+			n++
+			if tol.Operator != corev1.TolerationOpExists || tol.Effect != corev1.TaintEffectNoSchedule || tol.Value != "" {
+				t.Errorf("toleration %+v, want {key: %s, operator: Exists, effect: NoSchedule}", tol, gpu)
+			}
+		}
+	}
+	if n != 1 {
+		t.Errorf("pod has %d tolerations of %s, want 1: %+v", n, gpu, p.Spec.Tolerations)
+	}
+	assertInjected(t, p, kn)
+	var job *batchv1.Job
+	waitFor(t, runTimeout, "job "+ns+"/nvidia-smi to finish", func(ctx context.Context) (bool, error) {
+		j, err := client().BatchV1().Jobs(ns).Get(ctx, "nvidia-smi", metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		job = j
+		return j.Status.Succeeded > 0 || j.Status.Failed > 0, nil
+	})
+	done, err := client().CoreV1().Pods(ns).Get(ctx, p.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("failed to get pod %s: %v", p.Name, err)
+	}
+	if done.Spec.NodeName != kn.Name {
+		t.Errorf("pod ran on %q, want the tainted %s", done.Spec.NodeName, kn.Name)
+	}
+	smi := podLog(t, ns, p.Name, "nvidia-smi")
+	if job.Status.Succeeded != 1 {
+		t.Fatalf("job failed; nvidia-smi log:\n%s\ncuda-check log:\n%s", smi, podLog(t, ns, p.Name, "cuda-check"))
+	}
+	if want := "Driver Version: " + kn.DriverVersion; !strings.Contains(smi, want) {
+		t.Errorf("nvidia-smi log:\n%s\nwant %q", smi, want)
+	}
+}
+
+// setGPUTaint puts the taint on the node, or takes it off.
+func setGPUTaint(t *testing.T, node string, taint corev1.Taint, on bool) {
+	t.Helper()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		n, err := client().CoreV1().Nodes().Get(context.Background(), node, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		var taints []corev1.Taint
+		for _, tn := range n.Spec.Taints {
+			if tn.Key != taint.Key || tn.Effect != taint.Effect {
+				taints = append(taints, tn)
+			}
+		}
+		if on {
+			taints = append(taints, taint)
+		}
+		n.Spec.Taints = taints
+		_, err = client().CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		t.Fatalf("failed to set taint %s on node %s to %v: %v", taint.ToString(), node, on, err)
+	}
 }
 
 // TestAcceleratorSelectsLayout: a pod that selects a GPU model gets the

@@ -355,6 +355,28 @@ type Injected struct {
 	Remembered bool   `json:"remembered,omitempty"`
 }
 
+// ParseInjected reads an AnnotationInjected value. The value is the pod's, so
+// anyone who writes the pod may have written it: an error says what is wrong
+// with it, for a warning the pod's author can act on. Fields of a newer
+// record are ignored, so that a rollback still reads it.
+func ParseInjected(s string) (Injected, error) {
+	var i Injected
+	if len(s) > MaxAnnotationBytes {
+		return Injected{}, fmt.Errorf("failed to read the injection record: %d bytes exceeds the limit of %d", len(s), MaxAnnotationBytes)
+	}
+	dec := json.NewDecoder(strings.NewReader(s))
+	if err := dec.Decode(&i); err != nil {
+		return Injected{}, fmt.Errorf("failed to read the injection record as JSON: %w", err)
+	}
+	if dec.More() {
+		return Injected{}, fmt.Errorf("failed to read the injection record: trailing data after the JSON object")
+	}
+	if (i.Fingerprint == "") == (i.StaticLayout == "") {
+		return Injected{}, fmt.Errorf("failed to read the injection record: it must name exactly one of fingerprint and staticLayout")
+	}
+	return i, nil
+}
+
 // String encodes the record compactly and deterministically.
 func (i Injected) String() string {
 	var b bytes.Buffer

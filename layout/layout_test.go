@@ -127,6 +127,35 @@ func TestInjectedString(t *testing.T) {
 	}
 }
 
+func TestParseInjected(t *testing.T) {
+	good := Injected{Fingerprint: "abc", DriverVersion: "384.130", Containers: []string{"a"}, Volumes: []string{"gpu-injector-1"}}
+	if got, err := ParseInjected(good.String()); err != nil || got.String() != good.String() {
+		t.Errorf("round trip: %+v, %v", got, err)
+	}
+	if got, err := ParseInjected(`{"staticLayout":"ubuntu","driverVersion":"384.130","containers":["a"],"fromANewerRelease":1}`); err != nil || got.StaticLayout != "ubuntu" {
+		t.Errorf("a newer record's fields: %+v, %v", got, err)
+	}
+	tests := map[string]string{
+		"not JSON":             "injected by hand",
+		"cut short":            `{"fingerprint":"abc","driverVe`,
+		"a list":               `["abc"]`,
+		"a volume not a name":  `{"fingerprint":"abc","volumes":[1]}`,
+		"no layout":            `{"driverVersion":"384.130","containers":["a"]}`,
+		"two layouts":          `{"fingerprint":"abc","staticLayout":"ubuntu"}`,
+		"trailing data":        `{"fingerprint":"abc"} {}`,
+		"oversize":             `{"fingerprint":"` + strings.Repeat("a", MaxAnnotationBytes) + `"}`,
+		"empty":                "",
+		"an empty JSON object": "{}",
+	}
+	for name, s := range tests {
+		t.Run(name, func(t *testing.T) {
+			if _, err := ParseInjected(s); err == nil || !strings.HasPrefix(err.Error(), "failed to read the injection record") {
+				t.Errorf("err = %v, want one that says the record is unreadable", err)
+			}
+		})
+	}
+}
+
 // FuzzDecode feeds node-published annotation values to the decoder and the
 // validator: never a panic, and whatever decodes re-encodes to a value that
 // decodes to the same fingerprint.

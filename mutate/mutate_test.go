@@ -3,14 +3,18 @@ package mutate
 import (
 	"bytes"
 	"errors"
+	"maps"
 	"os"
 	"path/filepath"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/gpu-injector/gpu-injector/layout"
@@ -245,5 +249,170 @@ spec:
 	}
 	if strings.Contains(out, "creationTimestamp") {
 		t.Errorf("output gained creationTimestamp noise:\n%s", out)
+	}
+}
+
+// gkeNodes writes the golden cluster's GKE nodes alone, every GPU node
+// tainted nvidia.com/gpu=present:NoSchedule, as `kubectl get nodes -o yaml`
+// would on such a cluster.
+func gkeNodes(t *testing.T) string {
+	t.Helper()
+	nodes, err := ReadNodes(nodesFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	list := corev1.NodeList{}
+	list.APIVersion, list.Kind = "v1", "List"
+	for _, n := range nodes {
+		if strings.HasPrefix(n.Name, "gpu-gke-") {
+			list.Items = append(list.Items, n)
+		}
+	}
+	b, err := yaml.Marshal(list)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := filepath.Join(t.TempDir(), "gke-nodes.yaml")
+	if err := os.WriteFile(f, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// TestLegacyJobOnTaintedPool: the classic nvidia-smi Job, offline, on a
+// cluster whose GPU nodes are all tainted: renamed, given the toleration the
+// ExtendedResourceToleration admission plugin gives a pod requesting
+// nvidia.com/gpu, injected; and the same again changes nothing.
+func TestLegacyJobOnTaintedPool(t *testing.T) {
+	nodes := gkeNodes(t)
+	in := `apiVersion: batch/v1
+kind: Job
+metadata: {name: nvidia-smi, namespace: ml}
+spec:
+  template:
+    spec:
+      restartPolicy: Never
+      containers:
+      - name: nvidia-smi
+        image: nvidia/cuda:9.0-base
+        command: ["nvidia-smi"]
+        resources:
+          limits:
+            alpha.kubernetes.io/nvidia-gpu: 1
+`
+	out, stderr, err := runMutate(t, in, "-f", "-", "--nodes", nodes)
+	if err != nil {
+		t.Fatalf("mutate: %v\n%s", err, stderr)
+	}
+	var job batchv1.Job
+	if err := yaml.UnmarshalStrict([]byte(out), &job); err != nil {
+		t.Fatal(err)
+	}
+	ps := job.Spec.Template.Spec
+	want := []corev1.Toleration{{Key: "nvidia.com/gpu", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}}
+	if !reflect.DeepEqual(ps.Tolerations, want) {
+		t.Errorf("tolerations = %+v, want %+v", ps.Tolerations, want)
+	}
+	if ps.NodeSelector[layout.LabelFingerprint] != "c7533112b3c59a93fcb3" || len(ps.Volumes) != 2 {
+		t.Errorf("want the GKE layout injected, got selector %v and %d volumes", ps.NodeSelector, len(ps.Volumes))
+	}
+	if !strings.Contains(stderr, "added the toleration {key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}") {
+		t.Errorf("stderr lacks the toleration in the rename warning:\n%s", stderr)
+	}
+	again, stderr2, err := runMutate(t, out, "-f", "-", "--nodes", nodes)
+	if err != nil || again != out {
+		t.Errorf("second run: %v, changed=%v\n%s", err, again != out, stderr2)
+	}
+}
+
+// TestReinjectsStaleTemplates: a Deployment and a Job that `gpu-injector
+// mutate` injected when the A100 nodes ran driver 535.104.05 (the pod of the
+// golden case reinject-driver-upgrade, as their template), mutated again
+// after the nodes moved to 550.54.15: re-injected, the user's volumes, mounts,
+// env and selector kept, the old and the new driver named; and mutating the
+// output once more changes nothing.
+func TestReinjectsStaleTemplates(t *testing.T) {
+	data, err := os.ReadFile("../webhook/testdata/reinject-driver-upgrade.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pod corev1.Pod
+	if err := yaml.Unmarshal(data, &pod); err != nil {
+		t.Fatal(err)
+	}
+	tmpl := corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: pod.Labels, Annotations: pod.Annotations}, Spec: pod.Spec}
+	dep := appsv1.Deployment{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "apps/v1", Kind: "Deployment"},
+		ObjectMeta: metav1.ObjectMeta{Name: "train", Namespace: "ml"},
+		Spec:       appsv1.DeploymentSpec{Selector: &metav1.LabelSelector{MatchLabels: pod.Labels}, Template: tmpl},
+	}
+	job := batchv1.Job{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "batch/v1", Kind: "Job"},
+		ObjectMeta: metav1.ObjectMeta{Name: "train", Namespace: "ml"},
+		Spec:       batchv1.JobSpec{Template: *tmpl.DeepCopy()},
+	}
+	job.Spec.Template.Spec.RestartPolicy = corev1.RestartPolicyNever
+	var in bytes.Buffer
+	for i, obj := range []any{dep, job} {
+		b, err := yaml.Marshal(obj)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i > 0 {
+			in.WriteString("---\n")
+		}
+		in.Write(b)
+	}
+	out, stderr, err := runMutate(t, in.String(), "-f", "-", "--nodes", nodesFile)
+	if err != nil {
+		t.Fatalf("mutate: %v\n%s", err, stderr)
+	}
+	if n := strings.Count(stderr, "the pod carried the NVIDIA driver 535.104.05 of layout 1e49946eca20757e2b51, which no ready node the pod may use publishes now; re-injected with driver 550.54.15 of layout af5330373fdfca473dfb"); n != 2 {
+		t.Errorf("want the re-injection warning for both documents, got %d:\n%s", n, stderr)
+	}
+	d := docs(t, out)
+	if len(d) != 2 {
+		t.Fatalf("got %d documents, want 2:\n%s", len(d), out)
+	}
+	var gotDep appsv1.Deployment
+	var gotJob batchv1.Job
+	if err := yaml.UnmarshalStrict([]byte(d[0]), &gotDep); err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.UnmarshalStrict([]byte(d[1]), &gotJob); err != nil {
+		t.Fatal(err)
+	}
+	for kind, ps := range map[string]corev1.PodSpec{"Deployment": gotDep.Spec.Template.Spec, "Job": gotJob.Spec.Template.Spec} {
+		hostPaths := map[string]string{}
+		for _, v := range ps.Volumes {
+			if v.HostPath != nil {
+				hostPaths[v.Name] = v.HostPath.Path
+			}
+		}
+		for name, p := range hostPaths {
+			if strings.Contains(p, "535.104.05") {
+				t.Errorf("%s: volume %s still mounts the old driver's %s", kind, name, p)
+			}
+		}
+		if hostPaths["data"] != "/data" || !slices.ContainsFunc(ps.Volumes, func(v corev1.Volume) bool { return v.Name == "scratch" && v.EmptyDir != nil }) {
+			t.Errorf("%s: the user's volumes changed: %+v", kind, ps.Volumes)
+		}
+		if !slices.Contains(slices.Collect(maps.Values(hostPaths)), "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15") {
+			t.Errorf("%s: the new driver's libcuda is not mounted: %v", kind, hostPaths)
+		}
+		c := ps.Containers[0]
+		if c.VolumeMounts[0].Name != "data" || c.VolumeMounts[1].Name != "scratch" || len(c.VolumeMounts) != 7 {
+			t.Errorf("%s: mounts = %+v", kind, c.VolumeMounts)
+		}
+		if len(c.Env) != 2 || c.Env[0].Value != "/opt/conda/lib:/usr/local/nvidia/lib64" || c.Env[1].Name != "EPOCHS" {
+			t.Errorf("%s: env = %+v", kind, c.Env)
+		}
+		if want := map[string]string{"accelerator": "nvidia-a100", layout.LabelFingerprint: "af5330373fdfca473dfb"}; !reflect.DeepEqual(ps.NodeSelector, want) {
+			t.Errorf("%s: nodeSelector = %v, want %v", kind, ps.NodeSelector, want)
+		}
+	}
+	again, stderr2, err := runMutate(t, out, "-f", "-", "--nodes", nodesFile)
+	if err != nil || again != out {
+		t.Errorf("second run: %v, changed=%v\n%s", err, again != out, stderr2)
 	}
 }

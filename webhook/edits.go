@@ -309,6 +309,18 @@ func (e addNodeSelector) apply(pod *corev1.Pod) {
 	pod.Spec.NodeSelector[e.key] = e.value
 }
 
+// addToleration appends a toleration to the pod (the one a renamed legacy
+// resource would have had).
+type addToleration struct{ toleration corev1.Toleration }
+
+func (e addToleration) ops(pod *corev1.Pod, out []jsonpatch.Operation) []jsonpatch.Operation {
+	return append(out, appendOp("/spec/tolerations", len(pod.Spec.Tolerations), e.toleration))
+}
+
+func (e addToleration) apply(pod *corev1.Pod) {
+	pod.Spec.Tolerations = append(pod.Spec.Tolerations, e.toleration)
+}
+
 // setAnnotation sets an annotation (the injection record).
 type setAnnotation struct{ key, value string }
 
@@ -358,6 +370,72 @@ func (e removeMount) apply(pod *corev1.Pod) {
 		c.VolumeMounts = nil
 	}
 }
+
+// removeEnv removes a container's environment variable (the LD_LIBRARY_PATH
+// an earlier injection set); the last one goes with its list.
+type removeEnv struct {
+	container containerRef
+	index     int
+}
+
+func (e removeEnv) ops(pod *corev1.Pod, out []jsonpatch.Operation) []jsonpatch.Operation {
+	p := e.container.path() + "/env"
+	if len(e.container.get(pod).Env) == 1 {
+		return append(out, jsonpatch.Operation{Operation: "remove", Path: p})
+	}
+	return append(out, jsonpatch.Operation{Operation: "remove", Path: p + "/" + strconv.Itoa(e.index)})
+}
+
+func (e removeEnv) apply(pod *corev1.Pod) {
+	c := e.container.get(pod)
+	if c.Env = slices.Delete(c.Env, e.index, e.index+1); len(c.Env) == 0 {
+		c.Env = nil
+	}
+}
+
+// removeKeyOp removes one key of the map at path; the last one goes with
+// the map, as a typed pod's empty map is nil.
+func removeKeyOp(path string, n int, key string) jsonpatch.Operation {
+	if n == 1 {
+		return jsonpatch.Operation{Operation: "remove", Path: path}
+	}
+	return jsonpatch.Operation{Operation: "remove", Path: path + "/" + pointerEscape(key)}
+}
+
+// deleteKey deletes a key of a map, which is nil once empty.
+func deleteKey(m *map[string]string, key string) {
+	delete(*m, key)
+	if len(*m) == 0 {
+		*m = nil
+	}
+}
+
+// removeNodeSelector removes a node selector key (an earlier injection's pin).
+type removeNodeSelector struct{ key string }
+
+func (e removeNodeSelector) ops(pod *corev1.Pod, out []jsonpatch.Operation) []jsonpatch.Operation {
+	return append(out, removeKeyOp("/spec/nodeSelector", len(pod.Spec.NodeSelector), e.key))
+}
+
+func (e removeNodeSelector) apply(pod *corev1.Pod) { deleteKey(&pod.Spec.NodeSelector, e.key) }
+
+// removeLabel removes a label (an earlier injection's pool pinning marker).
+type removeLabel struct{ key string }
+
+func (e removeLabel) ops(pod *corev1.Pod, out []jsonpatch.Operation) []jsonpatch.Operation {
+	return append(out, removeKeyOp("/metadata/labels", len(pod.Labels), e.key))
+}
+
+func (e removeLabel) apply(pod *corev1.Pod) { deleteKey(&pod.Labels, e.key) }
+
+// removeAnnotation removes an annotation (an earlier injection's record).
+type removeAnnotation struct{ key string }
+
+func (e removeAnnotation) ops(pod *corev1.Pod, out []jsonpatch.Operation) []jsonpatch.Operation {
+	return append(out, removeKeyOp("/metadata/annotations", len(pod.Annotations), e.key))
+}
+
+func (e removeAnnotation) apply(pod *corev1.Pod) { deleteKey(&pod.Annotations, e.key) }
 
 // removeVolume removes a volume of the pod that no container mounts any more.
 type removeVolume struct{ index int }

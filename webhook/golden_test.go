@@ -458,7 +458,7 @@ func mustJSON(t *testing.T, v any) string {
 func assertHostPathsSafe(t *testing.T, pod *corev1.Pod) {
 	t.Helper()
 	ours := map[string]string{}
-	prev := previousInjection(pod)
+	prev, _ := previousInjection(pod)
 	for _, v := range pod.Spec.Volumes {
 		if prev == nil || !slices.Contains(prev.Volumes, v.Name) {
 			continue

@@ -17,6 +17,7 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 	admissionv1beta1 "k8s.io/api/admission/v1beta1"
 	corev1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -416,6 +417,9 @@ func TestHandlerPatchesNullAndEmpty(t *testing.T) {
 		"empty":                      `{"metadata":{"generateName":"x-","annotations":{}},"spec":{"nodeSelector":{},"volumes":[],"containers":[{"name":"c","env":[],"volumeMounts":[],"resources":{"limits":{"nvidia.com/gpu":"1"}}}]}}`,
 		"absent":                     `{"metadata":{"generateName":"x-"},"spec":{"containers":[{"name":"c","resources":{"limits":{"nvidia.com/gpu":"1"}}}]}}`,
 		"requests only, limits null": `{"metadata":{},"spec":{"containers":[{"name":"c","resources":{"limits":null,"requests":{"nvidia.com/gpu":"1"}}}]}}`,
+		// A renamed legacy resource brings a toleration.
+		"legacy, tolerations null":  `{"metadata":{},"spec":{"tolerations":null,"containers":[{"name":"c","resources":{"limits":{"alpha.kubernetes.io/nvidia-gpu":"1"}}}]}}`,
+		"legacy, tolerations empty": `{"metadata":{},"spec":{"tolerations":[],"containers":[{"name":"c","resources":{"limits":{"alpha.kubernetes.io/nvidia-gpu":"1"}}}]}}`,
 	} {
 		t.Run(name, func(t *testing.T) {
 			body := review(t, admissionv1.Create, "ml", hPod("", nil), podKind)
@@ -448,6 +452,9 @@ func TestHandlerPatchesNullAndEmpty(t *testing.T) {
 			if len(p.Spec.Volumes) != len(plan.Mounts) || len(c.VolumeMounts) != len(plan.Mounts) || len(c.Env) != 1 ||
 				p.Spec.NodeSelector[layout.LabelFingerprint] == "" || p.Annotations[layout.AnnotationInjected] == "" || c.Resources.Limits.Name("nvidia.com/gpu", "").IsZero() {
 				t.Errorf("patched pod lacks part of the injection: %s", out)
+			}
+			if strings.Contains(object, "alpha.kubernetes.io/nvidia-gpu") && !apiequality.Semantic.DeepEqual(p.Spec.Tolerations, []corev1.Toleration{resourceToleration("nvidia.com/gpu")}) {
+				t.Errorf("tolerations = %+v, want the renamed resource's", p.Spec.Tolerations)
 			}
 		})
 	}

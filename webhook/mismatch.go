@@ -141,7 +141,7 @@ func (m *Mismatches) Check(p *corev1.Pod) {
 	}
 	m.told[p.UID] = true
 	m.mu.Unlock()
-	inj := previousInjection(p)
+	inj, _ := previousInjection(p)
 	from := "the pool's live nodes"
 	if inj != nil && inj.Remembered {
 		from = "the pool's memory (the pool had no node)"

@@ -3,7 +3,6 @@ package webhook
 import (
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"path"
 	"slices"
@@ -62,7 +61,7 @@ func Mutate(in Input, cfg *config.Configuration) Result {
 	}
 
 	m := matcher{cfg: cfg, resources: in.GPUResources, claims: in.GPUClaims}
-	m.fixResources(ed, warn)
+	renamed := m.fixResources(ed, warn)
 
 	targets := m.targetContainers(pod)
 	if len(targets) == 0 {
@@ -77,7 +76,14 @@ func Mutate(in Input, cfg *config.Configuration) Result {
 		warn("%s: the API server will reject this pod", msg)
 	}
 
-	prev := previousInjection(pod)
+	prev, err := previousInjection(pod)
+	if err != nil {
+		// Without the record, which volumes, mounts and selector are ours is
+		// unknown: injecting again could stack a second driver on the first.
+		warn("the pod's annotation %s is not one gpu-injector wrote (%v); the pod is left as it is. Remove the annotation to have the driver injected (and the %s* volumes, their mounts and the %s selector, if gpu-injector's earlier injection is still in the pod)",
+			layout.AnnotationInjected, err, volumePrefix, layout.LabelFingerprint)
+		return done(ReasonAlreadyInjected)
+	}
 	var ours []string
 	if prev != nil {
 		ours = prev.Volumes
@@ -87,16 +93,18 @@ func Mutate(in Input, cfg *config.Configuration) Result {
 	if len(legacy) > 0 && cfg.LegacyMounts == config.LegacyMountsKeep {
 		layouts, keepWhy = keepsLegacy(layouts, legacy)
 	}
-	chosen, whyNot := chooseLayout(pod, layouts, cfg, prev, in.Seed)
+	chosen, whyNot := chooseLayout(pod, layouts, cfg, prev, in.Seed, renamed)
+	// stale is an earlier injection whose layout no longer fits the pod (its
+	// nodes are gone, or changed their driver, or a static layout changed):
+	// it is replaced, as a fresh pod would be injected, rather than left to
+	// pin the pod where no node has those files.
+	var stale *layout.Injected
+	if prev != nil && (chosen == nil || !injectionFits(prev, chosen)) {
+		stale = prev
+		chosen, whyNot = chooseLayout(unpinned(pod, prev), layouts, cfg, nil, in.Seed, renamed)
+	}
 	if keepWhy != "" {
 		whyNot = keepWhy
-	}
-	if chosen == nil && prev != nil {
-		// Injected before, but that layout is gone: leave our earlier work alone
-		// rather than stack a second layout on top of it, and say what follows.
-		warn("the pod carries %s for layout %s%s (driver %s), which no ready node publishes now; its nodeSelector keeps it Pending until one does. Remove the annotation, the %s* volumes and mounts and the %s selector to have the current layout injected",
-			layout.AnnotationInjected, prev.Fingerprint, prev.StaticLayout, prev.DriverVersion, volumePrefix, layout.LabelFingerprint)
-		return done(ReasonAlreadyInjected)
 	}
 	if chosen == nil {
 		switch cfg.NoLayout.Action {
@@ -117,27 +125,49 @@ func Mutate(in Input, cfg *config.Configuration) Result {
 			chosen = &Layout{Static: s.Name, Plan: s.Plan, NodeSelector: s.NodeSelector}
 			warn("no ready GPU node layout fits this pod (%s); using static layout %q from the configuration", whyNot, s.Name)
 		case config.NoLayoutAllow:
+			if stale != nil {
+				warn("the pod carries the NVIDIA driver %s, %s, and no other ready GPU node layout fits it (%s); admitted unchanged, its nodeSelector keeps it Pending until a node of that layout is ready",
+					describeInjected(stale), m.staleWhy(stale), whyNot)
+				return done(ReasonNoLayout)
+			}
 			warn("no ready GPU node layout fits this pod (%s); admitted without the NVIDIA driver", whyNot)
 			return done(ReasonNoLayout)
 		default:
 			if keepWhy != "" {
 				return Result{Decision: DecisionDenied, Reason: warnPrefix + keepWhy + ", or set legacyMounts: " + config.LegacyMountsReplace + " in the webhook's configuration", Warnings: res.Warnings}
 			}
+			why := "no ready GPU node layout fits this pod: "
+			if stale != nil {
+				why = fmt.Sprintf("the pod carries the NVIDIA driver %s, %s, and no other ready GPU node layout fits it: ", describeInjected(stale), m.staleWhy(stale))
+			}
 			return Result{
 				Decision: DecisionDenied,
-				Reason:   warnPrefix + "no ready GPU node layout fits this pod: " + whyNot + `; check the pod's nodeName, nodeSelector, node affinity and tolerations, or opt the pod out with annotation ` + layout.AnnotationInject + `: "false"`,
+				Reason:   warnPrefix + why + whyNot + `; check the pod's nodeName, nodeSelector, node affinity and tolerations, or opt the pod out with annotation ` + layout.AnnotationInject + `: "false"`,
 				Warnings: res.Warnings,
 			}
 		}
 	}
 
 	if chosen.Plan.RuntimeInjection != "" && cfg.RuntimeInjection == config.RuntimeInjectionSkip {
+		if stale != nil {
+			// Left alone means as a pod never injected: without the stale
+			// driver, its pin and its record.
+			m.removeInjection(ed, stale, nil, targets)
+			ed.do(removeAnnotation{key: layout.AnnotationInjected})
+			warn("the pod carried the NVIDIA driver %s, %s; removed, as the node's container runtime injects driver %s there (runtimeInjection: %s)",
+				describeInjected(stale), m.staleWhy(stale), chosen.Plan.DriverVersion, config.RuntimeInjectionSkip)
+		}
 		return done(ReasonRuntimeInjection)
+	}
+	if stale != nil {
+		m.removeInjection(ed, stale, chosen, targets)
+		warn("the pod carried the NVIDIA driver %s, %s; re-injected with driver %s of %s: the volumes, mounts, %s folders and pin gpu-injector had put in follow the new layout, the rest of the pod is as it was",
+			describeInjected(stale), m.staleWhy(stale), chosen.Plan.DriverVersion, describeLayout(chosen), envLDLibraryPath)
 	}
 	if len(legacy) > 0 && cfg.LegacyMounts == config.LegacyMountsReplace {
 		replaceLegacy(ed, legacy, chosen, warn)
 	}
-	if prev == nil {
+	if prev == nil || stale != nil {
 		poolWarnings(chosen, warn)
 	}
 	m.inject(ed, targets, chosen, warn)
@@ -215,9 +245,14 @@ func allContainers(pod *corev1.Pod) []*corev1.Container {
 }
 
 // fixResources renames legacy GPU resources and copies request-only GPU
-// resources to limits, which the API server would otherwise reject.
-func (m matcher) fixResources(ed *editor, warn func(string, ...any)) {
+// resources to limits, which the API server would otherwise reject. A pod
+// renamed gets the toleration the ExtendedResourceToleration admission plugin
+// would have given it for the new name (resources.renameToleration). It
+// returns the names it renamed resources to.
+func (m matcher) fixResources(ed *editor, warn func(string, ...any)) []corev1.ResourceName {
+	var renamedTo []corev1.ResourceName
 	to := corev1.ResourceName(m.cfg.Resources.RenameTo)
+	tolerate := m.cfg.Resources.RenameToleration == config.RenameTolerationAdd && config.IsExtendedResourceName(string(to))
 	for _, ref := range containerRefs(ed.pod) {
 		c := ref.get(ed.pod)
 		for _, legacy := range m.cfg.Resources.Legacy {
@@ -237,7 +272,16 @@ func (m matcher) fixResources(ed *editor, warn func(string, ...any)) {
 				renamed = true
 			}
 			if renamed {
-				warn("container %q: resource %s renamed to %s (no node offers the legacy name, so the pod would stay Pending forever)", c.Name, from, to)
+				if !slices.Contains(renamedTo, to) {
+					renamedTo = append(renamedTo, to)
+				}
+				tolerated := ""
+				if tolerate && !toleratesResource(ed.pod.Spec.Tolerations, to) {
+					t := resourceToleration(to)
+					ed.do(addToleration{toleration: t})
+					tolerated = fmt.Sprintf("; added the toleration %s that the ExtendedResourceToleration admission plugin gives pods requesting %s (it gives none for the legacy name), so the pod may use nodes tainted %s:%s", describeToleration(t), to, to, t.Effect)
+				}
+				warn("container %q: resource %s renamed to %s (no node offers the legacy name, so the pod would stay Pending forever)%s", c.Name, from, to, tolerated)
 				// Extended resources need request == limit; a rename that met
 				// an existing, different value must not break that.
 				lim, hasLim := c.Resources.Limits[to]
@@ -259,6 +303,66 @@ func (m matcher) fixResources(ed *editor, warn func(string, ...any)) {
 			warn("container %q requests %s=%s without a limit; copied it to limits (GPUs cannot be overcommitted, so the API server requires a limit)", c.Name, name, q.String())
 		}
 	}
+	return renamedTo
+}
+
+// resourceToleration is what the ExtendedResourceToleration admission plugin
+// adds to a pod that requests the extended resource name. Exactly that: when
+// the API server reinvokes its admission plugins after the webhook changed
+// the pod, the plugin finds it there and adds no second one.
+func resourceToleration(name corev1.ResourceName) corev1.Toleration {
+	return corev1.Toleration{Key: string(name), Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}
+}
+
+// toleratesResource reports whether the tolerations let the pod onto every
+// node tainted NoSchedule with the resource's name as key, whatever the
+// taint's value: what resourceToleration would add is already covered.
+func toleratesResource(tolerations []corev1.Toleration, name corev1.ResourceName) bool {
+	for _, t := range tolerations {
+		if t.Operator == corev1.TolerationOpExists && (t.Key == "" || t.Key == string(name)) &&
+			(t.Effect == "" || t.Effect == corev1.TaintEffectNoSchedule) {
+			return true
+		}
+	}
+	return false
+}
+
+// describeToleration writes a toleration as a user would in a manifest.
+func describeToleration(t corev1.Toleration) string {
+	return fmt.Sprintf("{key: %s, operator: %s, effect: %s}", t.Key, t.Operator, t.Effect)
+}
+
+// requestsResource reports whether a container or init container of the pod
+// asks for the resource, in its limits or requests.
+func requestsResource(pod *corev1.Pod, name corev1.ResourceName) bool {
+	for _, r := range containerRefs(pod) {
+		c := r.get(pod)
+		_, inLimits := c.Resources.Limits[name]
+		_, inRequests := c.Resources.Requests[name]
+		if inLimits || inRequests {
+			return true
+		}
+	}
+	return false
+}
+
+// untoleratedTaint says which taint keeps the pod off a layout's nodes, and
+// how to let it on: the toleration to add, and for a resource the pod asks
+// for, what adds it for the user: the ExtendedResourceToleration admission
+// plugin (GKE taints its GPU nodes nvidia.com/gpu=present:NoSchedule and runs
+// it), or, for a resource the webhook renamed (which the plugin saw under its
+// legacy name), the webhook's own renameToleration.
+func untoleratedTaint(pod *corev1.Pod, t *corev1.Taint, renamed []corev1.ResourceName) string {
+	fix := corev1.Toleration{Key: t.Key, Operator: corev1.TolerationOpExists, Effect: t.Effect}
+	msg := fmt.Sprintf("nodes have taint %s the pod does not tolerate (add the toleration %s to the pod", t.ToString(), describeToleration(fix))
+	if t.Effect == corev1.TaintEffectNoSchedule && config.IsExtendedResourceName(t.Key) && requestsResource(pod, corev1.ResourceName(t.Key)) {
+		if slices.Contains(renamed, corev1.ResourceName(t.Key)) {
+			msg += ", or have gpu-injector add it to pods whose legacy resource it renames (resources.renameToleration: " + config.RenameTolerationAdd + " in its configuration)"
+		} else {
+			msg += ", or enable the API server's ExtendedResourceToleration admission plugin, which adds it to pods that request " + t.Key
+		}
+	}
+	return msg + ")"
 }
 
 func (m matcher) targetContainers(pod *corev1.Pod) []containerRef {
@@ -275,27 +379,16 @@ func (m matcher) targetContainers(pod *corev1.Pod) []containerRef {
 	return all
 }
 
-func previousInjection(pod *corev1.Pod) *layout.Injected {
-	v, ok := pod.Annotations[layout.AnnotationInjected]
-	if !ok {
-		return nil
-	}
-	var inj layout.Injected
-	if err := json.Unmarshal([]byte(v), &inj); err != nil {
-		// A marker we cannot read is still our marker: do not inject twice.
-		return &inj
-	}
-	return &inj
-}
-
 // chooseLayout returns the layout for the pod, or nil and why none fits.
 //
 // Policy MostGPUs: among layouts with at least one ready node the pod may land
 // on (nodeName, nodeSelector, required node affinity, NoSchedule/NoExecute
 // taints), the one with the most allocatable GPUs in total, then the newest
 // driver, then the smallest fingerprint so that replicas agree. NewestDriver
-// swaps the first two keys. A pod injected before keeps its layout.
-func chooseLayout(pod *corev1.Pod, layouts []*Layout, cfg *config.Configuration, prev *layout.Injected, seed uint64) (*Layout, string) {
+// swaps the first two keys. A pod injected before keeps its layout while that
+// fits it (Mutate re-injects it once it no longer does). renamed are the
+// resources fixResources renamed to, for the advice on a taint.
+func chooseLayout(pod *corev1.Pod, layouts []*Layout, cfg *config.Configuration, prev *layout.Injected, seed uint64, renamed []corev1.ResourceName) (*Layout, string) {
 	if prev != nil && prev.StaticLayout != "" {
 		if s, ok := cfg.Static(prev.StaticLayout); ok {
 			return &Layout{Static: s.Name, Plan: s.Plan, NodeSelector: s.NodeSelector}, ""
@@ -328,7 +421,7 @@ layouts:
 		}
 		nodes, why := candidateNodes(pod, l)
 		for _, n := range nodes {
-			if why = nodeMismatch(pod, affinity, match, n); why == "" {
+			if why = nodeMismatch(pod, affinity, match, n, renamed); why == "" {
 				if !spread {
 					return l, ""
 				}
@@ -401,7 +494,7 @@ func candidateNodes(pod *corev1.Pod, l *Layout) ([]*NodeInfo, string) {
 // nodeMismatch says why the pod cannot land on the node, or "" if it can.
 // The last node's reason stands for the layout in a denial message.
 // match is set if the pod has required node affinity.
-func nodeMismatch(pod *corev1.Pod, affinity nodeaffinity.RequiredNodeAffinity, match *affinityNode, n *NodeInfo) string {
+func nodeMismatch(pod *corev1.Pod, affinity nodeaffinity.RequiredNodeAffinity, match *affinityNode, n *NodeInfo, renamed []corev1.ResourceName) string {
 	if pod.Spec.NodeName != "" && pod.Spec.NodeName != n.Name {
 		return fmt.Sprintf("pod is bound to node %q", pod.Spec.NodeName)
 	}
@@ -425,7 +518,7 @@ func nodeMismatch(pod *corev1.Pod, affinity nodeaffinity.RequiredNodeAffinity, m
 			continue
 		}
 		if !corev1helpers.TolerationsTolerateTaint(klog.Background(), pod.Spec.Tolerations, t, false) {
-			return fmt.Sprintf("nodes have taint %s the pod does not tolerate", t.ToString())
+			return untoleratedTaint(pod, t, renamed)
 		}
 	}
 	return ""

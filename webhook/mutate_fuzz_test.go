@@ -306,13 +306,19 @@ func checkMutation(t *testing.T, pod *corev1.Pod, nsLabels map[string]string, la
 
 	// The pod's own volumes stay as they were; only a hand-written driver
 	// mount (a hostPath) may go, replaced by the injected layout, and then
-	// nothing mounts it any more.
+	// nothing mounts it any more. A volume an earlier injection's record
+	// lists is not the pod's own: a re-injection may replace it.
 	// A name may be given twice (the API server refuses that pod only after
 	// admission): the k-th volume of a name is compared with the k-th.
+	earlier, _ := previousInjection(before)
 	had := map[string]bool{}
 	nth := map[string]int{}
 	for _, v := range before.Spec.Volumes {
 		had[v.Name] = true
+		if earlier != nil && v.HostPath != nil && slices.Contains(earlier.Volumes, v.Name) {
+			had[v.Name] = false
+			continue
+		}
 		i, k := -1, nth[v.Name]
 		nth[v.Name]++
 		for j, w := range pod.Spec.Volumes {
@@ -372,7 +378,7 @@ func checkMutation(t *testing.T, pod *corev1.Pod, nsLabels map[string]string, la
 	}
 	// With a layout chosen, the marker lists the volumes injected now (a
 	// marker the pod brought along names anything the pod's author liked).
-	if prev := previousInjection(pod); prev != nil && res.Layout != nil {
+	if prev, _ := previousInjection(pod); prev != nil && res.Layout != nil {
 		for _, v := range prev.Volumes {
 			ours[v] = true
 		}

@@ -334,8 +334,8 @@ func TestIndexRejectsHostileLayouts(t *testing.T) {
 }
 
 func TestIndexNodeInfo(t *testing.T) {
+	// The default names count what NVIDIA's device plugin advertises.
 	cfg := config.Default()
-	cfg.Resources.Names = append(cfg.Resources.Names, "nvidia.com/mig-*")
 	idx := NewIndex(cfg, logr.Discard())
 	idx.Add(ixNode("n1", ixPlan("535.104.05"), 2, func(n *corev1.Node) {
 		n.Spec.Taints = []corev1.Taint{
@@ -344,15 +344,18 @@ func TestIndexNodeInfo(t *testing.T) {
 			{Key: "evict", Effect: corev1.TaintEffectNoExecute},
 		}
 		n.Status.Allocatable["nvidia.com/mig-1g.10gb"] = resource.MustParse("7")
+		n.Status.Allocatable["nvidia.com/mig-3g.40gb.shared"] = resource.MustParse("4")
+		n.Status.Allocatable["nvidia.com/gpu.shared"] = resource.MustParse("8")
 		n.Status.Allocatable["example.com/fpga"] = resource.MustParse("5")
+		n.Status.Allocatable["nvidia.com/migration"] = resource.MustParse("3")
 	}))
 	got := idx.Layouts()
 	if len(got) != 1 {
 		t.Fatalf("got %d layouts", len(got))
 	}
 	info := got[0].Nodes[0]
-	if info.AllocatableGPUs != 9 {
-		t.Errorf("allocatable GPUs = %d, want 9 (2 full + 7 MIG, no FPGA or CPU)", info.AllocatableGPUs)
+	if info.AllocatableGPUs != 21 {
+		t.Errorf("allocatable GPUs = %d, want 21 (2 full + 7 MIG + 4 shared MIG + 8 shared, no FPGA or CPU)", info.AllocatableGPUs)
 	}
 	var effects []corev1.TaintEffect
 	for _, tt := range info.Taints {

@@ -36,6 +36,11 @@ formats them (field.ErrorList.ToAggregate).
 {{- with include "gpu-injector.v.qualifiedName" $renameTo }}
 {{- include "gpu-injector.v.invalid" (list $v "resources.renameTo" $renameTo .) }}
 {{- end }}
+{{- /* renameToleration Add stands in for ExtendedResourceToleration, which only serves extended resource names (config.IsExtendedResourceName) */}}
+{{- $extended := and (contains "/" $renameTo) (not (contains "kubernetes.io/" $renameTo)) (not (hasPrefix "requests." $renameTo)) (not (include "gpu-injector.v.qualifiedName" (printf "requests.%s" $renameTo))) }}
+{{- if and (eq (dig "resources" "renameToleration" "Add" $c) "Add") (dig "resources" "legacy" list $c) (not $extended) }}
+{{- include "gpu-injector.v.invalid" (list $v "resources.renameToleration" "Add" (printf "renameTo %q is no extended resource name (a domain outside kubernetes.io, like nvidia.com/gpu), for which the ExtendedResourceToleration admission plugin adds no toleration; set renameToleration: None" $renameTo)) }}
+{{- end }}
 {{- /* hostPaths: an empty allowlist is the schema's (minItems) */}}
 {{- include "gpu-injector.v.allowlist" (list $v "hostPaths.allowlist" $c.hostPaths.allowlist) }}
 {{- include "gpu-injector.v.allowlist" (list $v "hostPaths.extraAllowlist" (dig "hostPaths" "extraAllowlist" list $c)) }}
