@@ -140,33 +140,7 @@ func TestLegacyNvidiaSMIJob(t *testing.T) {
 			}
 		}
 		assertInjected(t, p, kn)
-		var job *batchv1.Job
-		waitFor(t, runTimeout, "job "+ns+"/nvidia-smi to finish", func(ctx context.Context) (bool, error) {
-			j, err := client().BatchV1().Jobs(ns).Get(ctx, "nvidia-smi", metav1.GetOptions{})
-			if err != nil {
-				return false, nil
-			}
-			job = j
-			return j.Status.Succeeded > 0 || j.Status.Failed > 0, nil
-		})
-		done, err := client().CoreV1().Pods(ns).Get(ctx, p.Name, metav1.GetOptions{})
-		if err != nil {
-			t.Fatalf("failed to get pod %s: %v", p.Name, err)
-		}
-		if done.Spec.NodeName != kn.Name {
-			t.Errorf("pod ran on %q, want %s", done.Spec.NodeName, kn.Name)
-		}
-		smi := podLog(t, ns, p.Name, "nvidia-smi")
-		check := podLog(t, ns, p.Name, "cuda-check")
-		if job.Status.Succeeded != 1 {
-			t.Fatalf("job failed; nvidia-smi log:\n%s\ncuda-check log:\n%s", smi, check)
-		}
-		if want := "Driver Version: " + kn.DriverVersion; !strings.Contains(smi, want) || !strings.Contains(smi, standin.Notice) {
-			t.Errorf("nvidia-smi log:\n%s\nwant %q and the stand-in notice", smi, want)
-		}
-		if want := fmt.Sprintf("from /usr/local/nvidia/lib64/libcuda.so.1 driver=%s", kn.DriverVersion); !strings.Contains(check, want) {
-			t.Errorf("cuda-check log:\n%s\nwant %q", check, want)
-		}
+		smi, check := legacyJobRan(t, ns, p, kn)
 		t.Logf("nvidia-smi said:\n%s\ncuda-check said:\n%s", smi, check)
 	})
 
@@ -280,6 +254,15 @@ func TestLegacyJobOnTaintedGPUNode(t *testing.T) {
 		t.Errorf("pod has %d tolerations of %s, want 1: %+v", n, gpu, p.Spec.Tolerations)
 	}
 	assertInjected(t, p, kn)
+	legacyJobRan(t, ns, p, kn)
+}
+
+// legacyJobRan waits for the classic nvidia-smi Job of pod p to finish and
+// checks that it ran on node kn and saw kn's driver: nvidia-smi's version
+// and the stand-in's notice, cuda-check's libcuda from the injected mount.
+// It returns both containers' logs.
+func legacyJobRan(t *testing.T, ns string, p *corev1.Pod, kn *env.Node) (smi, check string) {
+	t.Helper()
 	var job *batchv1.Job
 	waitFor(t, runTimeout, "job "+ns+"/nvidia-smi to finish", func(ctx context.Context) (bool, error) {
 		j, err := client().BatchV1().Jobs(ns).Get(ctx, "nvidia-smi", metav1.GetOptions{})
@@ -289,20 +272,25 @@ func TestLegacyJobOnTaintedGPUNode(t *testing.T) {
 		job = j
 		return j.Status.Succeeded > 0 || j.Status.Failed > 0, nil
 	})
-	done, err := client().CoreV1().Pods(ns).Get(ctx, p.Name, metav1.GetOptions{})
+	done, err := client().CoreV1().Pods(ns).Get(testContext(t), p.Name, metav1.GetOptions{})
 	if err != nil {
 		t.Fatalf("failed to get pod %s: %v", p.Name, err)
 	}
 	if done.Spec.NodeName != kn.Name {
-		t.Errorf("pod ran on %q, want the tainted %s", done.Spec.NodeName, kn.Name)
+		t.Errorf("pod ran on %q, want %s", done.Spec.NodeName, kn.Name)
 	}
-	smi := podLog(t, ns, p.Name, "nvidia-smi")
+	smi = podLog(t, ns, p.Name, "nvidia-smi")
+	check = podLog(t, ns, p.Name, "cuda-check")
 	if job.Status.Succeeded != 1 {
-		t.Fatalf("job failed; nvidia-smi log:\n%s\ncuda-check log:\n%s", smi, podLog(t, ns, p.Name, "cuda-check"))
+		t.Fatalf("job failed; nvidia-smi log:\n%s\ncuda-check log:\n%s", smi, check)
 	}
-	if want := "Driver Version: " + kn.DriverVersion; !strings.Contains(smi, want) {
-		t.Errorf("nvidia-smi log:\n%s\nwant %q", smi, want)
+	if want := "Driver Version: " + kn.DriverVersion; !strings.Contains(smi, want) || !strings.Contains(smi, standin.Notice) {
+		t.Errorf("nvidia-smi log:\n%s\nwant %q and the stand-in notice", smi, want)
 	}
+	if want := fmt.Sprintf("from /usr/local/nvidia/lib64/libcuda.so.1 driver=%s", kn.DriverVersion); !strings.Contains(check, want) {
+		t.Errorf("cuda-check log:\n%s\nwant %q", check, want)
+	}
+	return smi, check
 }
 
 // setGPUTaint puts the taint on the node, or takes it off.
