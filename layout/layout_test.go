@@ -50,6 +50,13 @@ func TestValidate(t *testing.T) {
 		"library path outside":         {plan: Plan{SchemaVersion: SchemaVersion, DriverVersion: "1", Mounts: []Mount{{"/usr/local/nvidia/lib64", lib, KindDirectory}}, LibraryPaths: []string{"/lib"}}, wantErr: "libraryPaths[0]"},
 		"library path with colon":      {plan: Plan{SchemaVersion: SchemaVersion, DriverVersion: "1", Mounts: []Mount{{"/usr/local/nvidia/lib64", lib, KindDirectory}}, LibraryPaths: []string{lib + ":/lib"}}, wantErr: "must not contain ':'"},
 		"no driver version":            {plan: Plan{SchemaVersion: SchemaVersion, Mounts: []Mount{{"/usr/local/nvidia/lib64", lib, KindDirectory}}}, wantErr: "driverVersion: Required"},
+		"toolkit node":                 {plan: Plan{SchemaVersion: SchemaVersion, DriverVersion: "1", RuntimeInjection: RuntimeToolkit}},
+		"CDI node":                     {plan: Plan{SchemaVersion: SchemaVersion, DriverVersion: "1", RuntimeInjection: RuntimeCDI}},
+		// GKE's device plugin mounts the driver in its Allocate answer.
+		"device-plugin node":              {plan: Plan{SchemaVersion: SchemaVersion, DriverVersion: "1", RuntimeInjection: RuntimeDevicePlugin}},
+		"device-plugin node with mounts":  {plan: Plan{SchemaVersion: SchemaVersion, DriverVersion: "1", RuntimeInjection: RuntimeDevicePlugin, Mounts: []Mount{{"/home/kubernetes/bin/nvidia", "/usr/local/nvidia/lib64", KindDirectory}}}, wantErr: "publishes no mounts"},
+		"device-plugin node with LD path": {plan: Plan{SchemaVersion: SchemaVersion, DriverVersion: "1", RuntimeInjection: RuntimeDevicePlugin, LibraryPaths: []string{lib}}, wantErr: "publishes no mounts"},
+		"unknown injection":               {plan: Plan{SchemaVersion: SchemaVersion, DriverVersion: "1", RuntimeInjection: "gke"}, wantErr: `Unsupported value: "gke": supported values: "toolkit", "cdi", "device-plugin"`},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {

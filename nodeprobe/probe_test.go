@@ -55,6 +55,7 @@ var expected = map[string]struct {
 	"crio-toolkit":                        {ConditionReady, ConditionReady, SourceFileNames, "", "", layout.RuntimeToolkit},
 	"docker-cri-dockerd":                  {ConditionReady, ConditionReady, SourceFileNames, "", "", layout.RuntimeToolkit},
 	"talos-nvidia-extension":              {ConditionReady, ConditionReady, SourceFileNames, "", "", layout.RuntimeCDI},
+	"gke-cos-device-plugin":               {ConditionReady, ConditionReady, SourceFileNames, "", "", layout.RuntimeDevicePlugin},
 	"ubuntu-cdi":                          {ConditionReady, ConditionReady, SourceFileNames, "", "", layout.RuntimeCDI},
 }
 

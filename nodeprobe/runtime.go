@@ -42,9 +42,10 @@ var (
 )
 
 // RuntimeInjection is what the probe found about the node's container
-// runtime putting the driver into containers itself.
+// runtime, or its device plugin, putting the driver into containers itself.
 type RuntimeInjection struct {
-	// Kind is layout.RuntimeToolkit, layout.RuntimeCDI, or "" for none.
+	// Kind is layout.RuntimeToolkit, layout.RuntimeDevicePlugin,
+	// layout.RuntimeCDI, or "" for none.
 	Kind string `json:"kind,omitempty"`
 	// Evidence names the files and settings that say so.
 	Evidence []string `json:"evidence,omitempty"`
@@ -54,9 +55,12 @@ type RuntimeInjection struct {
 
 // DetectRuntimeInjection reads the host's container runtime configuration:
 // the NVIDIA container toolkit as the default runtime of containerd, CRI-O or
-// Docker (through cri-dockerd), an always-on OCI hook of the toolkit, or a
+// Docker (through cri-dockerd), an always-on OCI hook of the toolkit, GKE's
+// device plugin (which mounts the driver folder in its Allocate answer), or a
 // CDI spec for nvidia.com/gpu. The toolkit wins over CDI: a toolkit runtime
-// in CDI mode is still the toolkit.
+// in CDI mode is still the toolkit. GKE's device plugin comes before CDI: its
+// mounts reach every container that gets a GPU, a CDI spec's only those whose
+// devices are asked for through CDI.
 func DetectRuntimeInjection(root string) RuntimeInjection {
 	h := hostFS{root: root}
 	var r RuntimeInjection
@@ -66,6 +70,10 @@ func DetectRuntimeInjection(root string) RuntimeInjection {
 	r.Evidence = append(r.Evidence, h.dockerToolkit(&r.Notes)...)
 	if len(r.Evidence) > 0 {
 		r.Kind = layout.RuntimeToolkit
+		return r
+	}
+	if ev := h.gkeDevicePlugin(&r.Notes); len(ev) > 0 {
+		r.Kind, r.Evidence = layout.RuntimeDevicePlugin, ev
 		return r
 	}
 	if ev := h.cdiSpecs(&r.Notes); len(ev) > 0 {
