@@ -307,6 +307,14 @@ func TestConfigChecksAgree(t *testing.T) {
 				"mounts": []any{mount("/usr/lib/nvidia-384", lib64, "Socket")}}}},
 			schemaField: "config.staticLayouts.0.mounts.0.kind", binaryField: "staticLayouts[0].mounts[0].kind: Unsupported value",
 		},
+		// GKE's device plugin mounts the driver itself: a cluster without
+		// the probe pins its pods there with a static layout.
+		"a static layout where the device plugin mounts the driver": {
+			config: map[string]any{
+				"noLayout":      map[string]any{"action": "Static", "staticLayout": "gke"},
+				"staticLayouts": []any{map[string]any{"name": "gke", "driverVersion": "550.90.07", "runtimeInjection": "device-plugin", "nodeSelector": map[string]any{"cloud.google.com/gke-accelerator": "nvidia-l4"}}},
+			},
+		},
 		"a runtime": {
 			config:      map[string]any{"staticLayouts": []any{map[string]any{"name": "s", "driverVersion": "1", "runtimeInjection": "docker"}}},
 			schemaField: "config.staticLayouts.0.runtimeInjection", binaryField: "staticLayouts[0].runtimeInjection: Unsupported value",
