@@ -5,6 +5,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -462,10 +463,13 @@ func TestProbesPublishLayouts(t *testing.T) {
 // /usr/local/nvidia in every container that gets a GPU). An API-only node
 // publishes exactly what the probe publishes on such a host (the fake root
 // gke-cos-device-plugin: the plugin's socket and process):
-// runtimeInjection device-plugin, no mounts. A GPU pod sent there is pinned
-// and gets no volume, no mount and no LD_LIBRARY_PATH, which would land on
-// the plugin's; GKE's own classic recipe, the installer's folder mounted by
-// hand at /usr/local/nvidia, loses that mount and keeps the rest.
+// runtimeInjection device-plugin, no mounts, and the folder the plugin's
+// mount puts the libraries in as its library path. A GPU pod sent there is
+// pinned and gets no volume and no mount, which would land on the plugin's,
+// but LD_LIBRARY_PATH with that folder, which the plugin does not set (an
+// image that sets none would find no libcuda.so.1); GKE's own classic recipe,
+// the installer's folder mounted by hand at /usr/local/nvidia, loses that
+// mount and keeps the rest.
 func TestGKEDevicePluginNode(t *testing.T) {
 	ctx := testContext(t)
 	root := t.TempDir()
@@ -476,7 +480,7 @@ func TestGKEDevicePluginNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !res.Ready() || res.Plan.RuntimeInjection != layout.RuntimeDevicePlugin {
+	if !res.Ready() || res.Plan.RuntimeInjection != layout.RuntimeDevicePlugin || len(res.Plan.Mounts) != 0 || !slices.Equal(res.Plan.LibraryPaths, []string{"/usr/local/nvidia/lib64"}) {
 		t.Fatalf("the probe on GKE's device-plugin node: %s, plan %+v, evidence %v", res.Reason(), res.Plan, res.Evidence)
 	}
 	pub, err := nodeprobe.Desired(res)
@@ -503,8 +507,8 @@ func TestGKEDevicePluginNode(t *testing.T) {
 		if len(rec.Volumes) != 0 || len(hostPaths(got)) != 0 || len(got.Spec.Containers[0].VolumeMounts) != 0 {
 			t.Errorf("pod %s got volumes %v and mounts %v, want none", got.Name, hostPaths(got), got.Spec.Containers[0].VolumeMounts)
 		}
-		if v, ok := envValue(got.Spec.Containers[0], "LD_LIBRARY_PATH"); ok {
-			t.Errorf("pod %s got LD_LIBRARY_PATH=%q", got.Name, v)
+		if v, ok := envValue(got.Spec.Containers[0], "LD_LIBRARY_PATH"); !ok || v != "/usr/local/nvidia/lib64" {
+			t.Errorf("pod %s got LD_LIBRARY_PATH=%q (set: %v), want the plugin's library folder /usr/local/nvidia/lib64", got.Name, v, ok)
 		}
 		waitBoundTo(t, ns, got.Name, nodeName)
 	})

@@ -118,7 +118,9 @@ type Plan struct {
 	LibraryPaths []string `json:"libraryPaths"`
 	// RuntimeInjection is one of RuntimeInjections when something on the node
 	// (its runtime, its device plugin) injects the driver itself; such a plan
-	// has no mounts and no library paths.
+	// has no mounts. Only a RuntimeDevicePlugin plan may have library paths:
+	// the folders the plugin's own mount puts the libraries in, which it does
+	// not put on LD_LIBRARY_PATH (the toolkit runs ldconfig in the container).
 	RuntimeInjection string `json:"runtimeInjection,omitempty"`
 }
 
@@ -225,9 +227,16 @@ func (p Plan) Validate(r Rules) field.ErrorList {
 		if len(p.Mounts) == 0 {
 			errs = append(errs, field.Required(root.Child("mounts"), "at least one mount"))
 		}
-	case RuntimeToolkit, RuntimeCDI, RuntimeDevicePlugin:
+	case RuntimeToolkit, RuntimeCDI:
 		if len(p.Mounts) != 0 || len(p.LibraryPaths) != 0 {
 			errs = append(errs, field.Forbidden(root.Child("mounts"), "a node whose runtime injects the driver publishes no mounts and no library paths"))
+		}
+	case RuntimeDevicePlugin:
+		// GKE's device plugin mounts the driver folder but sets no
+		// LD_LIBRARY_PATH: the library paths say where its mount puts the
+		// libraries. They are checked below like a mounted layout's.
+		if len(p.Mounts) != 0 {
+			errs = append(errs, field.Forbidden(root.Child("mounts"), "a node whose device plugin injects the driver publishes no mounts"))
 		}
 	default:
 		errs = append(errs, field.NotSupported(root.Child("runtimeInjection"), truncate(p.RuntimeInjection, 64), RuntimeInjections))

@@ -50,7 +50,12 @@ var gkeComm = gkePluginBinary[:15]
 // as a user other than root cannot list; the host's /proc shows every
 // process's name and command line to any user, so the process is how such a
 // probe sees the plugin (and the folders it mounts).
-func (h hostFS) gkeDevicePlugin(notes *[]string) []string {
+//
+// It also returns the folder the plugin's mount puts the driver's libraries
+// in, its --container-path's lib64 (the installer writes lib64 and bin there):
+// the plugin sets no LD_LIBRARY_PATH, so an image that does not set it itself
+// finds no libcuda.so.1 unless the webhook adds that folder.
+func (h hostFS) gkeDevicePlugin(notes *[]string) ([]string, string) {
 	var out []string
 	if real, err := h.resolve(devicePluginDir); err == nil {
 		if des, err := h.readDir(real); err != nil {
@@ -66,21 +71,23 @@ func (h hostFS) gkeDevicePlugin(notes *[]string) []string {
 			}
 		}
 	}
-	hostPath := ""
+	hostPath, containerPath := "", ""
 	for _, p := range h.gkePluginProcesses() {
 		out = append(out, fmt.Sprintf("GKE's device plugin runs (process %s, %s): its Allocate answer mounts host %s at %s", p.pid, p.binary, p.hostPath, p.containerPath))
-		hostPath = p.hostPath
+		hostPath, containerPath = p.hostPath, p.containerPath
 	}
 	if len(out) == 0 {
-		return nil
+		return nil, ""
 	}
+	// Only the socket seen (the process hidden from the probe): the flags'
+	// defaults, which GKE's DaemonSet keeps.
 	if hostPath == "" {
-		hostPath = gkeHostPath
+		hostPath, containerPath = gkeHostPath, gkeContainerPath
 	}
 	if _, fi, err := h.stat(hostPath); err == nil && fi.IsDir() {
 		out = append(out, fmt.Sprintf("the folder GKE's device plugin mounts exists: %s", hostPath))
 	}
-	return out
+	return out, path.Join(containerPath, "lib64")
 }
 
 type gkePluginProcess struct {

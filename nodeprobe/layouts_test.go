@@ -210,6 +210,12 @@ func checkContainers(t *testing.T, root string, l fakeroot.Layout, plan *layout.
 				mounts[m.MountPath] = hp.Path
 			}
 		}
+		ldPath := ""
+		for _, e := range c.Env {
+			if e.Name == "LD_LIBRARY_PATH" {
+				ldPath = e.Value
+			}
+		}
 		if plan.RuntimeInjection != "" {
 			// The runtime puts the driver in; a mount of ours at the same
 			// paths would break the container.
@@ -220,17 +226,12 @@ func checkContainers(t *testing.T, root string, l fakeroot.Layout, plan *layout.
 			}
 			if plan.RuntimeInjection == layout.RuntimeDevicePlugin {
 				// GKE's device plugin mounts its folder at /usr/local/nvidia
-				// itself: the driver is there for the classic manifests,
-				// its libraries where CUDA images' LD_LIBRARY_PATH looks.
-				checkDriver(t, c.Name, root, l, map[string]string{"/usr/local/nvidia": "/home/kubernetes/bin/nvidia"}, "/usr/local/nvidia/lib64")
+				// itself and sets no LD_LIBRARY_PATH: the libraries are
+				// found along the one the webhook set, as in an image that
+				// sets none of its own.
+				checkDriver(t, c.Name, root, l, map[string]string{"/usr/local/nvidia": "/home/kubernetes/bin/nvidia"}, ldPath)
 			}
 			continue
-		}
-		ldPath := ""
-		for _, e := range c.Env {
-			if e.Name == "LD_LIBRARY_PATH" {
-				ldPath = e.Value
-			}
 		}
 		checkDriver(t, c.Name, root, l, mounts, ldPath)
 	}

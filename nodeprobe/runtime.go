@@ -49,6 +49,12 @@ type RuntimeInjection struct {
 	Kind string `json:"kind,omitempty"`
 	// Evidence names the files and settings that say so.
 	Evidence []string `json:"evidence,omitempty"`
+	// LibraryPaths are the container folders the device plugin's mount puts
+	// the driver's libraries in, for LD_LIBRARY_PATH, which it does not set;
+	// empty for the toolkit and CDI, whose runtime runs ldconfig in the
+	// container. They come from the host, and are checked against the
+	// configuration's container paths before they are published.
+	LibraryPaths []string `json:"libraryPaths,omitempty"`
 	// Notes are files that could not be read or parsed.
 	Notes []string `json:"notes,omitempty"`
 }
@@ -72,8 +78,8 @@ func DetectRuntimeInjection(root string) RuntimeInjection {
 		r.Kind = layout.RuntimeToolkit
 		return r
 	}
-	if ev := h.gkeDevicePlugin(&r.Notes); len(ev) > 0 {
-		r.Kind, r.Evidence = layout.RuntimeDevicePlugin, ev
+	if ev, libs := h.gkeDevicePlugin(&r.Notes); len(ev) > 0 {
+		r.Kind, r.Evidence, r.LibraryPaths = layout.RuntimeDevicePlugin, ev, []string{libs}
 		return r
 	}
 	if ev := h.cdiSpecs(&r.Notes); len(ev) > 0 {

@@ -4,6 +4,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -22,6 +23,7 @@ func TestDetectRuntimeInjection(t *testing.T) {
 		links    map[string]string
 		sockets  []string
 		want     string
+		libs     []string // the library paths of a device-plugin node
 		evidence string
 		note     string
 	}{
@@ -85,17 +87,21 @@ func TestDetectRuntimeInjection(t *testing.T) {
 		// GKE's device plugin: its socket where the probe may list the
 		// kubelet's folder, its process where it may not (non-root).
 		"GKE's device plugin socket": {sockets: []string{dp + "/kubelet.sock", dp + "/nvidiaGPU-1718000000.sock"},
-			want: layout.RuntimeDevicePlugin, evidence: "socket /var/lib/kubelet/device-plugins/nvidiaGPU-1718000000.sock"},
+			want: layout.RuntimeDevicePlugin, evidence: "socket /var/lib/kubelet/device-plugins/nvidiaGPU-1718000000.sock", libs: []string{"/usr/local/nvidia/lib64"}},
 		"GKE's device plugin socket and its host folder": {sockets: []string{dp + "/nvidiaGPU-1718000000.sock"}, files: map[string]string{"/home/kubernetes/bin/nvidia/bin/nvidia-smi": ""},
-			want: layout.RuntimeDevicePlugin, evidence: "mounts exists: /home/kubernetes/bin/nvidia"},
+			want: layout.RuntimeDevicePlugin, evidence: "mounts exists: /home/kubernetes/bin/nvidia", libs: []string{"/usr/local/nvidia/lib64"}},
 		"GKE's device plugin process": {files: gkeProcess("2741", "/usr/bin/nvidia-gpu-device-plugin", "-logtostderr", "--enable-container-gpu-metrics", "--enable-health-monitoring"),
-			want: layout.RuntimeDevicePlugin, evidence: "process 2741, /usr/bin/nvidia-gpu-device-plugin): its Allocate answer mounts host /home/kubernetes/bin/nvidia at /usr/local/nvidia"},
+			want: layout.RuntimeDevicePlugin, evidence: "process 2741, /usr/bin/nvidia-gpu-device-plugin): its Allocate answer mounts host /home/kubernetes/bin/nvidia at /usr/local/nvidia", libs: []string{"/usr/local/nvidia/lib64"}},
 		"GKE's device plugin process with its folders set": {files: gkeProcess("99", "/usr/bin/nvidia-gpu-device-plugin", "-v", "3", "--enable-health-monitoring", "-host-path=/var/lib/nvidia", "--container-path", "/usr/local/nvidia/lib64"),
-			want: layout.RuntimeDevicePlugin, evidence: "mounts host /var/lib/nvidia at /usr/local/nvidia/lib64"},
+			want: layout.RuntimeDevicePlugin, evidence: "mounts host /var/lib/nvidia at /usr/local/nvidia/lib64", libs: []string{"/usr/local/nvidia/lib64/lib64"}},
+		// The flag's folder as the host gives it; the probe checks it
+		// against the configuration before it publishes it.
+		"GKE's device plugin process with another container path": {sockets: []string{dp + "/nvidiaGPU-1718000000.sock"}, files: gkeProcess("99", "/usr/bin/nvidia-gpu-device-plugin", "--container-path=/opt/nvidia"),
+			want: layout.RuntimeDevicePlugin, libs: []string{"/opt/nvidia/lib64"}},
 		"the toolkit wins over GKE's device plugin": {sockets: []string{dp + "/nvidiaGPU-1718000000.sock"}, files: map[string]string{"/etc/containerd/config.toml": "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd]\n  default_runtime_name = \"nvidia\"\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.nvidia.options]\n  BinaryName = \"/usr/bin/nvidia-container-runtime\"\n"},
 			want: layout.RuntimeToolkit},
 		"GKE's device plugin wins over a CDI spec": {sockets: []string{dp + "/nvidiaGPU-1718000000.sock"}, files: map[string]string{"/etc/cdi/nvidia.yaml": "kind: nvidia.com/gpu\ndevices:\n- name: all\n"},
-			want: layout.RuntimeDevicePlugin},
+			want: layout.RuntimeDevicePlugin, libs: []string{"/usr/local/nvidia/lib64"}},
 		"NVIDIA's device plugin mounts no driver": {sockets: []string{dp + "/kubelet.sock", dp + "/nvidia-gpu.sock", dp + "/nvidia-mig-1g.10gb.sock", dp + "/nvidia-gpu.shared.sock"},
 			files: gkeProcess("311", "/usr/bin/nvidia-device-plugin", "--pass-device-specs"), want: ""},
 		"our own device plugin":                       {sockets: []string{dp + "/kubelet.sock", dp + "/fake-nvidia-com-gpu.sock"}, want: ""},
@@ -139,11 +145,50 @@ func TestDetectRuntimeInjection(t *testing.T) {
 			if r.Kind != tc.want {
 				t.Errorf("kind %q, want %q (evidence %v, notes %v)", r.Kind, tc.want, r.Evidence, r.Notes)
 			}
+			if r.Kind == layout.RuntimeDevicePlugin && tc.libs == nil {
+				t.Fatal("a device-plugin case without its library paths")
+			}
+			if !slices.Equal(r.LibraryPaths, tc.libs) {
+				t.Errorf("library paths %q, want %q", r.LibraryPaths, tc.libs)
+			}
 			if tc.evidence != "" && !strings.Contains(strings.Join(r.Evidence, "\n"), tc.evidence) {
 				t.Errorf("evidence %v lacks %q", r.Evidence, tc.evidence)
 			}
 			if tc.note != "" && !strings.Contains(strings.Join(r.Notes, "\n"), tc.note) {
 				t.Errorf("notes %v lack %q", r.Notes, tc.note)
+			}
+		})
+	}
+}
+
+// TestProbeDevicePluginLibraryPaths: the folder GKE's device plugin mounts the
+// libraries at comes from its command line on the host; one outside the
+// configuration's container paths is left out with a note, and the node stays
+// ready as a device-plugin node whose pods get no LD_LIBRARY_PATH.
+func TestProbeDevicePluginLibraryPaths(t *testing.T) {
+	for name, tc := range map[string]struct {
+		args []string
+		want []string
+		note string
+	}{
+		"the default":               {want: []string{"/usr/local/nvidia/lib64"}},
+		"another container path":    {args: []string{"--container-path", "/opt/nvidia"}, want: []string{}, note: `library path "/opt/nvidia/lib64" of the device-plugin injection left out`},
+		"a relative container path": {args: []string{"--container-path=../../usr"}, want: []string{}, note: `"../../usr/lib64"`},
+		"the container root":        {args: []string{"--container-path=/"}, want: []string{}, note: `"/lib64"`},
+	} {
+		t.Run(name, func(t *testing.T) {
+			root, l := buildRoot(t, "gke-cos-device-plugin")
+			write(t, root, "/proc/2741/cmdline", strings.Join(append([]string{"/usr/bin/nvidia-gpu-device-plugin", "-logtostderr"}, tc.args...), "\x00")+"\x00")
+			res := probeRoot(t, root, noNVML)
+			if !res.Ready() || res.Plan.RuntimeInjection != layout.RuntimeDevicePlugin || res.Plan.DriverVersion != l.DriverVersion {
+				t.Fatalf("got %s %+v", res.Reason(), res.Plan)
+			}
+			// An empty list, not null, as in every plan the probe publishes.
+			if !slices.Equal(res.Plan.LibraryPaths, tc.want) || res.Plan.LibraryPaths == nil {
+				t.Errorf("library paths %#v, want %#v", res.Plan.LibraryPaths, tc.want)
+			}
+			if tc.note != "" && !strings.Contains(strings.Join(res.Notes, "\n"), tc.note) {
+				t.Errorf("notes %q lack %q", res.Notes, tc.note)
 			}
 		})
 	}

@@ -73,7 +73,7 @@ func modern() []corev1.Node {
 		Mounts: []layout.Mount{{"/home/kubernetes/bin/nvidia/lib64", lib, layout.KindDirectory}, {"/home/kubernetes/bin/nvidia/bin", bin, layout.KindDirectory}}}
 	toolkit := layout.Plan{SchemaVersion: "v1", DriverVersion: "560.35.03", CUDADriverVersion: "12.6", RuntimeInjection: layout.RuntimeToolkit}
 	cdi := layout.Plan{SchemaVersion: "v1", DriverVersion: "570.86.15", CUDADriverVersion: "12.8", RuntimeInjection: layout.RuntimeCDI}
-	gkeDevicePlugin := layout.Plan{SchemaVersion: "v1", DriverVersion: "550.90.07", CUDADriverVersion: "12.4", RuntimeInjection: layout.RuntimeDevicePlugin}
+	gkeDevicePlugin := layout.Plan{SchemaVersion: "v1", DriverVersion: "550.90.07", CUDADriverVersion: "12.4", RuntimeInjection: layout.RuntimeDevicePlugin, LibraryPaths: []string{lib}}
 	taint := []corev1.Taint{{Key: "nvidia.com/gpu", Value: "present", Effect: corev1.TaintEffectNoSchedule}}
 	return []corev1.Node{
 		node("gpu-rhel-1", rhel, 4, map[string]string{"accelerator": "nvidia-l4"}, nil, true, nil),
