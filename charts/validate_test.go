@@ -258,6 +258,10 @@ func TestConfigChecksAgree(t *testing.T) {
 					},
 					map[string]any{"name": "pinned", "driverVersion": "570.86.15", "runtimeInjection": "toolkit", "libraryPaths": []any{lib64}},
 					map[string]any{"name": "pinned", "driverVersion": "570.86.15", "runtimeInjection": "cdi"},
+					// GKE's device plugin: library paths, within the
+					// container mount points; no mounts.
+					map[string]any{"name": "gke-libs", "driverVersion": "550.90.07", "runtimeInjection": "device-plugin", "libraryPaths": []any{lib64, "/opt/lib", "lib"}},
+					map[string]any{"name": "gke-mounts", "driverVersion": "550.90.07", "runtimeInjection": "device-plugin", "mounts": []any{mount("/srv/gpu/lib", lib64, "Directory")}},
 					map[string]any{"name": "nothing"},
 					map[string]any{"name": repeat("n", 64), "driverVersion": "1", "mounts": []any{mount("/srv/gpu", bin, "Directory")},
 						"nodeSelector": map[string]any{"ok": "fine", "a/b/c": "x", "Bad Key": "v", "k": "bad value!", "long": repeat("v", 64), "empty": ""}},
@@ -306,6 +310,14 @@ func TestConfigChecksAgree(t *testing.T) {
 			config: map[string]any{"staticLayouts": []any{map[string]any{"name": "s", "driverVersion": "1",
 				"mounts": []any{mount("/usr/lib/nvidia-384", lib64, "Socket")}}}},
 			schemaField: "config.staticLayouts.0.mounts.0.kind", binaryField: "staticLayouts[0].mounts[0].kind: Unsupported value",
+		},
+		// GKE's device plugin mounts the driver itself: a cluster without
+		// the probe pins its pods there with a static layout.
+		"a static layout where the device plugin mounts the driver": {
+			config: map[string]any{
+				"noLayout":      map[string]any{"action": "Static", "staticLayout": "gke"},
+				"staticLayouts": []any{map[string]any{"name": "gke", "driverVersion": "550.90.07", "runtimeInjection": "device-plugin", "libraryPaths": []any{lib64}, "nodeSelector": map[string]any{"cloud.google.com/gke-accelerator": "nvidia-l4"}}},
+			},
 		},
 		"a runtime": {
 			config:      map[string]any{"staticLayouts": []any{map[string]any{"name": "s", "driverVersion": "1", "runtimeInjection": "docker"}}},

@@ -5,6 +5,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -18,6 +19,8 @@ import (
 	"github.com/gpu-injector/gpu-injector/e2e/standin"
 	"github.com/gpu-injector/gpu-injector/e2e/workloads"
 	"github.com/gpu-injector/gpu-injector/layout"
+	"github.com/gpu-injector/gpu-injector/nodeprobe"
+	"github.com/gpu-injector/gpu-injector/nodeprobe/fakeroot"
 )
 
 // TestNamespaceOptIn: the same GPU pod, on the kubelet node, in a namespace
@@ -441,4 +444,82 @@ func TestProbesPublishLayouts(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestGKEDevicePluginNode: on GKE, the nvidia-gpu-device-plugin mounts the
+// driver itself (its Allocate answer puts /home/kubernetes/bin/nvidia at
+// /usr/local/nvidia in every container that gets a GPU). An API-only node
+// publishes exactly what the probe publishes on such a host (the fake root
+// gke-cos-device-plugin: the plugin's socket and process):
+// runtimeInjection device-plugin, no mounts, and the folder the plugin's
+// mount puts the libraries in as its library path. A GPU pod sent there is
+// pinned and gets no volume and no mount, which would land on the plugin's,
+// but LD_LIBRARY_PATH with that folder, which the plugin does not set (an
+// image that sets none would find no libcuda.so.1); GKE's own classic recipe,
+// the installer's folder mounted by hand at /usr/local/nvidia, loses that
+// mount and keeps the rest.
+func TestGKEDevicePluginNode(t *testing.T) {
+	ctx := testContext(t)
+	root := t.TempDir()
+	if _, err := fakeroot.Build(root, "gke-cos-device-plugin"); err != nil {
+		t.Fatal(err)
+	}
+	res, err := nodeprobe.Probe(nodeprobe.ProbeOptions{HostRoot: root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.Ready() || res.Plan.RuntimeInjection != layout.RuntimeDevicePlugin || len(res.Plan.Mounts) != 0 || !slices.Equal(res.Plan.LibraryPaths, []string{"/usr/local/nvidia/lib64"}) {
+		t.Fatalf("the probe on GKE's device-plugin node: %s, plan %+v, evidence %v", res.Reason(), res.Plan, res.Evidence)
+	}
+	pub, err := nodeprobe.Desired(res)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const nodeName = "gke-device-plugin-l4"
+	fp := apiGPUNode(t, nodeName, "nvidia-l4-gke", *res.Plan, 2)
+	if fp != pub.Labels[layout.LabelFingerprint] {
+		t.Fatalf("node %s carries fingerprint %s, the probe publishes %s", nodeName, fp, pub.Labels[layout.LabelFingerprint])
+	}
+	if err := testEnv.WaitWebhookSees(ctx, env.Fingerprints{nodeName: fp}); err != nil {
+		t.Fatal(err)
+	}
+	ns := newNamespace(t, true)
+	onNode := map[string]string{env.LabelAccelerator: "nvidia-l4-gke"}
+	driver := res.Plan.DriverVersion
+
+	t.Run("pinned without mounts", func(t *testing.T) {
+		p := gpuPod("cuda-check", podOpts{resource: gpu, nodeSelector: onNode})
+		p.Spec.Tolerations = []corev1.Toleration{tolerateE2E}
+		got := createPod(t, ns, p)
+		rec := assertPinned(t, got, fp, driver)
+		if len(rec.Volumes) != 0 || len(hostPaths(got)) != 0 || len(got.Spec.Containers[0].VolumeMounts) != 0 {
+			t.Errorf("pod %s got volumes %v and mounts %v, want none", got.Name, hostPaths(got), got.Spec.Containers[0].VolumeMounts)
+		}
+		if v, ok := envValue(got.Spec.Containers[0], "LD_LIBRARY_PATH"); !ok || v != "/usr/local/nvidia/lib64" {
+			t.Errorf("pod %s got LD_LIBRARY_PATH=%q (set: %v), want the plugin's library folder /usr/local/nvidia/lib64", got.Name, v, ok)
+		}
+		waitBoundTo(t, ns, got.Name, nodeName)
+	})
+
+	t.Run("GKE's classic recipe loses its hand-written driver mount", func(t *testing.T) {
+		p := gpuPod("nvidia-smi", podOpts{resource: legacyGPU, nodeSelector: onNode, command: []string{"/usr/local/nvidia/bin/nvidia-smi"}})
+		p.Spec.Tolerations = []corev1.Toleration{tolerateE2E}
+		p.Spec.Volumes = []corev1.Volume{
+			{Name: "library-dir-host", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/home/kubernetes/bin/nvidia"}}},
+			{Name: "data", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+		}
+		p.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{
+			{Name: "library-dir-host", MountPath: "/usr/local/nvidia", ReadOnly: true},
+			{Name: "data", MountPath: "/data"},
+		}
+		got := createPod(t, ns, p)
+		assertPinned(t, got, fp, driver)
+		if len(got.Spec.Volumes) != 1 || got.Spec.Volumes[0].Name != "data" || len(got.Spec.Containers[0].VolumeMounts) != 1 || got.Spec.Containers[0].VolumeMounts[0].Name != "data" {
+			t.Errorf("pod %s has volumes %v and mounts %v, want only its own data volume", got.Name, got.Spec.Volumes, got.Spec.Containers[0].VolumeMounts)
+		}
+		if q, ok := got.Spec.Containers[0].Resources.Limits[gpu]; !ok || q.Value() != 1 {
+			t.Errorf("limits %v, want %s=1", got.Spec.Containers[0].Resources.Limits, gpu)
+		}
+		waitBoundTo(t, ns, got.Name, nodeName)
+	})
 }

@@ -65,16 +65,25 @@ const (
 	StateNoDriver = "no-driver"
 )
 
-// Runtime injection: the node's container runtime already puts the driver into
-// GPU containers, so the webhook must pin pods there without adding mounts (two
-// mounts at one path break the container).
+// Runtime injection: something on the node other than gpu-injector already
+// puts the driver into GPU containers, so the webhook must pin pods there
+// without adding mounts (two mounts at one path break the container).
 const (
 	// RuntimeToolkit is the NVIDIA container toolkit as the default runtime.
 	RuntimeToolkit = "toolkit"
 	// RuntimeCDI is a CDI spec for nvidia.com/gpu (written by the toolkit's
 	// generator or by a DRA driver) that the runtime applies.
 	RuntimeCDI = "cdi"
+	// RuntimeDevicePlugin is a device plugin whose Allocate answer mounts the
+	// driver folder into every container that gets a GPU (GKE's
+	// nvidia-gpu-device-plugin: /home/kubernetes/bin/nvidia at
+	// /usr/local/nvidia); the kubelet adds those mounts, not the runtime.
+	RuntimeDevicePlugin = "device-plugin"
 )
+
+// RuntimeInjections are the values of Plan.RuntimeInjection a node may publish,
+// besides "" for a plan of mounts.
+var RuntimeInjections = []string{RuntimeToolkit, RuntimeCDI, RuntimeDevicePlugin}
 
 // SchemaVersion is the only Plan schema this code reads and writes.
 const SchemaVersion = "v1"
@@ -107,8 +116,11 @@ type Plan struct {
 	Mounts            []Mount `json:"mounts"`
 	// LibraryPaths are container folders to add to LD_LIBRARY_PATH, in order.
 	LibraryPaths []string `json:"libraryPaths"`
-	// RuntimeInjection is RuntimeToolkit or RuntimeCDI when the node's runtime
-	// injects the driver itself; such a plan has no mounts and no library paths.
+	// RuntimeInjection is one of RuntimeInjections when something on the node
+	// (its runtime, its device plugin) injects the driver itself; such a plan
+	// has no mounts. Only a RuntimeDevicePlugin plan may have library paths:
+	// the folders the plugin's own mount puts the libraries in, which it does
+	// not put on LD_LIBRARY_PATH (the toolkit runs ldconfig in the container).
 	RuntimeInjection string `json:"runtimeInjection,omitempty"`
 }
 
@@ -219,8 +231,15 @@ func (p Plan) Validate(r Rules) field.ErrorList {
 		if len(p.Mounts) != 0 || len(p.LibraryPaths) != 0 {
 			errs = append(errs, field.Forbidden(root.Child("mounts"), "a node whose runtime injects the driver publishes no mounts and no library paths"))
 		}
+	case RuntimeDevicePlugin:
+		// GKE's device plugin mounts the driver folder but sets no
+		// LD_LIBRARY_PATH: the library paths say where its mount puts the
+		// libraries. They are checked below like a mounted layout's.
+		if len(p.Mounts) != 0 {
+			errs = append(errs, field.Forbidden(root.Child("mounts"), "a node whose device plugin injects the driver publishes no mounts"))
+		}
 	default:
-		errs = append(errs, field.NotSupported(root.Child("runtimeInjection"), truncate(p.RuntimeInjection, 64), []string{RuntimeToolkit, RuntimeCDI}))
+		errs = append(errs, field.NotSupported(root.Child("runtimeInjection"), truncate(p.RuntimeInjection, 64), RuntimeInjections))
 	}
 	if len(p.Mounts) > MaxMounts {
 		errs = append(errs, field.TooMany(root.Child("mounts"), len(p.Mounts), MaxMounts))

@@ -50,6 +50,20 @@ func TestValidate(t *testing.T) {
 		"library path outside":         {plan: Plan{SchemaVersion: SchemaVersion, DriverVersion: "1", Mounts: []Mount{{"/usr/local/nvidia/lib64", lib, KindDirectory}}, LibraryPaths: []string{"/lib"}}, wantErr: "libraryPaths[0]"},
 		"library path with colon":      {plan: Plan{SchemaVersion: SchemaVersion, DriverVersion: "1", Mounts: []Mount{{"/usr/local/nvidia/lib64", lib, KindDirectory}}, LibraryPaths: []string{lib + ":/lib"}}, wantErr: "must not contain ':'"},
 		"no driver version":            {plan: Plan{SchemaVersion: SchemaVersion, Mounts: []Mount{{"/usr/local/nvidia/lib64", lib, KindDirectory}}}, wantErr: "driverVersion: Required"},
+		"toolkit node":                 {plan: Plan{SchemaVersion: SchemaVersion, DriverVersion: "1", RuntimeInjection: RuntimeToolkit}},
+		"CDI node":                     {plan: Plan{SchemaVersion: SchemaVersion, DriverVersion: "1", RuntimeInjection: RuntimeCDI}},
+		// GKE's device plugin mounts the driver in its Allocate answer.
+		"device-plugin node":              {plan: Plan{SchemaVersion: SchemaVersion, DriverVersion: "1", RuntimeInjection: RuntimeDevicePlugin}},
+		"device-plugin node with mounts":  {plan: Plan{SchemaVersion: SchemaVersion, DriverVersion: "1", RuntimeInjection: RuntimeDevicePlugin, Mounts: []Mount{{"/home/kubernetes/bin/nvidia", "/usr/local/nvidia/lib64", KindDirectory}}}, wantErr: "publishes no mounts"},
+		"device-plugin node with LD path": {plan: Plan{SchemaVersion: SchemaVersion, DriverVersion: "1", RuntimeInjection: RuntimeDevicePlugin, LibraryPaths: []string{lib}}},
+		// The library paths come from the node: a folder outside the
+		// container paths would put the image's own files on LD_LIBRARY_PATH.
+		"device-plugin node with LD path outside":   {plan: Plan{SchemaVersion: SchemaVersion, DriverVersion: "1", RuntimeInjection: RuntimeDevicePlugin, LibraryPaths: []string{"/usr/lib"}}, wantErr: `libraryPaths[0]: Forbidden: "/usr/lib" is not under the container mount points`},
+		"device-plugin node with LD path unclean":   {plan: Plan{SchemaVersion: SchemaVersion, DriverVersion: "1", RuntimeInjection: RuntimeDevicePlugin, LibraryPaths: []string{lib + "/../../../../etc"}}, wantErr: "libraryPaths[0]"},
+		"device-plugin node with LD path and colon": {plan: Plan{SchemaVersion: SchemaVersion, DriverVersion: "1", RuntimeInjection: RuntimeDevicePlugin, LibraryPaths: []string{lib + ":/lib"}}, wantErr: "must not contain ':'"},
+		"toolkit node with LD path":                 {plan: Plan{SchemaVersion: SchemaVersion, DriverVersion: "1", RuntimeInjection: RuntimeToolkit, LibraryPaths: []string{lib}}, wantErr: "publishes no mounts and no library paths"},
+		"CDI node with LD path":                     {plan: Plan{SchemaVersion: SchemaVersion, DriverVersion: "1", RuntimeInjection: RuntimeCDI, LibraryPaths: []string{lib}}, wantErr: "publishes no mounts and no library paths"},
+		"unknown injection":                         {plan: Plan{SchemaVersion: SchemaVersion, DriverVersion: "1", RuntimeInjection: "gke"}, wantErr: `Unsupported value: "gke": supported values: "toolkit", "cdi", "device-plugin"`},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {

@@ -270,3 +270,50 @@ func FuzzRuntimeConfig(f *testing.F) {
 		}
 	})
 }
+
+// FuzzGKEPluginProcess: a host process's comm and command line, which the
+// probe reads to find GKE's device plugin.
+func FuzzGKEPluginProcess(f *testing.F) {
+	root := f.TempDir()
+	dir := filepath.Join(root, "proc", "2741")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		f.Fatal(err)
+	}
+	f.Add("nvidia-gpu-devi\n", "/usr/bin/nvidia-gpu-device-plugin\x00-logtostderr\x00--enable-health-monitoring\x00")
+	f.Add("nvidia-gpu-devi\n", "/usr/bin/nvidia-gpu-device-plugin\x00-v\x003\x00-host-path=/var/lib/nvidia\x00--container-path\x00/usr/local/nvidia/lib64\x00")
+	f.Add("nvidia-gpu-devi", "nvidia-gpu-device-plugin\x00--host-path\x00")
+	f.Add("nvidia-device-p\n", "/usr/bin/nvidia-device-plugin\x00--pass-device-specs\x00")
+	f.Add("", "\x00\x00")
+	f.Fuzz(func(t *testing.T, comm, cmdline string) {
+		for name, data := range map[string]string{"comm": comm, "cmdline": cmdline} {
+			if err := os.WriteFile(filepath.Join(dir, name), []byte(data), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		start := time.Now()
+		r := DetectRuntimeInjection(root)
+		if d := time.Since(start); d > 2*time.Second {
+			t.Fatalf("detection took %v", d)
+		}
+		// Restated apart from the code: the kernel's short name of the
+		// plugin, then a command line that runs a program of its name; of
+		// each file, what the probe reads at most.
+		comm, cmdline = comm[:min(len(comm), 64)], cmdline[:min(len(cmdline), maxCmdlineBytes)]
+		args := strings.Split(strings.TrimRight(cmdline, "\x00"), "\x00")
+		want := strings.TrimSpace(comm) == "nvidia-gpu-devi" && path.Base(args[0]) == "nvidia-gpu-device-plugin"
+		switch {
+		case !want && r.Kind == "" && len(r.Evidence) == 0:
+		case want && r.Kind == layout.RuntimeDevicePlugin && len(r.Evidence) > 0 && strings.Contains(r.Evidence[0], "process 2741"):
+		default:
+			t.Fatalf("comm %q, command line %q gave kind %q with evidence %q", comm, cmdline, r.Kind, r.Evidence)
+		}
+		for _, flag := range []string{"host-path", "container-path"} {
+			if v, ok := goFlag(args[1:], flag); ok && !strings.Contains(cmdline, v) {
+				t.Fatalf("--%s %q is not in the command line %q", flag, v, cmdline)
+			}
+		}
+		if again := DetectRuntimeInjection(root); !reflect.DeepEqual(again, r) {
+			t.Fatalf("two answers: %+v and %+v", r, again)
+		}
+	})
+}

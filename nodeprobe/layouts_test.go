@@ -210,6 +210,12 @@ func checkContainers(t *testing.T, root string, l fakeroot.Layout, plan *layout.
 				mounts[m.MountPath] = hp.Path
 			}
 		}
+		ldPath := ""
+		for _, e := range c.Env {
+			if e.Name == "LD_LIBRARY_PATH" {
+				ldPath = e.Value
+			}
+		}
 		if plan.RuntimeInjection != "" {
 			// The runtime puts the driver in; a mount of ours at the same
 			// paths would break the container.
@@ -218,34 +224,43 @@ func checkContainers(t *testing.T, root string, l fakeroot.Layout, plan *layout.
 					t.Errorf("%s: a runtime-injected node got a driver mount at %s", c.Name, cp)
 				}
 			}
+			if plan.RuntimeInjection == layout.RuntimeDevicePlugin {
+				// GKE's device plugin mounts its folder at /usr/local/nvidia
+				// itself and sets no LD_LIBRARY_PATH: the libraries are
+				// found along the one the webhook set, as in an image that
+				// sets none of its own.
+				checkDriver(t, c.Name, root, l, map[string]string{"/usr/local/nvidia": "/home/kubernetes/bin/nvidia"}, ldPath)
+			}
 			continue
 		}
-		ldPath := ""
-		for _, e := range c.Env {
-			if e.Name == "LD_LIBRARY_PATH" {
-				ldPath = e.Value
-			}
-		}
-		for _, so := range []string{"libcuda.so.1", "libnvidia-ml.so.1"} {
-			host, err := findLibrary(root, mounts, strings.Split(ldPath, ":"), so)
-			if err != nil {
-				t.Errorf("%s: %s: %v", c.Name, so, err)
-				continue
-			}
-			m := versionSuffix.FindStringSubmatch(host)
-			if m == nil || m[1] != l.DriverVersion {
-				t.Errorf("%s: %s resolves to %s, not the driver %s", c.Name, so, host, l.DriverVersion)
-			}
-		}
-		host, err := containerResolve(root, mounts, "/usr/local/nvidia/bin/nvidia-smi")
+		checkDriver(t, c.Name, root, l, mounts, ldPath)
+	}
+}
+
+// checkDriver resolves, through a container's mounts only, libcuda.so.1 and
+// libnvidia-ml.so.1 along LD_LIBRARY_PATH and /usr/local/nvidia/bin/nvidia-smi:
+// each must be a file of the layout's driver version.
+func checkDriver(t *testing.T, container, root string, l fakeroot.Layout, mounts map[string]string, ldPath string) {
+	t.Helper()
+	for _, so := range []string{"libcuda.so.1", "libnvidia-ml.so.1"} {
+		host, err := findLibrary(root, mounts, strings.Split(ldPath, ":"), so)
 		if err != nil {
-			t.Errorf("%s: nvidia-smi: %v", c.Name, err)
+			t.Errorf("%s: %s: %v", container, so, err)
 			continue
 		}
-		data, err := os.ReadFile(filepath.Join(root, host))
-		if err != nil || !strings.Contains(string(data), "nvidia-smi "+l.DriverVersion+"\n") {
-			t.Errorf("%s: /usr/local/nvidia/bin/nvidia-smi is %s, not the driver %s's (%q, %v)", c.Name, host, l.DriverVersion, data, err)
+		m := versionSuffix.FindStringSubmatch(host)
+		if m == nil || m[1] != l.DriverVersion {
+			t.Errorf("%s: %s resolves to %s, not the driver %s", container, so, host, l.DriverVersion)
 		}
+	}
+	host, err := containerResolve(root, mounts, "/usr/local/nvidia/bin/nvidia-smi")
+	if err != nil {
+		t.Errorf("%s: nvidia-smi: %v", container, err)
+		return
+	}
+	data, err := os.ReadFile(filepath.Join(root, host))
+	if err != nil || !strings.Contains(string(data), "nvidia-smi "+l.DriverVersion+"\n") {
+		t.Errorf("%s: /usr/local/nvidia/bin/nvidia-smi is %s, not the driver %s's (%q, %v)", container, host, l.DriverVersion, data, err)
 	}
 }
 

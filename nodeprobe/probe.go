@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path"
+	"slices"
 	"sort"
 	"strings"
 
@@ -217,6 +218,7 @@ func Probe(opts ProbeOptions) (out Result, err error) {
 			files.Evidence = append(files.Evidence, ri.Evidence...)
 			res.Notes = append(res.Notes, ri.Notes...)
 			plan := layout.Plan{SchemaVersion: layout.SchemaVersion, DriverVersion: res.DriverVersion, CUDADriverVersion: cuda, RuntimeInjection: ri.Kind, Mounts: []layout.Mount{}, LibraryPaths: []string{}}
+			plan.LibraryPaths, res.Notes = allowedLibraryPaths(plan, ri.LibraryPaths, cfg, res.Notes)
 			if errs := plan.Validate(cfg.Rules()); len(errs) > 0 {
 				return res.fail(ConditionPlanInvalid, "%v", errs.ToAggregate())
 			}
@@ -269,4 +271,25 @@ func contains(list []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// allowedLibraryPaths keeps the library paths of a runtime-injected plan that
+// the configuration's container paths allow. A device plugin run with a
+// --container-path outside them still injects the driver: the node stays
+// ready, pinned as before, and a note says why its pods get no
+// LD_LIBRARY_PATH, rather than the whole plan being refused.
+func allowedLibraryPaths(plan layout.Plan, libs []string, cfg *config.Configuration, notes []string) ([]string, []string) {
+	out := []string{}
+	for _, lp := range libs {
+		one := plan
+		one.LibraryPaths = []string{lp}
+		if errs := one.Validate(cfg.Rules()); len(errs) > 0 {
+			notes = append(notes, fmt.Sprintf("library path %q of the %s injection left out, so pods there get no LD_LIBRARY_PATH: %v", lp, plan.RuntimeInjection, errs.ToAggregate()))
+			continue
+		}
+		if !slices.Contains(out, lp) {
+			out = append(out, lp)
+		}
+	}
+	return out, notes
 }

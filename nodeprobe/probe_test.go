@@ -8,6 +8,7 @@ import (
 	"path"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -55,6 +56,7 @@ var expected = map[string]struct {
 	"crio-toolkit":                        {ConditionReady, ConditionReady, SourceFileNames, "", "", layout.RuntimeToolkit},
 	"docker-cri-dockerd":                  {ConditionReady, ConditionReady, SourceFileNames, "", "", layout.RuntimeToolkit},
 	"talos-nvidia-extension":              {ConditionReady, ConditionReady, SourceFileNames, "", "", layout.RuntimeCDI},
+	"gke-cos-device-plugin":               {ConditionReady, ConditionReady, SourceFileNames, "", "", layout.RuntimeDevicePlugin},
 	"ubuntu-cdi":                          {ConditionReady, ConditionReady, SourceFileNames, "", "", layout.RuntimeCDI},
 }
 
@@ -109,8 +111,17 @@ func TestProbeFakeRoots(t *testing.T) {
 					t.Errorf("%s: runtimeInjection %q, want %q", label, res.Plan.RuntimeInjection, want.runtime)
 				}
 				if want.runtime != "" {
-					if len(res.Plan.Mounts) != 0 || len(res.Plan.LibraryPaths) != 0 || res.Plan.DriverVersion != l.DriverVersion {
+					if len(res.Plan.Mounts) != 0 || res.Plan.DriverVersion != l.DriverVersion {
 						t.Errorf("%s: a runtime-injected plan with mounts or the wrong version: %+v", label, res.Plan)
+					}
+					// GKE's device plugin mounts the driver but sets no
+					// LD_LIBRARY_PATH; the toolkit runs ldconfig.
+					var wantLibs []string
+					if want.runtime == layout.RuntimeDevicePlugin {
+						wantLibs = []string{"/usr/local/nvidia/lib64"}
+					}
+					if !slices.Equal(res.Plan.LibraryPaths, wantLibs) {
+						t.Errorf("%s: library paths %q, want %q", label, res.Plan.LibraryPaths, wantLibs)
 					}
 					continue
 				}

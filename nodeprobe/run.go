@@ -78,7 +78,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.healthAddr, "health-probe-bind-address", ":8082", "address of /healthz and /readyz; 0 disables")
 	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8083", "address of /metrics; 0 disables")
 	fs.IntVar(&o.verbosity, "v", 0, "log verbosity; 1 logs every probe's notes")
-	fs.BoolVar(&o.ignoreRI, "ignore-runtime-injection", false, "plan mounts even where the container runtime injects the driver itself (NVIDIA toolkit as the default runtime, CDI specs)")
+	fs.BoolVar(&o.ignoreRI, "ignore-runtime-injection", false, "plan mounts even where the container runtime or the device plugin injects the driver itself (NVIDIA toolkit as the default runtime, CDI specs, GKE's device plugin)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil, err

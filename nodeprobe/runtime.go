@@ -42,21 +42,31 @@ var (
 )
 
 // RuntimeInjection is what the probe found about the node's container
-// runtime putting the driver into containers itself.
+// runtime, or its device plugin, putting the driver into containers itself.
 type RuntimeInjection struct {
-	// Kind is layout.RuntimeToolkit, layout.RuntimeCDI, or "" for none.
+	// Kind is layout.RuntimeToolkit, layout.RuntimeDevicePlugin,
+	// layout.RuntimeCDI, or "" for none.
 	Kind string `json:"kind,omitempty"`
 	// Evidence names the files and settings that say so.
 	Evidence []string `json:"evidence,omitempty"`
+	// LibraryPaths are the container folders the device plugin's mount puts
+	// the driver's libraries in, for LD_LIBRARY_PATH, which it does not set;
+	// empty for the toolkit and CDI, whose runtime runs ldconfig in the
+	// container. They come from the host, and are checked against the
+	// configuration's container paths before they are published.
+	LibraryPaths []string `json:"libraryPaths,omitempty"`
 	// Notes are files that could not be read or parsed.
 	Notes []string `json:"notes,omitempty"`
 }
 
 // DetectRuntimeInjection reads the host's container runtime configuration:
 // the NVIDIA container toolkit as the default runtime of containerd, CRI-O or
-// Docker (through cri-dockerd), an always-on OCI hook of the toolkit, or a
+// Docker (through cri-dockerd), an always-on OCI hook of the toolkit, GKE's
+// device plugin (which mounts the driver folder in its Allocate answer), or a
 // CDI spec for nvidia.com/gpu. The toolkit wins over CDI: a toolkit runtime
-// in CDI mode is still the toolkit.
+// in CDI mode is still the toolkit. GKE's device plugin comes before CDI: its
+// mounts reach every container that gets a GPU, a CDI spec's only those whose
+// devices are asked for through CDI.
 func DetectRuntimeInjection(root string) RuntimeInjection {
 	h := hostFS{root: root}
 	var r RuntimeInjection
@@ -66,6 +76,10 @@ func DetectRuntimeInjection(root string) RuntimeInjection {
 	r.Evidence = append(r.Evidence, h.dockerToolkit(&r.Notes)...)
 	if len(r.Evidence) > 0 {
 		r.Kind = layout.RuntimeToolkit
+		return r
+	}
+	if ev, libs := h.gkeDevicePlugin(&r.Notes); len(ev) > 0 {
+		r.Kind, r.Evidence, r.LibraryPaths = layout.RuntimeDevicePlugin, ev, []string{libs}
 		return r
 	}
 	if ev := h.cdiSpecs(&r.Notes); len(ev) > 0 {

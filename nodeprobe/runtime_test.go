@@ -2,8 +2,11 @@ package nodeprobe
 
 import (
 	"os"
+	"path"
 	"path/filepath"
+	"slices"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/gpu-injector/gpu-injector/layout"
@@ -18,7 +21,9 @@ func TestDetectRuntimeInjection(t *testing.T) {
 	for name, tc := range map[string]struct {
 		files    map[string]string
 		links    map[string]string
+		sockets  []string
 		want     string
+		libs     []string // the library paths of a device-plugin node
 		evidence string
 		note     string
 	}{
@@ -76,19 +81,57 @@ func TestDetectRuntimeInjection(t *testing.T) {
 			files: map[string]string{"/run/cdi/nvidia.json": `{"cdiVersion": "0.6.0", "kind": "nvidia.com/gpu", "devices": [{"name": "0"}]}`},
 			links: map[string]string{"/var/run": "../run"},
 			want:  layout.RuntimeCDI, evidence: "/run/cdi/nvidia.json: 1 nvidia.com/gpu devices"},
-		"CDI spec of another vendor":   {files: map[string]string{"/etc/cdi/amd.yaml": "kind: amd.com/gpu\ndevices:\n- name: \"0\"\n"}, want: ""},
-		"CDI spec without devices":     {files: map[string]string{"/etc/cdi/nvidia.yaml": "kind: nvidia.com/gpu\ndevices: []\n"}, want: ""},
-		"CDI spec that is not YAML":    {files: map[string]string{"/etc/cdi/nvidia.yaml": "kind: [\n"}, want: "", note: "/etc/cdi/nvidia.yaml"},
-		"containerd imports a drop-in": {files: map[string]string{"/etc/containerd/config.toml": "version = 2\nimports = [\"/etc/containerd/extra/*.toml\"]\n", "/etc/containerd/extra/nvidia.toml": "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd]\n  default_runtime_name = \"nvidia\"\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.nvidia.options]\n  BinaryName = \"/usr/bin/nvidia-container-runtime\"\n"}, want: layout.RuntimeToolkit},
+		"CDI spec of another vendor": {files: map[string]string{"/etc/cdi/amd.yaml": "kind: amd.com/gpu\ndevices:\n- name: \"0\"\n"}, want: ""},
+		"CDI spec without devices":   {files: map[string]string{"/etc/cdi/nvidia.yaml": "kind: nvidia.com/gpu\ndevices: []\n"}, want: ""},
+		"CDI spec that is not YAML":  {files: map[string]string{"/etc/cdi/nvidia.yaml": "kind: [\n"}, want: "", note: "/etc/cdi/nvidia.yaml"},
+		// GKE's device plugin: its socket where the probe may list the
+		// kubelet's folder, its process where it may not (non-root).
+		"GKE's device plugin socket": {sockets: []string{dp + "/kubelet.sock", dp + "/nvidiaGPU-1718000000.sock"},
+			want: layout.RuntimeDevicePlugin, evidence: "socket /var/lib/kubelet/device-plugins/nvidiaGPU-1718000000.sock", libs: []string{"/usr/local/nvidia/lib64"}},
+		"GKE's device plugin socket and its host folder": {sockets: []string{dp + "/nvidiaGPU-1718000000.sock"}, files: map[string]string{"/home/kubernetes/bin/nvidia/bin/nvidia-smi": ""},
+			want: layout.RuntimeDevicePlugin, evidence: "mounts exists: /home/kubernetes/bin/nvidia", libs: []string{"/usr/local/nvidia/lib64"}},
+		"GKE's device plugin process": {files: gkeProcess("2741", "/usr/bin/nvidia-gpu-device-plugin", "-logtostderr", "--enable-container-gpu-metrics", "--enable-health-monitoring"),
+			want: layout.RuntimeDevicePlugin, evidence: "process 2741, /usr/bin/nvidia-gpu-device-plugin): its Allocate answer mounts host /home/kubernetes/bin/nvidia at /usr/local/nvidia", libs: []string{"/usr/local/nvidia/lib64"}},
+		"GKE's device plugin process with its folders set": {files: gkeProcess("99", "/usr/bin/nvidia-gpu-device-plugin", "-v", "3", "--enable-health-monitoring", "-host-path=/var/lib/nvidia", "--container-path", "/usr/local/nvidia/lib64"),
+			want: layout.RuntimeDevicePlugin, evidence: "mounts host /var/lib/nvidia at /usr/local/nvidia/lib64", libs: []string{"/usr/local/nvidia/lib64/lib64"}},
+		// The flag's folder as the host gives it; the probe checks it
+		// against the configuration before it publishes it.
+		"GKE's device plugin process with another container path": {sockets: []string{dp + "/nvidiaGPU-1718000000.sock"}, files: gkeProcess("99", "/usr/bin/nvidia-gpu-device-plugin", "--container-path=/opt/nvidia"),
+			want: layout.RuntimeDevicePlugin, libs: []string{"/opt/nvidia/lib64"}},
+		"the toolkit wins over GKE's device plugin": {sockets: []string{dp + "/nvidiaGPU-1718000000.sock"}, files: map[string]string{"/etc/containerd/config.toml": "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd]\n  default_runtime_name = \"nvidia\"\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.nvidia.options]\n  BinaryName = \"/usr/bin/nvidia-container-runtime\"\n"},
+			want: layout.RuntimeToolkit},
+		"GKE's device plugin wins over a CDI spec": {sockets: []string{dp + "/nvidiaGPU-1718000000.sock"}, files: map[string]string{"/etc/cdi/nvidia.yaml": "kind: nvidia.com/gpu\ndevices:\n- name: all\n"},
+			want: layout.RuntimeDevicePlugin, libs: []string{"/usr/local/nvidia/lib64"}},
+		"NVIDIA's device plugin mounts no driver": {sockets: []string{dp + "/kubelet.sock", dp + "/nvidia-gpu.sock", dp + "/nvidia-mig-1g.10gb.sock", dp + "/nvidia-gpu.shared.sock"},
+			files: gkeProcess("311", "/usr/bin/nvidia-device-plugin", "--pass-device-specs"), want: ""},
+		"our own device plugin":                       {sockets: []string{dp + "/kubelet.sock", dp + "/fake-nvidia-com-gpu.sock"}, want: ""},
+		"a regular file named as GKE's socket":        {files: map[string]string{dp + "/nvidiaGPU-1718000000.sock": ""}, want: ""},
+		"a socket named nearly as GKE's":              {sockets: []string{dp + "/nvidiaGPU-latest.sock", dp + "/nvidiaGPU-1718000000.sock.bak", dp + "/xnvidiaGPU-1.sock"}, want: ""},
+		"a link named as GKE's socket":                {sockets: []string{"/run/plugin.sock"}, links: map[string]string{dp + "/nvidiaGPU-1718000000.sock": "/run/plugin.sock"}, want: ""},
+		"GKE's driver folder alone":                   {files: map[string]string{"/home/kubernetes/bin/nvidia/bin/nvidia-smi": ""}, want: ""},
+		"the plugin's short name, another program":    {files: gkeProcess("12", "/opt/bin/nvidia-gpu-device-plugin-wrapper"), want: ""},
+		"the plugin's name as an argument only":       {files: gkeProcess("12", "/bin/sh", "/usr/bin/nvidia-gpu-device-plugin"), want: ""},
+		"device plugin folder linked out of the root": {links: map[string]string{"/var/lib/kubelet": "../../../outside/kubelet"}, want: ""},
+		"a process linked out of the root":            {links: map[string]string{"/proc/2741": "../../outside/proc/2741"}, want: ""},
+		"containerd imports a drop-in":                {files: map[string]string{"/etc/containerd/config.toml": "version = 2\nimports = [\"/etc/containerd/extra/*.toml\"]\n", "/etc/containerd/extra/nvidia.toml": "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd]\n  default_runtime_name = \"nvidia\"\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.nvidia.options]\n  BinaryName = \"/usr/bin/nvidia-container-runtime\"\n"}, want: layout.RuntimeToolkit},
 	} {
 		t.Run(name, func(t *testing.T) {
 			root := filepath.Join(t.TempDir(), "root")
+			// Beside the root, where a link followed on this machine
+			// would land: GKE's socket and process.
+			mknodSocket(t, filepath.Dir(root), "/outside/kubelet/device-plugins/nvidiaGPU-1718000000.sock")
+			for p, data := range gkeProcess("2741", "/usr/bin/nvidia-gpu-device-plugin") {
+				write(t, filepath.Join(filepath.Dir(root), "outside"), p, data)
+			}
 			write(t, filepath.Dir(root), "/outside.toml", "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd]\n  default_runtime_name = \"runc\"\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc.options]\n  BinaryName = \"/usr/bin/nvidia-container-runtime\"\n[crio.runtime]\ndefault_runtime = \"nvidia\"\n[crio.runtime.runtimes.nvidia]\nruntime_path = \"/usr/bin/nvidia-container-runtime\"\n")
 			if err := os.MkdirAll(root, 0o755); err != nil {
 				t.Fatal(err)
 			}
 			for p, data := range tc.files {
 				write(t, root, p, data)
+			}
+			for _, p := range tc.sockets {
+				mknodSocket(t, root, p)
 			}
 			for p, target := range tc.links {
 				if err := os.MkdirAll(filepath.Dir(filepath.Join(root, p)), 0o755); err != nil {
@@ -102,11 +145,50 @@ func TestDetectRuntimeInjection(t *testing.T) {
 			if r.Kind != tc.want {
 				t.Errorf("kind %q, want %q (evidence %v, notes %v)", r.Kind, tc.want, r.Evidence, r.Notes)
 			}
+			if r.Kind == layout.RuntimeDevicePlugin && tc.libs == nil {
+				t.Fatal("a device-plugin case without its library paths")
+			}
+			if !slices.Equal(r.LibraryPaths, tc.libs) {
+				t.Errorf("library paths %q, want %q", r.LibraryPaths, tc.libs)
+			}
 			if tc.evidence != "" && !strings.Contains(strings.Join(r.Evidence, "\n"), tc.evidence) {
 				t.Errorf("evidence %v lacks %q", r.Evidence, tc.evidence)
 			}
 			if tc.note != "" && !strings.Contains(strings.Join(r.Notes, "\n"), tc.note) {
 				t.Errorf("notes %v lack %q", r.Notes, tc.note)
+			}
+		})
+	}
+}
+
+// TestProbeDevicePluginLibraryPaths: the folder GKE's device plugin mounts the
+// libraries at comes from its command line on the host; one outside the
+// configuration's container paths is left out with a note, and the node stays
+// ready as a device-plugin node whose pods get no LD_LIBRARY_PATH.
+func TestProbeDevicePluginLibraryPaths(t *testing.T) {
+	for name, tc := range map[string]struct {
+		args []string
+		want []string
+		note string
+	}{
+		"the default":               {want: []string{"/usr/local/nvidia/lib64"}},
+		"another container path":    {args: []string{"--container-path", "/opt/nvidia"}, want: []string{}, note: `library path "/opt/nvidia/lib64" of the device-plugin injection left out`},
+		"a relative container path": {args: []string{"--container-path=../../usr"}, want: []string{}, note: `"../../usr/lib64"`},
+		"the container root":        {args: []string{"--container-path=/"}, want: []string{}, note: `"/lib64"`},
+	} {
+		t.Run(name, func(t *testing.T) {
+			root, l := buildRoot(t, "gke-cos-device-plugin")
+			write(t, root, "/proc/2741/cmdline", strings.Join(append([]string{"/usr/bin/nvidia-gpu-device-plugin", "-logtostderr"}, tc.args...), "\x00")+"\x00")
+			res := probeRoot(t, root, noNVML)
+			if !res.Ready() || res.Plan.RuntimeInjection != layout.RuntimeDevicePlugin || res.Plan.DriverVersion != l.DriverVersion {
+				t.Fatalf("got %s %+v", res.Reason(), res.Plan)
+			}
+			// An empty list, not null, as in every plan the probe publishes.
+			if !slices.Equal(res.Plan.LibraryPaths, tc.want) || res.Plan.LibraryPaths == nil {
+				t.Errorf("library paths %#v, want %#v", res.Plan.LibraryPaths, tc.want)
+			}
+			if tc.note != "" && !strings.Contains(strings.Join(res.Notes, "\n"), tc.note) {
+				t.Errorf("notes %q lack %q", res.Notes, tc.note)
 			}
 		})
 	}
@@ -154,6 +236,59 @@ func TestProbeNoDriverNeedsNoDevice(t *testing.T) {
 	write(t, root, "/proc/driver/nvidia/version", "")
 	if res := probeRoot(t, root, noNVML); res.Condition == ConditionNoDriver {
 		t.Errorf("/proc/driver/nvidia exists but the node is %s", res.Condition)
+	}
+}
+
+// dp is the kubelet's device plugin folder.
+const dp = "/var/lib/kubelet/device-plugins"
+
+// gkeProcess is a host process in /proc: its short name as the kernel cuts
+// it, and its command line.
+func gkeProcess(pid string, args ...string) map[string]string {
+	comm := path.Base(args[0])
+	if len(comm) > 15 {
+		comm = comm[:15]
+	}
+	return map[string]string{
+		"/proc/" + pid + "/comm":    comm + "\n",
+		"/proc/" + pid + "/cmdline": strings.Join(args, "\x00") + "\x00",
+	}
+}
+
+// mknodSocket makes a socket's inode, as a listening server leaves it.
+func mknodSocket(t *testing.T, root, p string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(filepath.Join(root, p)), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mknod(filepath.Join(root, p), syscall.S_IFSOCK|0o755, 0); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestGoFlag: the plugin's flags read from its command line as Go's flag
+// package reads them.
+func TestGoFlag(t *testing.T) {
+	for name, tc := range map[string]struct {
+		args []string
+		want string
+		ok   bool
+	}{
+		"unset":                     {args: []string{"-logtostderr"}},
+		"one dash, equals":          {args: []string{"-host-path=/a"}, want: "/a", ok: true},
+		"two dashes, next argument": {args: []string{"--logtostderr", "--host-path", "/a"}, want: "/a", ok: true},
+		"the last wins":             {args: []string{"-host-path=/a", "-host-path", "/b"}, want: "/b", ok: true},
+		"another flag's value":      {args: []string{"-gpu-config", "-host-path=/a"}},
+		"after a non-flag":          {args: []string{"x", "-host-path=/a"}},
+		"after --":                  {args: []string{"--", "-host-path=/a"}},
+		"no value":                  {args: []string{"-host-path"}},
+		"a bool flag then it":       {args: []string{"--enable-health-monitoring", "-host-path=/a"}, want: "/a", ok: true},
+	} {
+		t.Run(name, func(t *testing.T) {
+			if got, ok := goFlag(tc.args, "host-path"); got != tc.want || ok != tc.ok {
+				t.Errorf("goFlag(%q) = %q, %v; want %q, %v", tc.args, got, ok, tc.want, tc.ok)
+			}
+		})
 	}
 }
 

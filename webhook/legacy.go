@@ -221,7 +221,7 @@ func describeLegacy(legacy []legacyMount) string {
 // two are summed up by folder.
 func replacement(l *Layout, mountPath string) string {
 	if l.Plan.RuntimeInjection != "" {
-		return fmt.Sprintf("the driver %s that the node's container runtime injects (%s)", l.Plan.DriverVersion, l.Plan.RuntimeInjection)
+		return fmt.Sprintf("the driver %s that %s injects (%s)", l.Plan.DriverVersion, injectedBy(l.Plan.RuntimeInjection), l.Plan.RuntimeInjection)
 	}
 	mp := path.Clean(mountPath)
 	var near []layout.Mount
@@ -315,4 +315,14 @@ func volumeUsers(pod *corev1.Pod, volume string) []string {
 		check("ephemeral container", c.Name, c.VolumeMounts)
 	}
 	return out
+}
+
+// injectedBy names what puts the driver into containers on a node whose
+// layout has runtimeInjection: a user who reads "container runtime" on GKE
+// would look for a toolkit that is not there.
+func injectedBy(kind string) string {
+	if kind == layout.RuntimeDevicePlugin {
+		return "the node's device plugin"
+	}
+	return "the node's container runtime"
 }

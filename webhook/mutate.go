@@ -154,8 +154,8 @@ func Mutate(in Input, cfg *config.Configuration) Result {
 			// driver, its pin and its record.
 			m.removeInjection(ed, stale, nil, targets)
 			ed.do(removeAnnotation{key: layout.AnnotationInjected})
-			warn("the pod carried the NVIDIA driver %s, %s; removed, as the node's container runtime injects driver %s there (runtimeInjection: %s)",
-				describeInjected(stale), m.staleWhy(stale), chosen.Plan.DriverVersion, config.RuntimeInjectionSkip)
+			warn("the pod carried the NVIDIA driver %s, %s; removed, as %s injects driver %s there (runtimeInjection: %s)",
+				describeInjected(stale), m.staleWhy(stale), injectedBy(chosen.Plan.RuntimeInjection), chosen.Plan.DriverVersion, config.RuntimeInjectionSkip)
 		}
 		return done(ReasonRuntimeInjection)
 	}

@@ -151,6 +151,7 @@ func FuzzNodeLayout(f *testing.F) {
 		f.Add(n.Annotations[layout.AnnotationLayout], n.Labels[layout.LabelFingerprint], n.Labels[layout.LabelState], q.String(), "pool=a", uint8(i|4))
 	}
 	f.Add(`{"schemaVersion":"v1","driverVersion":"1","runtimeInjection":"cdi"}`, "", layout.StateReady, "1", "", uint8(0))
+	f.Add(`{"schemaVersion":"v1","driverVersion":"1","mounts":[],"libraryPaths":[],"runtimeInjection":"device-plugin"}`, "", layout.StateReady, "1", "", uint8(0))
 	f.Add(`{"schemaVersion":"v1","driverVersion":"1","mounts":[{"hostPath":"/usr/lib/nvidia-1/../../../etc","containerPath":"/usr/local/nvidia/lib64","kind":"Directory"}]}`, "x", layout.StateReady, "9223372036854775807", "", uint8(1))
 
 	f.Fuzz(func(t *testing.T, ann, fp, state, gpus, label string, sel uint8) {

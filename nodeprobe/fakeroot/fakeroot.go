@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"syscall"
 
 	"github.com/gpu-injector/gpu-injector/nodeprobe/ldcache"
 )
@@ -39,6 +40,7 @@ const (
 	x8664LibDir      = "/usr/lib/x86_64-linux-gnu"
 	localNvidia      = "/usr/local/nvidia"
 	kubernetesCOS    = "/home/kubernetes/bin/nvidia"
+	devicePlugins    = "/var/lib/kubelet/device-plugins"
 	gpuOperator      = "/run/nvidia/driver"
 )
 
@@ -67,6 +69,9 @@ const (
 	kindLink
 	kindFile
 	kindDir
+	// kindSocket is a unix socket's inode, as a listening server leaves
+	// it: made with mknod, nothing listens.
+	kindSocket
 )
 
 type node struct {
@@ -86,7 +91,8 @@ func file(p, data string) node   { return node{path: p, kind: kindFile, data: da
 func executable(p string) node {
 	return node{path: p, kind: kindFile, data: "#!/bin/sh\necho " + path.Base(p) + "\n", mode: 0o755}
 }
-func dir(p string) node { return node{path: p, kind: kindDir, mode: 0o755} }
+func dir(p string) node    { return node{path: p, kind: kindDir, mode: 0o755} }
+func socket(p string) node { return node{path: p, kind: kindSocket, mode: 0o755} }
 
 // binaries are the driver's programs of a version: scripts that print their
 // name and the version, as nvidia-smi prints the driver's.
@@ -301,15 +307,28 @@ func Layouts() map[string]Layout {
 		},
 		{
 			Name:          "gke-cos",
-			Description:   "GKE Container-Optimized OS: everything in /home/kubernetes/bin/nvidia/{lib64,bin}, not in the loader's cache",
+			Description:   "GKE Container-Optimized OS: everything in /home/kubernetes/bin/nvidia/{lib64,bin}, not in the loader's cache; another device plugin than GKE's (NVIDIA's, or the test cluster's own), so the probe plans the mounts",
+			DriverVersion: Version535,
+			LDConf:        []string{"/lib64", "/usr/lib64"},
+			nodes:         gkeCOS(),
+		},
+		{
+			Name:          "gke-cos-device-plugin",
+			Description:   "GKE Container-Optimized OS as GKE runs it: the driver in /home/kubernetes/bin/nvidia, and GKE's nvidia-gpu-device-plugin registered with the kubelet (its socket) and running (its process); its Allocate answer mounts that folder at /usr/local/nvidia: the device plugin injects the driver",
+			Source:        "GoogleCloudPlatform/container-engine-accelerators: cmd/nvidia_gpu/nvidia_gpu.go (--host-path /home/kubernetes/bin/nvidia, --container-path /usr/local/nvidia, socket nvidiaGPU-<unix time>.sock), pkg/gpu/nvidia/beta_plugin.go (Allocate returns the mounts), cmd/nvidia_gpu/device-plugin.yaml (command, /var/lib/kubelet/device-plugins at /device-plugin), Dockerfile (/usr/bin/nvidia-gpu-device-plugin)",
 			DriverVersion: Version535,
 			LDConf:        []string{"/lib64", "/usr/lib64"},
 			nodes: concat(
-				system("/usr/lib64", "/usr/bin"),
-				computeLibs(kubernetesCOS+"/lib64", Version535, 535),
-				graphicsLibs(kubernetesCOS+"/lib64", Version535),
-				binaries(kubernetesCOS+"/bin", Version535),
-				[]node{executable(kubernetesCOS + "/bin/nvidia-installer")},
+				gkeCOS(),
+				[]node{
+					socket(devicePlugins + "/kubelet.sock"),
+					socket(devicePlugins + "/nvidiaGPU-1718000000.sock"),
+					file(devicePlugins+"/kubelet_internal_checkpoint", `{"Data":{"PodDeviceEntries":null,"RegisteredDevices":{"nvidia.com/gpu":["nvidia0"]}},"Checksum":1}`),
+					file("/proc/1/comm", "systemd\n"),
+					file("/proc/1/cmdline", "/sbin/init\x00"),
+					file("/proc/2741/comm", "nvidia-gpu-devi\n"),
+					file("/proc/2741/cmdline", "/usr/bin/nvidia-gpu-device-plugin\x00-logtostderr\x00--enable-container-gpu-metrics\x00--enable-health-monitoring\x00"),
+				},
 			),
 		},
 		{
@@ -659,6 +678,18 @@ func Layouts() map[string]Layout {
 
 // debian lays out Debian's nvidia-driver packages: the private folder
 // nvidia/current, reached through alternatives.
+// gkeCOS is GKE's Container-Optimized OS with the driver its installer puts
+// in /home/kubernetes/bin/nvidia.
+func gkeCOS() []node {
+	return concat(
+		system("/usr/lib64", "/usr/bin"),
+		computeLibs(kubernetesCOS+"/lib64", Version535, 535),
+		graphicsLibs(kubernetesCOS+"/lib64", Version535),
+		binaries(kubernetesCOS+"/bin", Version535),
+		[]node{executable(kubernetesCOS + "/bin/nvidia-installer")},
+	)
+}
+
 func debian() []node {
 	const private = x8664LibDir + "/nvidia/current"
 	const bins = "/usr/lib/nvidia/current"
@@ -762,6 +793,8 @@ func (l Layout) Build(root string) error {
 			err = os.WriteFile(p, []byte(n.data), n.mode)
 		case kindDir:
 			err = os.MkdirAll(p, n.mode)
+		case kindSocket:
+			err = syscall.Mknod(p, syscall.S_IFSOCK|uint32(n.mode), 0)
 		case kindLink:
 			if err = os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
 				break

@@ -231,8 +231,11 @@ runtimeInjection, a mount's kind.
 {{- $runtime := get $s "runtimeInjection" | default "" }}
 {{- if and (eq $runtime "") (not $mounts) }}
 {{- include "gpu-injector.v.add" (list $v (printf "%s.mounts: Required value: at least one mount" $sp)) }}
-{{- else if and $runtime (or $mounts $libs) }}
+{{- else if and (has $runtime (list "toolkit" "cdi")) (or $mounts $libs) }}
 {{- include "gpu-injector.v.add" (list $v (printf "%s.mounts: Forbidden: a node whose runtime injects the driver publishes no mounts and no library paths" $sp)) }}
+{{- else if and (eq $runtime "device-plugin") $mounts }}
+{{- /* Its library paths say where the plugin's own mount puts the libraries. */}}
+{{- include "gpu-injector.v.add" (list $v (printf "%s.mounts: Forbidden: a node whose device plugin injects the driver publishes no mounts" $sp)) }}
 {{- end }}
 {{- if gt (len $mounts) 128 }}
 {{- include "gpu-injector.v.add" (list $v (printf "%s.mounts: Too many: %d: must have at most 128 items" $sp (len $mounts))) }}

@@ -59,9 +59,12 @@ func loose(version, cuda, libDir string) layout.Plan {
 }
 
 // modern is a cluster of today's nodes, where none of the classic tutorials'
-// driver folders exists: RHEL with NVIDIA's packages, GKE, Ubuntu's packaged
-// driver, a node whose GPUs come through DRA (no allocatable nvidia.com/gpu),
-// and nodes whose container runtime injects the driver.
+// driver folders exists: RHEL with NVIDIA's packages, GKE with another device
+// plugin than GKE's (the probe plans mounts of /home/kubernetes/bin/nvidia),
+// Ubuntu's packaged driver, a node whose GPUs come through DRA (no
+// allocatable nvidia.com/gpu), nodes whose container runtime injects the
+// driver, and GKE as it runs by default, whose device plugin mounts the
+// driver itself.
 func modern() []corev1.Node {
 	rhel := loose("570.133.20", "12.8", "/usr/lib64")
 	ubuntu := loose("550.144.03", "12.4", "/usr/lib/x86_64-linux-gnu")
@@ -70,6 +73,7 @@ func modern() []corev1.Node {
 		Mounts: []layout.Mount{{"/home/kubernetes/bin/nvidia/lib64", lib, layout.KindDirectory}, {"/home/kubernetes/bin/nvidia/bin", bin, layout.KindDirectory}}}
 	toolkit := layout.Plan{SchemaVersion: "v1", DriverVersion: "560.35.03", CUDADriverVersion: "12.6", RuntimeInjection: layout.RuntimeToolkit}
 	cdi := layout.Plan{SchemaVersion: "v1", DriverVersion: "570.86.15", CUDADriverVersion: "12.8", RuntimeInjection: layout.RuntimeCDI}
+	gkeDevicePlugin := layout.Plan{SchemaVersion: "v1", DriverVersion: "550.90.07", CUDADriverVersion: "12.4", RuntimeInjection: layout.RuntimeDevicePlugin, LibraryPaths: []string{lib}}
 	taint := []corev1.Taint{{Key: "nvidia.com/gpu", Value: "present", Effect: corev1.TaintEffectNoSchedule}}
 	return []corev1.Node{
 		node("gpu-rhel-1", rhel, 4, map[string]string{"accelerator": "nvidia-l4"}, nil, true, nil),
@@ -82,6 +86,7 @@ func modern() []corev1.Node {
 		}),
 		node("gpu-toolkit-1", toolkit, 4, map[string]string{"accelerator": "nvidia-a10g"}, nil, true, nil),
 		node("gpu-cdi-1", cdi, 2, map[string]string{"accelerator": "nvidia-l40s"}, nil, true, nil),
+		node("gpu-gke-l4-1", gkeDevicePlugin, 1, map[string]string{"cloud.google.com/gke-accelerator": "nvidia-l4", "accelerator": "nvidia-l4-gke"}, taint, true, nil),
 	}
 }
 
