@@ -46,7 +46,7 @@ const (
 )
 
 // Published is what the probe puts on its Node: only keys in owned, and
-// the DriverWedged condition.
+// the GPUDriverWedged condition.
 type Published struct {
 	Labels      map[string]string
 	Annotations map[string]string
