@@ -47,13 +47,13 @@ func object(t *testing.T, doc string) *unstructured.Unstructured {
 	return &unstructured.Unstructured{Object: m}
 }
 
-func attributes(obj, old *unstructured.Unstructured, gvk schema.GroupVersionKind, gvr schema.GroupVersionResource, op admission.Operation, u user.Info) *admission.VersionedAttributes {
+func attributes(obj, old *unstructured.Unstructured, gvk schema.GroupVersionKind, gvr schema.GroupVersionResource, subresource string, op admission.Operation, u user.Info) *admission.VersionedAttributes {
 	// A nil *Unstructured in a runtime.Object would not be a nil interface.
 	var oldObj runtime.Object
 	if old != nil {
 		oldObj = old
 	}
-	attr := admission.NewAttributesRecord(obj, oldObj, gvk, obj.GetNamespace(), obj.GetName(), gvr, "", op, nil, false, u)
+	attr := admission.NewAttributesRecord(obj, oldObj, gvk, obj.GetNamespace(), obj.GetName(), gvr, subresource, op, nil, false, u)
 	return &admission.VersionedAttributes{Attributes: attr, VersionedKind: gvk, VersionedObject: obj, VersionedOldObject: oldObj}
 }
 
@@ -295,7 +295,7 @@ spec:
 						t.Fatalf("test case has no expectation for render %q", rname)
 					}
 					pod := object(t, tc.pod)
-					va := attributes(pod, nil, podGVK, podGVR, admission.Create, &user.DefaultInfo{Name: "alice"})
+					va := attributes(pod, nil, podGVK, podGVR, "", admission.Create, &user.DefaultInfo{Name: "alice"})
 					res := matcher.Match(context.Background(), va, nil, nil)
 					if res.Error != nil {
 						t.Fatalf("matchConditions failed to evaluate: %v", res.Error)
@@ -328,7 +328,23 @@ spec:
   podCIDR: 10.0.0.0/24
   taints:
   - {key: nvidia.com/gpu, effect: NoSchedule}
+status:
+  addresses:
+  - {type: InternalIP, address: 10.0.0.5}
+  allocatable:
+    nvidia.com/gpu: "8"
+  capacity:
+    nvidia.com/gpu: "8"
+  conditions:
+  - {type: MemoryPressure, status: "False", reason: KubeletHasSufficientMemory, lastHeartbeatTime: "2026-11-26T10:00:00Z"}
+  - {type: Ready, status: "True", reason: KubeletReady, lastHeartbeatTime: "2026-11-26T10:00:00Z"}
+  nodeInfo:
+    kubeletVersion: v1.36.3
 `
+
+// wedgedNode is baseNode with the probe's condition set.
+var wedgedNode = strings.Replace(baseNode, "  nodeInfo:", `  - {type: GPUDriverWedged, status: "True", reason: DriverWedged, message: "NVML does not answer"}
+  nodeInfo:`, 1)
 
 func TestNodeRestrictionPolicy(t *testing.T) {
 	vap := mustGet[admissionregistrationv1.ValidatingAdmissionPolicy](t, render(t, kube136), "ValidatingAdmissionPolicy", probeSA)
@@ -382,15 +398,25 @@ func TestNodeRestrictionPolicy(t *testing.T) {
 		labels      = "the gpu-injector probe may only change labels under gpu-injector.io/"
 		annotations = "the gpu-injector probe may only change annotations under gpu-injector.io/"
 		spec        = "the gpu-injector probe may not change a Node's spec, owners or finalizers"
+		status      = "the gpu-injector probe may only change the GPUDriverWedged condition of a Node's status"
 	)
+	// The probe's status writes, as the API server applies its strategic merge:
+	// the one condition replaced or added, the others where they were.
+	withWedged := func(status, reason string) string {
+		return `{"status":{"conditions":[
+			{"type":"MemoryPressure","status":"False","reason":"KubeletHasSufficientMemory","lastHeartbeatTime":"2026-11-26T10:00:00Z"},
+			{"type":"Ready","status":"True","reason":"KubeletReady","lastHeartbeatTime":"2026-11-26T10:00:00Z"},
+			{"type":"GPUDriverWedged","status":"` + status + `","reason":"` + reason + `","message":"m"}]}}`
+	}
 	probeOn := func(node string) user.Info {
 		return &user.DefaultInfo{Name: probeUser, Extra: map[string][]string{nodeNameKey: {node}}}
 	}
 	tests := map[string]struct {
-		old, new string // new: a JSON merge patch onto old
-		user     user.Info
-		denied   []string // messages; nil: admitted
-		notMatch bool     // the policy does not apply at all
+		old, new    string // new: a JSON merge patch onto old
+		subresource string // "status" for a write through nodes/status
+		user        user.Info
+		denied      []string // messages; nil: admitted
+		notMatch    bool     // the policy does not apply at all
 	}{
 		"own node, our keys added and changed": {
 			new: `{"metadata":{"labels":{"gpu-injector.io/layout-fingerprint":"bbbb","gpu-injector.io/driver-version":"550.54.15"},"annotations":{"gpu-injector.io/layout":"{}"}}}`,
@@ -461,6 +487,81 @@ func TestNodeRestrictionPolicy(t *testing.T) {
 			new:    `{"metadata":{"labels":{"kubernetes.io/hostname":"x"}}}`,
 			denied: []string{ownNode, labels},
 		},
+		"status: wedged condition added": {
+			subresource: "status",
+			new:         withWedged("True", "DriverWedged"),
+		},
+		"status: wedged condition cleared": {
+			subresource: "status", old: wedgedNode,
+			new: withWedged("False", "DriverAnswers"),
+		},
+		"status: first condition on a node without status": {
+			subresource: "status", old: `{"metadata":{"name":"gpu-a"},"spec":{}}`,
+			new: `{"status":{"conditions":[{"type":"GPUDriverWedged","status":"True","reason":"GPULost","message":"m"}]}}`,
+		},
+		"status: nothing changed": {
+			subresource: "status", new: `{}`,
+		},
+		"status: the kubelet's Ready condition": {
+			subresource: "status",
+			new: `{"status":{"conditions":[
+				{"type":"MemoryPressure","status":"False","reason":"KubeletHasSufficientMemory","lastHeartbeatTime":"2026-11-26T10:00:00Z"},
+				{"type":"Ready","status":"False","reason":"KubeletNotReady","lastHeartbeatTime":"2026-11-26T10:00:00Z"}]}}`,
+			denied: []string{status},
+		},
+		"status: a condition removed": {
+			subresource: "status",
+			new:         `{"status":{"conditions":[{"type":"GPUDriverWedged","status":"True","reason":"DriverWedged","message":"m"}]}}`,
+			denied:      []string{status},
+		},
+		"status: a condition of another type added": {
+			subresource: "status",
+			new: `{"status":{"conditions":[
+				{"type":"MemoryPressure","status":"False","reason":"KubeletHasSufficientMemory","lastHeartbeatTime":"2026-11-26T10:00:00Z"},
+				{"type":"Ready","status":"True","reason":"KubeletReady","lastHeartbeatTime":"2026-11-26T10:00:00Z"},
+				{"type":"KernelDeadlock","status":"True","reason":"x","message":"m"}]}}`,
+			denied: []string{status},
+		},
+		"status: addresses": {
+			subresource: "status",
+			new:         `{"status":{"addresses":[{"type":"InternalIP","address":"10.9.9.9"}]}}`,
+			denied:      []string{status},
+		},
+		"status: allocatable": {
+			subresource: "status",
+			new:         `{"status":{"allocatable":{"nvidia.com/gpu":"64"}}}`,
+			denied:      []string{status},
+		},
+		"status: a field added": {
+			subresource: "status",
+			new:         `{"status":{"phase":"Running"}}`,
+			denied:      []string{status},
+		},
+		"status: a field removed": {
+			subresource: "status",
+			new:         `{"status":{"nodeInfo":null}}`,
+			denied:      []string{status},
+		},
+		"status: our label through the status": {
+			subresource: "status",
+			new:         `{"metadata":{"labels":{"gpu-injector.io/state":"ready"}}}`,
+			denied:      []string{status},
+		},
+		"status: our annotation through the status": {
+			subresource: "status",
+			new:         `{"metadata":{"annotations":{"gpu-injector.io/state-reason":"x"}}}`,
+			denied:      []string{status},
+		},
+		"status: a foreign label through the status": {
+			subresource: "status",
+			new:         `{"metadata":{"labels":{"kubernetes.io/hostname":"x"}}}`,
+			denied:      []string{labels, status},
+		},
+		"status: another node's condition": {
+			subresource: "status", old: strings.Replace(baseNode, "name: gpu-a", "name: gpu-b", 1),
+			new:    withWedged("True", "DriverWedged"),
+			denied: []string{ownNode},
+		},
 		"someone else": {
 			user:     &user.DefaultInfo{Name: "system:node:gpu-a", Extra: map[string][]string{nodeNameKey: {"gpu-b"}}},
 			new:      `{"metadata":{"labels":{"kubernetes.io/hostname":"x"}},"spec":{"unschedulable":true}}`,
@@ -486,7 +587,7 @@ func TestNodeRestrictionPolicy(t *testing.T) {
 			if u == nil {
 				u = probeOn("gpu-a") // the probe of baseNode
 			}
-			va := attributes(updated, old, nodeGVK, nodeGVR, admission.Update, u)
+			va := attributes(updated, old, nodeGVK, nodeGVR, tc.subresource, admission.Update, u)
 			res := validator.Validate(context.Background(), nodeGVR, va, nil, nil, celconfig.RuntimeCELCostBudget, nil)
 			if tc.notMatch {
 				if len(res.Decisions) != 0 {

@@ -343,6 +343,13 @@ func TestRender(t *testing.T) {
 				if len(vap.Spec.MatchConditions) != 1 || vap.Spec.MatchConditions[0].Expression != wantUser {
 					t.Errorf("policy matchConditions = %+v, want %s", vap.Spec.MatchConditions, wantUser)
 				}
+				// Every write the probe's RBAC allows goes through the policy: the
+				// Node and its status.
+				if rules := vap.Spec.MatchConstraints.ResourceRules; len(rules) != 1 ||
+					!reflect.DeepEqual(rules[0].Operations, []admissionregistrationv1.OperationType{admissionregistrationv1.Update}) ||
+					!reflect.DeepEqual(rules[0].Resources, []string{"nodes", "nodes/status"}) {
+					t.Errorf("policy resourceRules = %+v, want UPDATE of nodes and nodes/status", rules)
+				}
 				if r.get("Secret", certSecret) == nil {
 					t.Errorf("certificate Secret not rendered in self cert mode")
 				}
@@ -725,6 +732,7 @@ func checkNodeprobe(t *testing.T, r rendered) {
 		"--host-root=/host",
 		"--config=/etc/gpu-injector/config.yaml",
 		"--interval=5m",
+		"--nvml-timeout=30s",
 		"--health-probe-bind-address=:8082",
 		"--metrics-bind-address=:8083",
 	}
@@ -821,9 +829,12 @@ func checkWebhookRBAC(t *testing.T, r rendered, selfCerts, dra bool) {
 func checkProbeRBAC(t *testing.T, r rendered) {
 	t.Helper()
 	cr := mustGet[rbacv1.ClusterRole](t, r, "ClusterRole", probeSA)
-	want := []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "patch"}}}
+	want := []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "patch"}},
+		{APIGroups: []string{""}, Resources: []string{"nodes/status"}, Verbs: []string{"patch"}},
+	}
 	if !reflect.DeepEqual(cr.Rules, want) {
-		t.Errorf("probe ClusterRole rules = %+v, want only nodes get/patch", cr.Rules)
+		t.Errorf("probe ClusterRole rules = %+v, want only nodes get/patch and nodes/status patch", cr.Rules)
 	}
 	crb := mustGet[rbacv1.ClusterRoleBinding](t, r, "ClusterRoleBinding", probeSA)
 	if crb.RoleRef.Name != probeSA || len(crb.Subjects) != 1 || crb.Subjects[0].Name != probeSA {
@@ -980,6 +991,7 @@ func TestConfigChecksum(t *testing.T) {
 		"excluded namespaces":      {set: []string{"config.excludedNamespaces={kube-system,batch}"}, changed: true},
 		"container library folder": {set: []string{"config.containerPaths.libraryDir=/usr/lib/nvidia-host"}, changed: true},
 		"probe interval is a flag": {set: []string{"nodeprobe.interval=1m"}, changed: false},
+		"NVML limit is a flag":     {set: []string{"nodeprobe.nvmlTimeout=1m"}, changed: false},
 		"no-layout action":         {set: []string{"config.noLayout.action=Allow"}, changed: true},
 	}
 	for name, tc := range tests {

@@ -112,6 +112,69 @@ func TestProbeNodeRestriction(t *testing.T) {
 	}
 }
 
+// TestProbeNodeRestrictionStatus: the policy on nodes/status, with the
+// probe's real node-bound token: its own Node's GPUDriverWedged condition and
+// nothing else of any Node's status.
+func TestProbeNodeRestrictionStatus(t *testing.T) {
+	self, other := testEnv.Node("ubuntu-k80"), testEnv.Node("centos-p100")
+	probe := probeClient(t, self.ProbeKubeconfig())
+	const (
+		ownNode = "the gpu-injector probe may only change its own Node"
+		status  = "the gpu-injector probe may only change the GPUDriverWedged condition of a Node's status"
+	)
+	// An admin takes away what a test put there; the probe of the node would
+	// otherwise find the condition and keep it, as False.
+	removeCondition := func(node string) {
+		_, _ = client().CoreV1().Nodes().Patch(context.Background(), node, types.StrategicMergePatchType,
+			[]byte(`{"status":{"conditions":[{"type":"GPUDriverWedged","$patch":"delete"}]}}`), metav1.PatchOptions{}, "status")
+	}
+	for name, tc := range map[string]struct {
+		node    string
+		patch   string
+		message string // "": allowed
+	}{
+		"own node, the wedged condition": {node: self.Name,
+			patch: `{"status":{"conditions":[{"type":"GPUDriverWedged","status":"False","reason":"E2EPolicy","message":"set by the e2e policy test"}]}}`},
+		"another node, the wedged condition": {node: other.Name, message: ownNode,
+			patch: `{"status":{"conditions":[{"type":"GPUDriverWedged","status":"False","reason":"E2EPolicy","message":"set by the e2e policy test"}]}}`},
+		"own node, the kubelet's Ready condition": {node: self.Name, message: status,
+			patch: `{"status":{"conditions":[{"type":"Ready","message":"changed by the e2e policy test"}]}}`},
+		"own node, another status field": {node: self.Name, message: status,
+			patch: `{"status":{"nodeInfo":{"bootID":"e2e-policy"}}}`},
+		"own node, our label through the status": {node: self.Name, message: status,
+			patch: `{"metadata":{"labels":{"gpu-injector.io/e2e-policy":"x"}}}`},
+	} {
+		t.Run(name, func(t *testing.T) {
+			ctx := testContext(t)
+			t.Cleanup(func() { removeCondition(tc.node) })
+			_, err := probe.CoreV1().Nodes().Patch(ctx, tc.node, types.StrategicMergePatchType, []byte(tc.patch), metav1.PatchOptions{}, "status")
+			if tc.message == "" {
+				if err != nil {
+					t.Fatalf("status patch refused: %v", err)
+				}
+				n, err := client().CoreV1().Nodes().Get(ctx, tc.node, metav1.GetOptions{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				found := false
+				for _, c := range n.Status.Conditions {
+					found = found || c.Type == "GPUDriverWedged"
+				}
+				if !found {
+					t.Errorf("the condition did not reach node %s: %+v", tc.node, n.Status.Conditions)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("status patch %s on %s was allowed, want it denied", tc.patch, tc.node)
+			}
+			if !strings.Contains(err.Error(), "ValidatingAdmissionPolicy") || !strings.Contains(err.Error(), tc.message) {
+				t.Errorf("error %q, want the policy's message %q", err, tc.message)
+			}
+		})
+	}
+}
+
 // TestChartServerDryRun: every object the chart renders with its defaults
 // (in-cluster webhook Deployment, Service, PDB, probe DaemonSet, certificate
 // Secret, RBAC, webhook configuration, policy) passes a server-side dry-run

@@ -26,9 +26,9 @@ const (
 	AnnotationLayout = Prefix + "layout"
 	// LabelFingerprint is Plan.Fingerprint(); the webhook pins pods to it.
 	LabelFingerprint = Prefix + "layout-fingerprint"
-	// LabelState is StateReady or StateError.
+	// LabelState is StateReady, StateError, StateNoDriver or StateWedged.
 	LabelState = Prefix + "state"
-	// AnnotationStateReason says why LabelState is StateError.
+	// AnnotationStateReason says why LabelState is not StateReady.
 	AnnotationStateReason = Prefix + "state-reason"
 
 	LabelDriverVersion     = Prefix + "driver-version"
@@ -63,6 +63,11 @@ const (
 	// StateNoDriver is a node with no NVIDIA device and no driver: not a
 	// failure, so the probe can run on every node and say so cheaply.
 	StateNoDriver = "no-driver"
+	// StateWedged is a node whose driver is installed but does not work: an
+	// NVML call did not return within the probe's limit, or NVML reports a GPU
+	// lost or in need of a reset. Only a GPU reset or a reboot helps, so no
+	// GPU pod should be sent there; the probe clears it once NVML answers.
+	StateWedged = "wedged"
 )
 
 // Runtime injection: something on the node other than gpu-injector already

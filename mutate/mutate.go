@@ -105,7 +105,10 @@ func Run(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	if len(layouts) == 0 {
 		fmt.Fprintf(stderr, "warning: none of the %d nodes publishes a usable layout\n", len(nodes))
 	}
-	m := &mutator{cfg: cfg, layouts: layouts, dra: dra, namespace: *namespace, stderr: stderr}
+	if w := idx.Wedged(); len(w) > 0 {
+		fmt.Fprintf(stderr, "warning: %d nodes have a wedged NVIDIA driver and get no GPU pods\n", len(w))
+	}
+	m := &mutator{cfg: cfg, layouts: layouts, wedged: idx.Wedged(), dra: dra, namespace: *namespace, stderr: stderr}
 	var out [][]byte
 	for i, doc := range docs {
 		res, err := m.document(doc, isJSON)
@@ -215,6 +218,7 @@ func isBlank(doc []byte) bool {
 type mutator struct {
 	cfg       *config.Configuration
 	layouts   []*webhook.Layout
+	wedged    []*webhook.WedgedNode
 	namespace string
 	stderr    io.Writer
 	denied    int
@@ -361,7 +365,7 @@ func applyOps(doc map[string]any, ops []jsonpatch.Operation) error {
 // pod mutates and reports, and returns the patch; false means leave the
 // document as written.
 func (m *mutator) pod(what string, pod *corev1.Pod) ([]jsonpatch.Operation, bool) {
-	in := webhook.Input{Pod: pod, Layouts: m.layouts, Seed: webhook.Seed(pod.Namespace + "/" + what)}
+	in := webhook.Input{Pod: pod, Layouts: m.layouts, Wedged: m.wedged, Seed: webhook.Seed(pod.Namespace + "/" + what)}
 	if m.dra != nil {
 		in.GPUResources = m.dra.GPUResources()
 		in.GPUClaims, _ = m.dra.GPUClaims(context.Background(), pod, pod.Namespace)

@@ -41,6 +41,12 @@ const (
 	NVMLNoPermission NVMLState = "NoPermission"
 	// NVMLNoDevices: NVML works and sees no GPU.
 	NVMLNoDevices NVMLState = "NoDevices"
+	// NVMLTimeout: a call did not return within the probe's limit (a
+	// wedged driver); see NVMLWatch.
+	NVMLTimeout NVMLState = "Timeout"
+	// NVMLGPULost: NVML reports a GPU fallen off the bus or in need of a
+	// reset (ERROR_GPU_IS_LOST, ERROR_RESET_REQUIRED).
+	NVMLGPULost NVMLState = "GPULost"
 	// NVMLError is any other NVML failure.
 	NVMLError NVMLState = "Error"
 )
@@ -93,6 +99,8 @@ func returnName(r nvml.Return) string {
 		return "ERROR_FUNCTION_NOT_FOUND"
 	case nvml.ERROR_GPU_IS_LOST:
 		return "ERROR_GPU_IS_LOST"
+	case nvml.ERROR_RESET_REQUIRED:
+		return "ERROR_RESET_REQUIRED"
 	case nvml.ERROR_LIB_RM_VERSION_MISMATCH:
 		return "ERROR_LIB_RM_VERSION_MISMATCH"
 	case nvml.ERROR_INSUFFICIENT_SIZE:
@@ -103,37 +111,61 @@ func returnName(r nvml.Return) string {
 	return fmt.Sprintf("NVML error %d", int32(r))
 }
 
+// gpuLost reports the return codes that mean a GPU stopped working until a
+// reset or a reboot: the driver's own verdict on a wedged GPU.
+func gpuLost(r nvml.Return) bool {
+	return r == nvml.ERROR_GPU_IS_LOST || r == nvml.ERROR_RESET_REQUIRED
+}
+
 // ReadNVML initializes NVML, reads the driver and device facts, and shuts it
 // down again. Failures become named states; it never panics on a bad library.
-func ReadNVML(lib NVML) NVMLResult {
+// It waits on NVML as long as NVML takes: NVMLWatch bounds it.
+func ReadNVML(lib NVML) NVMLResult { return readNVML(lib, func(string) {}) }
+
+// readNVML is ReadNVML, calling step with each NVML call's name before
+// making it, so a watch can say which call did not return.
+func readNVML(lib NVML, step func(call string)) NVMLResult {
+	step("nvmlInit")
 	if ret := lib.Init(); ret != nvml.SUCCESS {
 		state := NVMLError
-		switch ret {
-		case nvml.ERROR_LIBRARY_NOT_FOUND:
+		switch {
+		case ret == nvml.ERROR_LIBRARY_NOT_FOUND:
 			state = NVMLLibraryNotFound
-		case nvml.ERROR_DRIVER_NOT_LOADED:
+		case ret == nvml.ERROR_DRIVER_NOT_LOADED:
 			state = NVMLDriverNotLoaded
-		case nvml.ERROR_LIB_RM_VERSION_MISMATCH:
+		case ret == nvml.ERROR_LIB_RM_VERSION_MISMATCH:
 			state = NVMLVersionMismatch
-		case nvml.ERROR_NO_PERMISSION:
+		case ret == nvml.ERROR_NO_PERMISSION:
 			state = NVMLNoPermission
+		case gpuLost(ret):
+			state = NVMLGPULost
 		}
 		return NVMLResult{State: state, Message: "nvmlInit failed: " + returnName(ret)}
 	}
-	defer lib.Shutdown()
+	defer func() {
+		step("nvmlShutdown")
+		lib.Shutdown()
+	}()
 	failed := func(call string, ret nvml.Return) NVMLResult {
-		return NVMLResult{State: NVMLError, Message: call + " failed: " + returnName(ret)}
+		state := NVMLError
+		if gpuLost(ret) {
+			state = NVMLGPULost
+		}
+		return NVMLResult{State: state, Message: call + " failed: " + returnName(ret)}
 	}
 	facts := &NVMLFacts{}
+	step("nvmlSystemGetDriverVersion")
 	v, ret := lib.SystemGetDriverVersion()
 	if ret != nvml.SUCCESS {
 		return failed("nvmlSystemGetDriverVersion", ret)
 	}
 	facts.DriverVersion = strings.TrimSpace(v)
+	step("nvmlSystemGetCudaDriverVersion")
 	if cuda, ret := lib.SystemGetCudaDriverVersion(); ret == nvml.SUCCESS && cuda > 0 {
 		// NVML encodes 12.4 as 12040.
 		facts.CUDADriverVersion = fmt.Sprintf("%d.%d", cuda/1000, (cuda%1000)/10)
 	}
+	step("nvmlDeviceGetCount")
 	n, ret := lib.DeviceGetCount()
 	if ret != nvml.SUCCESS {
 		return failed("nvmlDeviceGetCount", ret)
@@ -142,32 +174,42 @@ func ReadNVML(lib NVML) NVMLResult {
 		return NVMLResult{State: NVMLNoDevices, Message: "NVML sees no GPU", Facts: facts}
 	}
 	for i := range n {
+		call := func(name string) string {
+			c := fmt.Sprintf("%s(%d)", name, i)
+			step(c)
+			return c
+		}
+		c := call("nvmlDeviceGetHandleByIndex")
 		dev, ret := lib.DeviceGetHandleByIndex(i)
 		if ret != nvml.SUCCESS {
-			return failed(fmt.Sprintf("nvmlDeviceGetHandleByIndex(%d)", i), ret)
+			return failed(c, ret)
 		}
 		var g GPU
+		c = call("nvmlDeviceGetName")
 		if g.Product, ret = dev.GetName(); ret != nvml.SUCCESS {
-			return failed(fmt.Sprintf("nvmlDeviceGetName(%d)", i), ret)
+			return failed(c, ret)
 		}
+		c = call("nvmlDeviceGetMemoryInfo")
 		mem, ret := dev.GetMemoryInfo()
 		if ret != nvml.SUCCESS {
-			return failed(fmt.Sprintf("nvmlDeviceGetMemoryInfo(%d)", i), ret)
+			return failed(c, ret)
 		}
 		g.MemoryMiB = mem.Total >> 20
+		c = call("nvmlDeviceGetCudaComputeCapability")
 		major, minor, ret := dev.GetCudaComputeCapability()
 		if ret != nvml.SUCCESS {
-			return failed(fmt.Sprintf("nvmlDeviceGetCudaComputeCapability(%d)", i), ret)
+			return failed(c, ret)
 		}
 		g.ComputeCapability = fmt.Sprintf("%d.%d", major, minor)
 		// GPUs without MIG answer NOT_SUPPORTED: that is "disabled", not an error.
+		c = call("nvmlDeviceGetMigMode")
 		current, _, ret := dev.GetMigMode()
 		switch ret {
 		case nvml.SUCCESS:
 			g.MIGEnabled = current == nvml.DEVICE_MIG_ENABLE
 		case nvml.ERROR_NOT_SUPPORTED:
 		default:
-			return failed(fmt.Sprintf("nvmlDeviceGetMigMode(%d)", i), ret)
+			return failed(c, ret)
 		}
 		facts.GPUs = append(facts.GPUs, g)
 	}

@@ -46,7 +46,7 @@ func TestReadNVML(t *testing.T) {
 		}(), state: NVMLError, message: "nvmlDeviceGetCount failed: ERROR_UNKNOWN"},
 		"gpu lost": {lib: withDevice(func(d *mock.Device) {
 			d.GetNameFunc = func() (string, nvml.Return) { return "", nvml.ERROR_GPU_IS_LOST }
-		}), state: NVMLError, message: "nvmlDeviceGetName(0) failed: ERROR_GPU_IS_LOST"},
+		}), state: NVMLGPULost, message: "nvmlDeviceGetName(0) failed: ERROR_GPU_IS_LOST"},
 		"mig query fails": {lib: withDevice(func(d *mock.Device) {
 			d.GetMigModeFunc = func() (int, int, nvml.Return) { return 0, 0, nvml.ERROR_UNKNOWN }
 		}), state: NVMLError, message: "nvmlDeviceGetMigMode(0)"},

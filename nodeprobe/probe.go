@@ -34,6 +34,12 @@ const (
 	ConditionNoDevices Condition = "NoDevices"
 	// ConditionNVMLError: any other NVML failure.
 	ConditionNVMLError Condition = "NVMLError"
+	// ConditionDriverWedged: an NVML call did not return within the limit.
+	// Published as the wedged state.
+	ConditionDriverWedged Condition = "DriverWedged"
+	// ConditionGPULost: NVML reports a GPU lost or in need of a reset.
+	// Published as the wedged state.
+	ConditionGPULost Condition = "GPULost"
 	// ConditionDriverFilesNotFound: no versioned driver library at all.
 	ConditionDriverFilesNotFound Condition = "DriverFilesNotFound"
 	// ConditionDriverFilesNotAllowed: the driver's files are in folders the
@@ -75,6 +81,10 @@ type ProbeOptions struct {
 	// IgnoreRuntimeInjection plans mounts even where the container runtime
 	// injects the driver itself.
 	IgnoreRuntimeInjection bool
+	// NVMLWatch bounds the time spent in NVML; nil means a watch of its own
+	// with DefaultNVMLTimeout. An agent keeps one for its life, so that a
+	// call stuck in one probe is not made again by the next (see NVMLWatch).
+	NVMLWatch *NVMLWatch
 }
 
 // Result is what a probe found.
@@ -95,6 +105,12 @@ type Result struct {
 
 // Ready reports whether the result carries a usable plan.
 func (r Result) Ready() bool { return r.Condition == ConditionReady && r.Plan != nil }
+
+// Wedged reports whether the driver is installed but does not work: NVML
+// hangs, or reports a GPU lost.
+func (r Result) Wedged() bool {
+	return r.Condition == ConditionDriverWedged || r.Condition == ConditionGPULost
+}
 
 // Reason is the state-reason annotation value of a failed probe.
 func (r Result) Reason() string {
@@ -155,7 +171,11 @@ func Probe(opts ProbeOptions) (out Result, err error) {
 				return OpenNVML(p), nil
 			}
 		}
-		lib, err := open(res.NVMLLibrary)
+		watch := opts.NVMLWatch
+		if watch == nil {
+			watch = &NVMLWatch{}
+		}
+		nvmlRes, err := watch.Read(func() (NVML, error) { return open(res.NVMLLibrary) })
 		var unusable *nvmlUnusable
 		switch {
 		case errors.As(err, &unusable):
@@ -163,7 +183,7 @@ func Probe(opts ProbeOptions) (out Result, err error) {
 		case err != nil:
 			return res, err
 		default:
-			res.NVML = ReadNVML(lib)
+			res.NVML = nvmlRes
 		}
 	}
 
@@ -186,6 +206,10 @@ func Probe(opts ProbeOptions) (out Result, err error) {
 		return res.fail(ConditionNoDevices, "%s", res.NVML.Message)
 	case NVMLError:
 		return res.fail(ConditionNVMLError, "%s", res.NVML.Message)
+	case NVMLTimeout:
+		return res.fail(ConditionDriverWedged, "NVML does not answer: %s", res.NVML.Message)
+	case NVMLGPULost:
+		return res.fail(ConditionGPULost, "NVML reports a GPU lost: %s", res.NVML.Message)
 	case NVMLDriverNotLoaded:
 		if kernel == "" {
 			return res.fail(ConditionDriverNotLoaded, "%s and no nvidia kernel module is visible", res.NVML.Message)

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
@@ -315,6 +316,10 @@ func TestProbeConditions(t *testing.T) {
 			want:    ConditionDriverVersionMismatch, source: SourceKernelModule, version: "590.10.01"},
 		"other nvml error": {layout: "usr-local-nvidia", open: initFails(nvml.ERROR_UNKNOWN),
 			want: ConditionNVMLError, message: "ERROR_UNKNOWN"},
+		"gpu lost": {layout: "usr-local-nvidia", open: initFails(nvml.ERROR_GPU_IS_LOST),
+			want: ConditionGPULost, message: "NVML reports a GPU lost: nvmlInit failed: ERROR_GPU_IS_LOST"},
+		"gpu needs a reset": {layout: "usr-local-nvidia", open: initFails(nvml.ERROR_RESET_REQUIRED),
+			want: ConditionGPULost, message: "ERROR_RESET_REQUIRED"},
 		"two versions and no cache": {layout: "hostile-two-versions", open: noNVML,
 			prepare: func(root string) { _ = os.Remove(filepath.Join(root, "etc/ld.so.cache")) },
 			want:    ConditionDriverVersionAmbiguous, message: "384.130, 390.48"},
@@ -363,6 +368,28 @@ func TestProbeConditions(t *testing.T) {
 				t.Errorf("a %s result carries a plan", res.Condition)
 			}
 		})
+	}
+}
+
+// TestProbeWedgedDriver: an NVML that does not return within the limit is a
+// wedged driver, even where the files alone would give a layout; the probe
+// ends at the limit instead of waiting for NVML.
+func TestProbeWedgedDriver(t *testing.T) {
+	root, _ := buildRoot(t, "usr-local-nvidia")
+	lib, _, _ := blockingNVML(t, "nvmlDeviceGetCount")
+	start := time.Now()
+	res, err := Probe(ProbeOptions{HostRoot: root, OpenNVML: openWith(lib), NVMLWatch: &NVMLWatch{Timeout: 100 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("the probe took %s with a 100ms NVML limit", took)
+	}
+	if res.Condition != ConditionDriverWedged || !res.Wedged() || res.Plan != nil || res.NVML.State != NVMLTimeout {
+		t.Fatalf("got %s (%s), NVML %s, plan %v; want %s without a plan", res.Condition, res.Message, res.NVML.State, res.Plan, ConditionDriverWedged)
+	}
+	if want := "NVML does not answer: nvmlDeviceGetCount has not returned within 100ms (called at "; !strings.HasPrefix(res.Message, want) {
+		t.Errorf("message %q, want it to start with %q", res.Message, want)
 	}
 }
 

@@ -26,10 +26,41 @@ const (
 	FieldManager = "gpu-injector-nodeprobe"
 )
 
-// Published is what the probe puts on its Node: only keys in owned.
+// NodeConditionDriverWedged is the Node condition the probe sets True while
+// its node's driver is wedged (the state label is wedged), and False once
+// NVML answers again. It is the one Node status field the probe writes: where
+// people and node remediation tools (Cluster API's MachineHealthCheck,
+// node-problem-detector's consumers) look for a node that needs a reboot.
+const NodeConditionDriverWedged corev1.NodeConditionType = "GPUDriverWedged"
+
+// Reasons of NodeConditionDriverWedged when False. When True, the reason is
+// the probe's condition (DriverWedged or GPULost).
+const (
+	// ReasonDriverAnswers: the last probe's NVML calls returned in time and
+	// reported no lost GPU.
+	ReasonDriverAnswers = "DriverAnswers"
+	// ReasonNVMLUnavailable: the last probe could not use NVML at all (no
+	// library, or one the probe refuses to call), so nothing says the driver
+	// is wedged.
+	ReasonNVMLUnavailable = "NVMLUnavailable"
+)
+
+// Published is what the probe puts on its Node: only keys in owned, and
+// the GPUDriverWedged condition.
 type Published struct {
 	Labels      map[string]string
 	Annotations map[string]string
+	// Wedged is NodeConditionDriverWedged as the result has it. It is
+	// written when it is True or when the Node has the condition already: a
+	// node that was never wedged never gets it.
+	Wedged WedgedCondition
+}
+
+// WedgedCondition is what the probe sets of NodeConditionDriverWedged.
+type WedgedCondition struct {
+	Status  corev1.ConditionStatus
+	Reason  string
+	Message string
 }
 
 // Desired returns the labels and annotations a result publishes.
@@ -52,9 +83,23 @@ func Desired(r Result) (Published, error) {
 		// Not a failure: a node without a GPU, where the probe idles.
 		p.Labels[layout.LabelState] = layout.StateNoDriver
 		p.Annotations[layout.AnnotationStateReason] = r.Reason()
+	} else if r.Wedged() {
+		// Apart from error: the driver is there and would come back after a
+		// reboot, and the webhook tells a pod's owner that this is why.
+		p.Labels[layout.LabelState] = layout.StateWedged
+		p.Annotations[layout.AnnotationStateReason] = r.Reason()
 	} else {
 		p.Labels[layout.LabelState] = layout.StateError
 		p.Annotations[layout.AnnotationStateReason] = r.Reason()
+	}
+	switch {
+	case r.Wedged():
+		p.Wedged = WedgedCondition{Status: corev1.ConditionTrue, Reason: string(r.Condition), Message: r.Message}
+	case r.NVML.State == "" || r.NVML.State == NVMLLibraryNotFound || r.NVML.State == NVMLLibraryInvalid:
+		p.Wedged = WedgedCondition{Status: corev1.ConditionFalse, Reason: ReasonNVMLUnavailable,
+			Message: "the probe cannot use NVML here, so nothing says the driver is wedged"}
+	default:
+		p.Wedged = WedgedCondition{Status: corev1.ConditionFalse, Reason: ReasonDriverAnswers, Message: "NVML answered the probe in time and reports no GPU lost"}
 	}
 	setLabel(layout.LabelDriverVersion, r.DriverVersion)
 	if r.VersionSource != "" {
@@ -180,6 +225,17 @@ func Publish(ctx context.Context, c kubernetes.Interface, nodeName string, p Pub
 }
 
 func publishOn(ctx context.Context, c kubernetes.Interface, node *corev1.Node, p Published) (bool, error) {
+	// The labels first: they are what keeps the webhook from sending pods
+	// to a wedged node, so a refused condition must not hold them back.
+	wrote, err := publishKeys(ctx, c, node, p)
+	if err != nil {
+		return wrote, err
+	}
+	cond, err := publishCondition(ctx, c, node, p.Wedged)
+	return wrote || cond, err
+}
+
+func publishKeys(ctx context.Context, c kubernetes.Interface, node *corev1.Node, p Published) (bool, error) {
 	curL, curA := ours(node.Labels), ours(node.Annotations)
 	if apiequality.Semantic.DeepEqual(curL, p.Labels) && apiequality.Semantic.DeepEqual(curA, p.Annotations) {
 		return false, nil
@@ -201,11 +257,57 @@ func publishOn(ctx context.Context, c kubernetes.Interface, node *corev1.Node, p
 	return true, nil
 }
 
-// NodeObject is the Node that --once prints: only our labels and annotations.
+// publishCondition sets NodeConditionDriverWedged through the status
+// subresource when it differs from want; a node without the condition gets
+// it only when it is True. The patch is a strategic merge on the conditions'
+// type, so the kubelet's conditions are never named.
+func publishCondition(ctx context.Context, c kubernetes.Interface, node *corev1.Node, want WedgedCondition) (bool, error) {
+	var cur *corev1.NodeCondition
+	for i := range node.Status.Conditions {
+		if node.Status.Conditions[i].Type == NodeConditionDriverWedged {
+			cur = &node.Status.Conditions[i]
+		}
+	}
+	if want.Status == "" || (cur == nil && want.Status != corev1.ConditionTrue) ||
+		(cur != nil && cur.Status == want.Status && cur.Reason == want.Reason && cur.Message == want.Message) {
+		return false, nil
+	}
+	now := metav1.Now()
+	cond := corev1.NodeCondition{Type: NodeConditionDriverWedged, Status: want.Status, Reason: want.Reason, Message: want.Message,
+		LastHeartbeatTime: now, LastTransitionTime: now}
+	if cur != nil && cur.Status == want.Status {
+		cond.LastTransitionTime = cur.LastTransitionTime
+	}
+	data, err := json.Marshal(map[string]any{"status": map[string]any{"conditions": []corev1.NodeCondition{cond}}})
+	if err != nil {
+		return false, fmt.Errorf("failed to encode node status patch: %w", err)
+	}
+	if _, err := c.CoreV1().Nodes().Patch(ctx, node.Name, types.StrategicMergePatchType, data, metav1.PatchOptions{FieldManager: FieldManager}, "status"); err != nil {
+		return false, fmt.Errorf("failed to set condition %s of node %q: %w", NodeConditionDriverWedged, node.Name, err)
+	}
+	return true, nil
+}
+
+// NodeObject is the Node that --once prints: only our labels and
+// annotations, and the GPUDriverWedged condition when it is True.
 type NodeObject struct {
-	APIVersion string   `json:"apiVersion"`
-	Kind       string   `json:"kind"`
-	Metadata   NodeMeta `json:"metadata"`
+	APIVersion string            `json:"apiVersion"`
+	Kind       string            `json:"kind"`
+	Metadata   NodeMeta          `json:"metadata"`
+	Status     *NodeObjectStatus `json:"status,omitempty"`
+}
+
+// NodeObjectStatus is the printed part of the Node's status.
+type NodeObjectStatus struct {
+	Conditions []NodeObjectCondition `json:"conditions"`
+}
+
+// NodeObjectCondition is a printed Node condition, without its times.
+type NodeObjectCondition struct {
+	Type    corev1.NodeConditionType `json:"type"`
+	Status  corev1.ConditionStatus   `json:"status"`
+	Reason  string                   `json:"reason,omitempty"`
+	Message string                   `json:"message,omitempty"`
 }
 
 // NodeMeta is the printed part of the Node's metadata.

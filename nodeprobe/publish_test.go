@@ -4,10 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"reflect"
+	"slices"
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
@@ -58,6 +61,7 @@ func TestDesired(t *testing.T) {
 			layout.AnnotationLayout: enc,
 			AnnotationVersionSource: "NVML",
 		},
+		Wedged: WedgedCondition{Status: corev1.ConditionFalse, Reason: ReasonDriverAnswers, Message: "NVML answered the probe in time and reports no GPU lost"},
 	}
 	if !reflect.DeepEqual(p, want) {
 		t.Errorf("Desired =\n%v\nwant\n%v", p, want)
@@ -219,8 +223,9 @@ func TestPublish(t *testing.T) {
 func TestOwnedKeysCoverDesired(t *testing.T) {
 	a100mig := mockGPU{name: "NVIDIA A100-SXM4-40GB", memBytes: 40960 << 20, major: 8, minor: 0, mig: 0}
 	for name, res := range map[string]Result{
-		"ready": readyResult(t),
-		"error": {Condition: ConditionDriverLibraryVersionMismatch, Message: "x", NVML: NVMLResult{State: NVMLVersionMismatch, Message: "y", Facts: ReadNVML(fakeNVML("580.159.04", 12080, a100mig)).Facts}, DriverVersion: "580.159.04", VersionSource: SourceNVML},
+		"ready":  readyResult(t),
+		"wedged": {Condition: ConditionDriverWedged, Message: "NVML does not answer: x", NVML: NVMLResult{State: NVMLTimeout, Message: "x"}},
+		"error":  {Condition: ConditionDriverLibraryVersionMismatch, Message: "x", NVML: NVMLResult{State: NVMLVersionMismatch, Message: "y", Facts: ReadNVML(fakeNVML("580.159.04", 12080, a100mig)).Facts}, DriverVersion: "580.159.04", VersionSource: SourceNVML},
 	} {
 		p, err := Desired(res)
 		if err != nil {
@@ -233,6 +238,136 @@ func TestOwnedKeysCoverDesired(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+func TestDesiredWedged(t *testing.T) {
+	for cond, nvmlState := range map[Condition]NVMLState{ConditionDriverWedged: NVMLTimeout, ConditionGPULost: NVMLGPULost} {
+		t.Run(string(cond), func(t *testing.T) {
+			res := Result{Condition: cond, Message: "the message", NVML: NVMLResult{State: nvmlState, Message: "nvml says"}}
+			p, err := Desired(res)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := Published{
+				Labels: map[string]string{layout.LabelState: layout.StateWedged},
+				Annotations: map[string]string{
+					layout.AnnotationStateReason: string(cond) + ": the message",
+					AnnotationNVMLState:          string(nvmlState) + ": nvml says",
+				},
+				Wedged: WedgedCondition{Status: corev1.ConditionTrue, Reason: string(cond), Message: "the message"},
+			}
+			if !reflect.DeepEqual(p, want) {
+				t.Errorf("Desired =\n%+v\nwant\n%+v", p, want)
+			}
+		})
+	}
+	// Without NVML nothing says the driver is wedged; with an NVML error it answered.
+	for state, reason := range map[NVMLState]string{NVMLLibraryNotFound: ReasonNVMLUnavailable, NVMLLibraryInvalid: ReasonNVMLUnavailable, NVMLVersionMismatch: ReasonDriverAnswers, NVMLError: ReasonDriverAnswers} {
+		p, err := Desired(Result{Condition: ConditionNVMLError, NVML: NVMLResult{State: state}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Wedged.Status != corev1.ConditionFalse || p.Wedged.Reason != reason || p.Labels[layout.LabelState] != layout.StateError {
+			t.Errorf("NVML %s: condition %+v, state %q; want False with %s, state error", state, p.Wedged, p.Labels[layout.LabelState], reason)
+		}
+	}
+}
+
+// TestPublishWedgedCondition: the condition goes through the status
+// subresource as a strategic merge of that one condition, is written on a
+// change only, and a node that was never wedged never gets it.
+func TestPublishWedgedCondition(t *testing.T) {
+	ctx := context.Background()
+	kubelet := corev1.NodeCondition{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady"}
+	c := fake.NewSimpleClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-1"}, Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{kubelet}}})
+	readyPub, err := Desired(readyResult(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wedgedPub, err := Desired(Result{Condition: ConditionDriverWedged, Message: "NVML does not answer: nvmlInit has not returned within 30s (called at 2026-11-26T10:00:00Z)",
+		NVML: NVMLResult{State: NVMLTimeout, Message: "nvmlInit has not returned within 30s (called at 2026-11-26T10:00:00Z)"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	statusPatches := func() []k8stesting.PatchAction {
+		var out []k8stesting.PatchAction
+		for _, p := range patches(c) {
+			if p.GetSubresource() == "status" {
+				out = append(out, p)
+			}
+		}
+		return out
+	}
+	get := func() *corev1.Node {
+		n, err := c.CoreV1().Nodes().Get(ctx, "gpu-1", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	cond := func(n *corev1.Node) *corev1.NodeCondition {
+		for i := range n.Status.Conditions {
+			if n.Status.Conditions[i].Type == NodeConditionDriverWedged {
+				return &n.Status.Conditions[i]
+			}
+		}
+		return nil
+	}
+
+	if _, err := Publish(ctx, c, "gpu-1", readyPub); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(statusPatches()); n != 0 || cond(get()) != nil {
+		t.Fatalf("a node that was never wedged got the condition (%d status patches)", n)
+	}
+
+	c.ClearActions()
+	if wrote, err := Publish(ctx, c, "gpu-1", wedgedPub); err != nil || !wrote {
+		t.Fatalf("wedged Publish = %v, %v", wrote, err)
+	}
+	sp := statusPatches()
+	if len(sp) != 1 || len(patches(c)) != 2 || sp[0].GetPatchType() != types.StrategicMergePatchType {
+		t.Fatalf("%d patches, %d of status (%v), want a metadata patch and a strategic merge of the status", len(patches(c)), len(sp), sp)
+	}
+	var body struct {
+		Status struct {
+			Conditions []map[string]any `json:"conditions"`
+		} `json:"status"`
+	}
+	if err := json.Unmarshal(sp[0].GetPatch(), &body); err != nil {
+		t.Fatal(err)
+	}
+	if raw := string(sp[0].GetPatch()); len(body.Status.Conditions) != 1 || body.Status.Conditions[0]["type"] != string(NodeConditionDriverWedged) || strings.Contains(raw, "metadata") {
+		t.Errorf("status patch %s, want exactly the %s condition", raw, NodeConditionDriverWedged)
+	}
+	n := get()
+	wedged := cond(n)
+	if wedged == nil || wedged.Status != corev1.ConditionTrue || wedged.Reason != string(ConditionDriverWedged) || wedged.LastTransitionTime.IsZero() {
+		t.Fatalf("condition %+v", wedged)
+	}
+	if !slices.ContainsFunc(n.Status.Conditions, func(c corev1.NodeCondition) bool { return reflect.DeepEqual(c, kubelet) }) || len(n.Status.Conditions) != 2 {
+		t.Errorf("the kubelet's condition changed: %+v", n.Status.Conditions)
+	}
+
+	c.ClearActions()
+	if wrote, err := Publish(ctx, c, "gpu-1", wedgedPub); err != nil || wrote || len(patches(c)) != 0 {
+		t.Fatalf("steady wedge: wrote %v (%d patches), %v; want no write", wrote, len(patches(c)), err)
+	}
+
+	if wrote, err := Publish(ctx, c, "gpu-1", readyPub); err != nil || !wrote {
+		t.Fatalf("recovery Publish = %v, %v", wrote, err)
+	}
+	n = get()
+	if got := cond(n); got == nil || got.Status != corev1.ConditionFalse || got.Reason != ReasonDriverAnswers {
+		t.Errorf("condition after recovery %+v, want False with %s", got, ReasonDriverAnswers)
+	}
+	if n.Labels[layout.LabelState] != layout.StateReady {
+		t.Errorf("state %q after recovery", n.Labels[layout.LabelState])
+	}
+	c.ClearActions()
+	if wrote, err := Publish(ctx, c, "gpu-1", readyPub); err != nil || wrote || len(patches(c)) != 0 {
+		t.Errorf("steady after recovery: wrote %v (%d patches), %v; want no write", wrote, len(patches(c)), err)
 	}
 }
 

@@ -29,6 +29,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -61,6 +62,7 @@ type options struct {
 	metricsAddr string
 	verbosity   int
 	ignoreRI    bool
+	nvmlTimeout time.Duration
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
@@ -78,6 +80,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.healthAddr, "health-probe-bind-address", ":8082", "address of /healthz and /readyz; 0 disables")
 	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8083", "address of /metrics; 0 disables")
 	fs.IntVar(&o.verbosity, "v", 0, "log verbosity; 1 logs every probe's notes")
+	fs.DurationVar(&o.nvmlTimeout, "nvml-timeout", DefaultNVMLTimeout, "longest wait for NVML (nvmlInit to nvmlShutdown) before the node is marked wedged")
 	fs.BoolVar(&o.ignoreRI, "ignore-runtime-injection", false, "plan mounts even where the container runtime or the device plugin injects the driver itself (NVIDIA toolkit as the default runtime, CDI specs, GKE's device plugin)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -93,6 +96,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	}
 	if o.interval <= 0 {
 		return nil, fmt.Errorf("%w: --interval must be positive", ErrUsage)
+	}
+	if o.nvmlTimeout <= 0 {
+		return nil, fmt.Errorf("%w: --nvml-timeout must be positive", ErrUsage)
 	}
 	if !o.once && o.nodeName == "" {
 		return nil, fmt.Errorf("%w: --node-name or $NODE_NAME is required without --once", ErrUsage)
@@ -118,7 +124,8 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	popts := ProbeOptions{HostRoot: o.hostRoot, NVMLLibrary: o.nvmlLibrary, Config: cfg, IgnoreRuntimeInjection: o.ignoreRI}
+	popts := ProbeOptions{HostRoot: o.hostRoot, NVMLLibrary: o.nvmlLibrary, Config: cfg, IgnoreRuntimeInjection: o.ignoreRI,
+		NVMLWatch: &NVMLWatch{Timeout: o.nvmlTimeout}}
 	if o.once {
 		return runOnce(o, popts, log, stdout)
 	}
@@ -152,6 +159,9 @@ func runOnce(o *options, popts ProbeOptions, log logr.Logger, stdout io.Writer) 
 		return err
 	}
 	node := NodeObject{APIVersion: "v1", Kind: "Node", Metadata: NodeMeta{Name: name, Labels: pub.Labels, Annotations: pub.Annotations}}
+	if pub.Wedged.Status == corev1.ConditionTrue {
+		node.Status = &NodeObjectStatus{Conditions: []NodeObjectCondition{{Type: NodeConditionDriverWedged, Status: pub.Wedged.Status, Reason: pub.Wedged.Reason, Message: pub.Wedged.Message}}}
+	}
 	var out []byte
 	if o.output == "json" {
 		out, err = json.MarshalIndent(node, "", "  ")
@@ -181,6 +191,8 @@ func logResult(log logr.Logger, res Result, v int) {
 	case res.Condition == ConditionNoDriver:
 		// Every probe of a CPU node says the same: log it once per start.
 		log.V(v).Info("probe found no NVIDIA driver or device", kv...)
+	case res.Wedged():
+		log.Info("probe found the NVIDIA driver wedged", append(kv, "reason", res.Reason())...)
 	default:
 		log.Info("probe found no usable driver layout", append(kv, "reason", res.Reason())...)
 	}
@@ -209,6 +221,7 @@ type metrics struct {
 	duration prometheus.Histogram
 	errors   *prometheus.CounterVec
 	writes   prometheus.Counter
+	wedged   prometheus.Gauge
 }
 
 func newMetrics() *metrics {
@@ -222,10 +235,13 @@ func newMetrics() *metrics {
 			Name: "gpu_injector_probe_errors_total", Help: "Probes that found no usable layout, by condition.",
 		}, []string{"state"}),
 		writes: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "gpu_injector_probe_node_writes_total", Help: "Patches of this node's labels and annotations.",
+			Name: "gpu_injector_probe_node_writes_total", Help: "Patches of this node's labels and annotations, or of its GPUDriverWedged condition.",
+		}),
+		wedged: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "gpu_injector_probe_driver_wedged", Help: "1 while the last probe found the driver wedged (NVML hung or reports a GPU lost), else 0.",
 		}),
 	}
-	m.registry.MustRegister(m.duration, m.errors, m.writes, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.registry.MustRegister(m.duration, m.errors, m.writes, m.wedged, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 
@@ -250,6 +266,18 @@ type daemon struct {
 	// only be read by a new process: the probe exits and the kubelet restarts it.
 	nvmlMu   sync.Mutex
 	nvmlPath string
+
+	// wake probes at once: a stuck NVML reading returned (NVMLWatch.Returned).
+	wake chan struct{}
+}
+
+// wakeUp asks the loop for a probe now, without blocking: one pending
+// request is as good as many.
+func (d *daemon) wakeUp() {
+	select {
+	case d.wake <- struct{}{}:
+	default:
+	}
 }
 
 func (d *daemon) openNVML(p string) (NVML, error) {
@@ -280,6 +308,15 @@ func (d *daemon) run(ctx context.Context) error {
 	if d.probe.OpenNVML == nil {
 		d.probe.OpenNVML = d.openNVML
 	}
+	if d.wake == nil {
+		d.wake = make(chan struct{}, 1)
+	}
+	if d.probe.NVMLWatch == nil {
+		d.probe.NVMLWatch = &NVMLWatch{Timeout: d.opts.nvmlTimeout}
+	}
+	// The driver answering again is news the node should carry at once,
+	// not at the next interval.
+	d.probe.NVMLWatch.Returned = d.wakeUp
 	errc := make(chan error, 2)
 	if err := d.serve(ctx, d.opts.healthAddr, d.healthMux(), errc); err != nil {
 		return err
@@ -292,7 +329,7 @@ func (d *daemon) run(ctx context.Context) error {
 	defer signal.Stop(hup)
 	d.started.Store(d.clock().UnixNano())
 	log := d.log.WithValues("node", d.opts.nodeName)
-	log.Info("node probe started", "hostRoot", d.opts.hostRoot, "interval", d.opts.interval.String())
+	log.Info("node probe started", "hostRoot", d.opts.hostRoot, "interval", d.opts.interval.String(), "nvmlTimeout", d.probe.NVMLWatch.timeout().String())
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {
@@ -303,6 +340,8 @@ func (d *daemon) run(ctx context.Context) error {
 			return err
 		case <-hup:
 			log.Info("sighup: probing now")
+		case <-d.wake:
+			log.Info("a stuck NVML call returned: probing now")
 		case <-timer.C:
 		}
 		next := d.opts.interval
@@ -337,6 +376,11 @@ func (d *daemon) once(ctx context.Context, log logr.Logger) error {
 	}
 	if !res.Ready() && res.Condition != ConditionNoDriver {
 		d.metrics.errors.WithLabelValues(string(res.Condition)).Inc()
+	}
+	if res.Wedged() {
+		d.metrics.wedged.Set(1)
+	} else {
+		d.metrics.wedged.Set(0)
 	}
 	logResult(log, res, 1)
 	pub, err := Desired(res)
@@ -382,22 +426,29 @@ func (d *daemon) clock() time.Time {
 }
 
 // hangLimit is how long the agent may go without finishing a probe: three
-// intervals, and never less than an interval plus two minutes, so a slow
-// probe or a short interval does not get a working agent restarted.
-func hangLimit(interval time.Duration) time.Duration {
-	return max(3*interval, interval+2*time.Minute)
+// intervals, and never less than an interval plus the NVML limit plus two
+// minutes, so a slow probe, a short interval or a wedged driver (a probe then
+// takes the whole NVML limit) does not get a working agent restarted.
+func hangLimit(interval, nvmlTimeout time.Duration) time.Duration {
+	return max(3*interval, interval+nvmlTimeout+2*time.Minute)
 }
 
 // hung reports whether the started agent has finished no probe within
-// hangLimit: a probe stuck in nvmlInit (a wedged GPU) or in the API server
-// would otherwise keep stale keys on the node with a healthy pod. The kubelet's
-// liveness probe on /healthz then restarts the container.
+// hangLimit: a probe stuck in the API server would otherwise keep stale keys
+// on the node with a healthy pod. The kubelet's liveness probe on /healthz
+// then restarts the container. A wedged driver is not such a hang: NVMLWatch
+// ends the probe after the NVML limit with the wedged state, which the node
+// then carries whether or not the container restarts.
 func (d *daemon) hung() (age, limit time.Duration, hung bool) {
 	since := max(d.started.Load(), d.lastProbe.Load())
 	if d.started.Load() == 0 || d.opts == nil {
 		return 0, 0, false
 	}
-	age, limit = d.clock().Sub(time.Unix(0, since)), hangLimit(d.opts.interval)
+	timeout := d.opts.nvmlTimeout
+	if timeout <= 0 {
+		timeout = DefaultNVMLTimeout
+	}
+	age, limit = d.clock().Sub(time.Unix(0, since)), hangLimit(d.opts.interval, timeout)
 	return age, limit, age > limit
 }
 

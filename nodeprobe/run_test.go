@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -18,7 +19,9 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 	"sigs.k8s.io/yaml"
 
 	"github.com/gpu-injector/gpu-injector/layout"
@@ -82,6 +85,7 @@ func TestRunFlagErrors(t *testing.T) {
 		"bad interval":       {"--once", "--interval", "0s"},
 		"stray argument":     {"--once", "extra"},
 		"malformed duration": {"--interval", "soon"},
+		"bad nvml timeout":   {"--once", "--nvml-timeout", "0s"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Setenv("NODE_NAME", "")
@@ -210,36 +214,40 @@ func TestDaemonLoop(t *testing.T) {
 }
 
 func TestHangLimit(t *testing.T) {
-	for interval, want := range map[time.Duration]time.Duration{
-		10 * time.Second: 2*time.Minute + 10*time.Second,
-		time.Minute:      3 * time.Minute,
-		5 * time.Minute:  15 * time.Minute,
+	for _, tc := range []struct {
+		interval, nvml, want time.Duration
+	}{
+		{10 * time.Second, DefaultNVMLTimeout, 2*time.Minute + 40*time.Second},
+		{time.Minute, DefaultNVMLTimeout, 3*time.Minute + 30*time.Second},
+		{5 * time.Minute, DefaultNVMLTimeout, 15 * time.Minute},
+		{5 * time.Minute, 10 * time.Minute, 17 * time.Minute},
 	} {
-		if got := hangLimit(interval); got != want {
-			t.Errorf("hangLimit(%s) = %s, want %s", interval, got, want)
+		if got := hangLimit(tc.interval, tc.nvml); got != tc.want {
+			t.Errorf("hangLimit(%s, %s) = %s, want %s", tc.interval, tc.nvml, got, tc.want)
 		}
 	}
 }
 
-// TestDaemonHealthzFailsWhenAProbeHangs runs the real loop with an NVML that
-// never returns from its open, as nvmlInit on a wedged GPU: /healthz must
-// fail once the hang limit passes, and recover when the probe finishes.
+// TestDaemonHealthzFailsWhenAProbeHangs runs the real loop with an API
+// server that never answers the probe's GET: /healthz must fail once the hang
+// limit passes, and recover when the probe finishes.
 func TestDaemonHealthzFailsWhenAProbeHangs(t *testing.T) {
 	root, l := buildRoot(t, "usr-local-nvidia")
 	c := fake.NewSimpleClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-1"}})
-	base := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	var offset atomic.Int64
 	entered, release := make(chan struct{}), make(chan struct{})
 	var hangOnce sync.Once
+	c.PrependReactor("get", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
+		hangOnce.Do(func() {
+			close(entered)
+			<-release
+		})
+		return false, nil, nil
+	})
+	base := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	var offset atomic.Int64
 	d := &daemon{
-		opts: &options{nodeName: "gpu-1", interval: time.Minute, healthAddr: "0", metricsAddr: "0", hostRoot: root},
-		probe: ProbeOptions{HostRoot: root, OpenNVML: func(string) (NVML, error) {
-			hangOnce.Do(func() {
-				close(entered)
-				<-release
-			})
-			return fakeNVML(l.DriverVersion, 13000, h100), nil
-		}},
+		opts:    &options{nodeName: "gpu-1", interval: time.Minute, healthAddr: "0", metricsAddr: "0", hostRoot: root},
+		probe:   ProbeOptions{HostRoot: root, OpenNVML: openWith(fakeNVML(l.DriverVersion, 13000, h100))},
 		client:  c,
 		log:     newLogger(io.Discard, 0),
 		metrics: newMetrics(),
@@ -267,7 +275,8 @@ func TestDaemonHealthzFailsWhenAProbeHangs(t *testing.T) {
 		<-done
 	}()
 	<-entered
-	for at, want := range map[time.Duration]int{time.Minute: 200, 3 * time.Minute: 200, 3*time.Minute + time.Second: 503} {
+	limit := hangLimit(time.Minute, DefaultNVMLTimeout)
+	for at, want := range map[time.Duration]int{time.Minute: 200, limit: 200, limit + time.Second: 503} {
 		offset.Store(int64(at))
 		if code, body := get("/healthz"); code != want {
 			t.Errorf("healthz %s into a hung probe = %d %q, want %d", at, code, body, want)
@@ -290,6 +299,198 @@ func TestDaemonHealthzFailsWhenAProbeHangs(t *testing.T) {
 	if code, _ := get("/readyz"); code != 200 {
 		t.Errorf("readyz after the probe published = %d, want 200", code)
 	}
+}
+
+// wedgeDaemon is a daemon on a fake usr-local-nvidia root whose NVML blocks
+// in nvmlInit until release, with a short NVML limit.
+func wedgeDaemon(t *testing.T, c *fake.Clientset, timeout time.Duration) (d *daemon, inits *atomic.Int32, release func()) {
+	t.Helper()
+	root, _ := buildRoot(t, "usr-local-nvidia")
+	lib, inits, release := blockingNVML(t, "nvmlInit")
+	d = &daemon{
+		opts:    &options{nodeName: "gpu-1", interval: time.Hour, healthAddr: "0", metricsAddr: "0", hostRoot: root, nvmlTimeout: timeout},
+		probe:   ProbeOptions{HostRoot: root, OpenNVML: openWith(lib)},
+		client:  c,
+		log:     newLogger(io.Discard, 0),
+		metrics: newMetrics(),
+	}
+	return d, inits, release
+}
+
+func startDaemon(t *testing.T, d *daemon) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("run = %v", err)
+		}
+	})
+}
+
+func waitNode(t *testing.T, c *fake.Clientset, what string, ok func(*corev1.Node) bool) *corev1.Node {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		n, err := c.CoreV1().Nodes().Get(context.Background(), "gpu-1", metav1.GetOptions{})
+		if err == nil && ok(n) {
+			return n
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s; node labels %v, conditions %v", what, n.Labels, n.Status.Conditions)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func wedgedCondition(n *corev1.Node) *corev1.NodeCondition {
+	for i := range n.Status.Conditions {
+		if n.Status.Conditions[i].Type == NodeConditionDriverWedged {
+			return &n.Status.Conditions[i]
+		}
+	}
+	return nil
+}
+
+// TestDaemonMarksAWedgedDriver runs the real loop against an NVML whose
+// nvmlInit never returns: within the NVML limit the node is wedged (state,
+// reason, condition) while /healthz stays ok, so the liveness probe has no
+// reason to restart the container; further probes make no second call; when
+// the call returns the loop probes at once and the mark clears.
+func TestDaemonMarksAWedgedDriver(t *testing.T) {
+	c := fake.NewSimpleClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-1"},
+		Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}}})
+	d, inits, release := wedgeDaemon(t, c, 100*time.Millisecond)
+	health := httptest.NewServer(d.healthMux())
+	defer health.Close()
+	start := time.Now()
+	startDaemon(t, d)
+
+	n := waitNode(t, c, "the wedged state", func(n *corev1.Node) bool { return n.Labels[layout.LabelState] == layout.StateWedged })
+	t.Logf("marked %s after the start, NVML limit 100ms", time.Since(start).Round(time.Millisecond))
+	if r := n.Annotations[layout.AnnotationStateReason]; !strings.HasPrefix(r, "DriverWedged: NVML does not answer: nvmlInit has not returned within 100ms") {
+		t.Errorf("state-reason %q", r)
+	}
+	if _, ok := n.Labels[layout.LabelFingerprint]; ok {
+		t.Errorf("a wedged node keeps its fingerprint: %v", n.Labels)
+	}
+	if _, ok := n.Annotations[layout.AnnotationLayout]; ok {
+		t.Error("a wedged node keeps its layout")
+	}
+	cond := wedgedCondition(n)
+	if cond == nil || cond.Status != corev1.ConditionTrue || cond.Reason != string(ConditionDriverWedged) || !strings.Contains(cond.Message, "nvmlInit") {
+		t.Errorf("condition %+v, want %s True with reason %s", cond, NodeConditionDriverWedged, ConditionDriverWedged)
+	}
+	if len(n.Status.Conditions) != 2 || !slices.ContainsFunc(n.Status.Conditions, func(c corev1.NodeCondition) bool {
+		return c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue
+	}) {
+		t.Errorf("the kubelet's conditions changed: %+v", n.Status.Conditions)
+	}
+	resp, err := http.Get(health.URL + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !d.ready.Load() {
+		t.Errorf("healthz %d, ready %v while wedged: want a live, ready probe that reports the wedge", resp.StatusCode, d.ready.Load())
+	}
+	metrics := httptest.NewServer(promHandler(d.metrics))
+	defer metrics.Close()
+	if body := httpBody(t, metrics.URL); !strings.Contains(body, "gpu_injector_probe_driver_wedged 1") {
+		t.Error("metrics lack gpu_injector_probe_driver_wedged 1")
+	}
+
+	// Probes during the wedge: no second nvmlInit, no write.
+	writes := len(patches(c))
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	waitFor := func(what string, ok func() bool) {
+		deadline := time.Now().Add(10 * time.Second)
+		for !ok() {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s", what)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	gets := func() int {
+		n := 0
+		for _, a := range c.Actions() {
+			if a.GetVerb() == "get" {
+				n++
+			}
+		}
+		return n
+	}
+	before := gets()
+	waitFor("the SIGHUP probe", func() bool { return gets() > before })
+	if inits.Load() != 1 || len(patches(c)) != writes {
+		t.Errorf("during the wedge: %d nvmlInit calls (want 1), %d writes (want %d)", inits.Load(), len(patches(c)), writes)
+	}
+
+	release()
+	n = waitNode(t, c, "the mark to clear", func(n *corev1.Node) bool { return n.Labels[layout.LabelState] == layout.StateReady })
+	if cond := wedgedCondition(n); cond == nil || cond.Status != corev1.ConditionFalse || cond.Reason != ReasonDriverAnswers {
+		t.Errorf("condition after recovery %+v, want False with reason %s", cond, ReasonDriverAnswers)
+	}
+	if _, ok := n.Annotations[layout.AnnotationStateReason]; ok || n.Labels[layout.LabelFingerprint] == "" {
+		t.Errorf("after recovery: labels %v annotations %v", n.Labels, n.Annotations)
+	}
+	waitFor("the gauge to drop", func() bool { return strings.Contains(httpBody(t, metrics.URL), "gpu_injector_probe_driver_wedged 0") })
+}
+
+// TestDaemonRestartKeepsTheMark: a probe restarted (liveness, eviction, a
+// new pod) on a node whose driver is still wedged never publishes anything
+// but the wedged state: the mark goes only when NVML answers.
+func TestDaemonRestartKeepsTheMark(t *testing.T) {
+	c := fake.NewSimpleClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-1"}})
+	first, _, _ := wedgeDaemon(t, c, 50*time.Millisecond)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- first.run(ctx) }()
+	waitNode(t, c, "the wedged state", func(n *corev1.Node) bool { return n.Labels[layout.LabelState] == layout.StateWedged })
+	cancel()
+	<-done
+	marked := len(patches(c))
+
+	second, inits, _ := wedgeDaemon(t, c, 50*time.Millisecond)
+	startDaemon(t, second)
+	deadline := time.Now().Add(10 * time.Second)
+	for !second.ready.Load() {
+		if time.Now().After(deadline) {
+			t.Fatal("timed out waiting for the restarted probe to publish")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if inits.Load() != 1 {
+		t.Errorf("the restarted probe called nvmlInit %d times, want 1", inits.Load())
+	}
+	for _, p := range patches(c)[marked:] {
+		if strings.Contains(string(p.GetPatch()), `"`+layout.LabelState+`"`) || strings.Contains(string(p.GetPatch()), `"False"`) {
+			t.Errorf("the restarted probe, with NVML still hung, wrote %s", p.GetPatch())
+		}
+	}
+	n, _ := c.CoreV1().Nodes().Get(context.Background(), "gpu-1", metav1.GetOptions{})
+	if n.Labels[layout.LabelState] != layout.StateWedged {
+		t.Errorf("state %q after a restart on a wedged driver, want %s", n.Labels[layout.LabelState], layout.StateWedged)
+	}
+	if cond := wedgedCondition(n); cond == nil || cond.Status != corev1.ConditionTrue {
+		t.Errorf("condition %+v after a restart on a wedged driver, want True", cond)
+	}
+}
+
+func httpBody(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
 }
 
 // TestDaemonLibraryVanishes: a libnvidia-ml removed between discovery and

@@ -213,7 +213,7 @@ func (gc goldenCase) input(t *testing.T, pod *corev1.Pod) Input {
 	t.Helper()
 	idx, d := gc.sources(t)
 	claims, _ := d.GPUClaims(context.Background(), pod, pod.Namespace)
-	return Input{Pod: pod, NamespaceLabels: gc.nsLabels, Layouts: idx.Layouts(), GPUResources: d.GPUResources(), GPUClaims: claims}
+	return Input{Pod: pod, NamespaceLabels: gc.nsLabels, Layouts: idx.Layouts(), Wedged: idx.Wedged(), GPUResources: d.GPUResources(), GPUClaims: claims}
 }
 
 // sources are the case's node index and DRA objects.

@@ -24,9 +24,11 @@ import (
 // Path is where the API server sends Pod admission reviews.
 const Path = "/mutate-v1-pod"
 
-// LayoutSource gives the current candidate layouts; *Index is one.
+// LayoutSource gives the current candidate layouts and the nodes whose
+// driver is wedged; *Index is one.
 type LayoutSource interface {
 	Layouts() []*Layout
+	Wedged() []*WedgedNode
 }
 
 // NamespaceLabeler gives a namespace's labels for the Pod Security check.
@@ -102,7 +104,7 @@ func (h *Handler) admit(ctx context.Context, namespace string, uid types.UID, po
 	// The patch is the mutation's own operations, each at a path it names:
 	// no diff of the pod, and a field this build's API types do not know (a
 	// newer API server's) is never in a patch, so it is never removed.
-	in := Input{Pod: pod, NamespaceLabels: nsLabels, Layouts: h.layouts.Layouts(), Seed: Seed(string(uid))}
+	in := Input{Pod: pod, NamespaceLabels: nsLabels, Layouts: h.layouts.Layouts(), Wedged: h.layouts.Wedged(), Seed: Seed(string(uid))}
 	var draWarnings []string
 	if h.dra != nil {
 		in.GPUResources = h.dra.GPUResources()

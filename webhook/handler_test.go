@@ -85,7 +85,8 @@ func review(t testing.TB, op admissionv1.Operation, namespace string, obj runtim
 }
 
 // testServer is the real controller-runtime webhook around our handler, behind
-// HTTPStatus, on a loopback listener; the layouts are those of three nodes.
+// HTTPStatus, on a loopback listener; the layouts are those of three nodes,
+// and a fourth, accelerator nvidia-h200, has a wedged driver.
 func testServer(t *testing.T, cfg *config.Configuration) (*httptest.Server, layout.Plan) {
 	t.Helper()
 	idx := NewIndex(cfg, logr.Discard())
@@ -93,6 +94,7 @@ func testServer(t *testing.T, cfg *config.Configuration) (*httptest.Server, layo
 	for i := 0; i < 3; i++ {
 		idx.Add(ixNode(fmt.Sprintf("gpu-%d", i), p, 8, nil))
 	}
+	idx.Add(wedgedNode("gpu-wedged", "DriverWedged: NVML does not answer", func(n *corev1.Node) { n.Labels["accelerator"] = "nvidia-h200" }))
 	ns := staticNamespaces{
 		"ml":         {layout.LabelInject: layout.InjectEnabled},
 		"restricted": {layout.LabelInject: layout.InjectEnabled, "pod-security.kubernetes.io/enforce": "restricted"},
@@ -315,6 +317,9 @@ func TestHandlerDenies(t *testing.T) {
 			p.Spec.NodeSelector = map[string]string{"accelerator": "nvidia-h100"}
 		}), "no ready GPU node layout fits this pod"},
 		"pod security forbids hostPath": {strict, "restricted", hPod("nvidia.com/gpu", nil), `Pod Security level "restricted"`},
+		"the node it fits is wedged": {config.Default(), "ml", hPod("nvidia.com/gpu", func(p *corev1.Pod) {
+			p.Spec.NodeSelector = map[string]string{"accelerator": "nvidia-h200"}
+		}), "node gpu-wedged fits the pod but its NVIDIA driver is wedged (DriverWedged: NVML does not answer)"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

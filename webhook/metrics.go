@@ -45,6 +45,10 @@ var (
 		Name: "gpu_injector_pools",
 		Help: "GPU pools (with pinning.nodeLabels), by pool and state: live (every ready node publishes one layout; pods are pinned by the pool's labels), mixed (pinned by fingerprint) or remembered (no node; the last layout serves until it expires). Always 1.",
 	}, []string{"pool", "state"})
+	wedgedNodes = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "gpu_injector_wedged_nodes",
+		Help: "Ready, schedulable nodes whose probe marked the NVIDIA driver wedged (state wedged): they get no GPU pods.",
+	})
 	mismatches = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "gpu_injector_layout_mismatches_total",
 		Help: "Pods pinned by pool that landed on a node publishing another layout (each got a LayoutMismatch Event).",
@@ -56,7 +60,7 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(podsInjected, podsSkipped, podsDenied, layoutsRejected, layoutsKnown, layoutNodes, poolLayouts, mismatches, buildInfo)
+	metrics.Registry.MustRegister(podsInjected, podsSkipped, podsDenied, layoutsRejected, layoutsKnown, layoutNodes, poolLayouts, wedgedNodes, mismatches, buildInfo)
 	// Pre-create the label values so dashboards see zeros, not gaps.
 	for _, r := range []string{RejectDecode, RejectInvalid, RejectFingerprint, RejectMemory} {
 		layoutsRejected.WithLabelValues(r)

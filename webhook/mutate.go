@@ -107,6 +107,9 @@ func Mutate(in Input, cfg *config.Configuration) Result {
 		whyNot = keepWhy
 	}
 	if chosen == nil {
+		if why := wedgedWhy(pod, in.Wedged, renamed); why != "" {
+			whyNot += "; " + why
+		}
 		switch cfg.NoLayout.Action {
 		case config.NoLayoutStatic:
 			s, _ := cfg.Static(cfg.NoLayout.StaticLayout)
@@ -456,6 +459,51 @@ layouts:
 		reasons = append(reasons, fmt.Sprintf("and %d more layouts", len(order)-len(reasons)))
 	}
 	return nil, strings.Join(reasons, "; ")
+}
+
+// maxWedgedNamed is how many wedged nodes a message names with their reason.
+const maxWedgedNamed = 3
+
+// wedgedWhy names the wedged nodes the pod could land on (nodeName,
+// nodeSelector, required affinity, taints), with what their probes say, or
+// "" if there are none: the pod found no layout, and these nodes are why. A
+// wedged node the pod could not use anyway is left out, as it explains
+// nothing. Only called when no layout fits: a pod that got a layout is not
+// told about wedged nodes it was kept from, which it could not act on.
+func wedgedWhy(pod *corev1.Pod, wedged []*WedgedNode, renamed []corev1.ResourceName) string {
+	if len(wedged) == 0 {
+		return ""
+	}
+	affinity := nodeaffinity.GetRequiredNodeAffinity(pod)
+	var match *affinityNode
+	if hasRequiredAffinity(pod) {
+		match = newAffinityNode(pod)
+	}
+	var fit []*WedgedNode
+	for _, w := range wedged {
+		if nodeMismatch(pod, affinity, match, w.Node, renamed) == "" {
+			fit = append(fit, w)
+		}
+	}
+	if len(fit) == 0 {
+		return ""
+	}
+	names := make([]string, 0, min(len(fit), maxWedgedNamed))
+	reasons := make([]string, 0, cap(names))
+	for _, w := range fit[:cap(names)] {
+		names = append(names, w.Node.Name)
+		reasons = append(reasons, w.Node.Name+": "+w.Reason)
+	}
+	more := ""
+	if n := len(fit) - len(names); n > 0 {
+		more = fmt.Sprintf(" and %d more", n)
+	}
+	if len(fit) == 1 {
+		return fmt.Sprintf("node %s fits the pod but its NVIDIA driver is wedged (%s), so it gets no GPU pod until the driver answers its probe again (a GPU reset or a reboot of the node)",
+			names[0], fit[0].Reason)
+	}
+	return fmt.Sprintf("nodes %s%s fit the pod but their NVIDIA driver is wedged (%s), so they get no GPU pod until the driver answers their probe again (a GPU reset or a reboot of the node)",
+		strings.Join(names, ", "), more, strings.Join(reasons, "; "))
 }
 
 // layoutDescription names a candidate layout in a denial message.

@@ -249,3 +249,27 @@ func TestReinjectTouchesOnlyItsOwn(t *testing.T) {
 		t.Errorf("warnings do not name both drivers: %q", res.Warnings)
 	}
 }
+
+// TestWedgedWhy: a denial names at most a few wedged nodes with their
+// reasons and counts the rest, and names only nodes the pod could use.
+func TestWedgedWhy(t *testing.T) {
+	var wedged []*WedgedNode
+	for _, name := range []string{"a", "b", "c", "d", "e"} {
+		wedged = append(wedged, &WedgedNode{Node: &NodeInfo{Name: name, Labels: NewLabels(map[string]string{"pool": "x"})}, Reason: "DriverWedged: " + name})
+	}
+	pod := &corev1.Pod{}
+	got := wedgedWhy(pod, wedged, nil)
+	want := "nodes a, b, c and 2 more fit the pod but their NVIDIA driver is wedged (a: DriverWedged: a; b: DriverWedged: b; c: DriverWedged: c)"
+	if !strings.HasPrefix(got, want) {
+		t.Errorf("wedgedWhy =\n%s\nwant it to start with\n%s", got, want)
+	}
+	pod.Spec.NodeSelector = map[string]string{"pool": "y"}
+	if got := wedgedWhy(pod, wedged, nil); got != "" {
+		t.Errorf("wedgedWhy for a pod that fits none = %q, want \"\"", got)
+	}
+	pod.Spec.NodeSelector = nil
+	pod.Spec.NodeName = "d"
+	if got := wedgedWhy(pod, wedged, nil); !strings.HasPrefix(got, "node d fits the pod but its NVIDIA driver is wedged (DriverWedged: d)") {
+		t.Errorf("wedgedWhy for a pod bound to d = %q", got)
+	}
+}

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode"
+	"unicode/utf8"
 	"unique"
 
 	"github.com/go-logr/logr"
@@ -46,6 +48,11 @@ type Index struct {
 	// Node's allocatable does not list (SetDRAGPUs).
 	draGPUs map[string]int64
 
+	// wedged are the nodes whose driver is wedged; wedgedSnap is them as a
+	// sorted slice, published like snapshot.
+	wedged     map[string]*WedgedNode
+	wedgedSnap atomic.Pointer[[]*WedgedNode]
+
 	snapshot atomic.Pointer[[]*Layout]
 	// listed is set once the index holds every Node of the first list.
 	listed atomic.Bool
@@ -68,6 +75,9 @@ type nodeState struct {
 	source layoutSource
 	// rejection is the reason the source was rejected, if it was.
 	rejection string
+	// wedged is set while the node is ready and schedulable but its probe
+	// marks the driver wedged.
+	wedged *WedgedNode
 	// pool is the node's pool key; member its value in the pool view, when
 	// isMember (it is ready and probed).
 	pool     string
@@ -103,11 +113,18 @@ func NewIndex(cfg *config.Configuration, log logr.Logger) *Index {
 		pools:   map[string]*poolState{},
 		now:     time.Now,
 		draGPUs: map[string]int64{},
+		wedged:  map[string]*WedgedNode{},
 	}
 	empty := []*Layout{}
 	idx.snapshot.Store(&empty)
+	noWedged := []*WedgedNode{}
+	idx.wedgedSnap.Store(&noWedged)
 	return idx
 }
+
+// Wedged returns the ready, schedulable nodes whose driver is wedged, sorted
+// by name. The slice is shared and must not be changed.
+func (idx *Index) Wedged() []*WedgedNode { return *idx.wedgedSnap.Load() }
 
 // Layouts returns the current candidate layouts, sorted by fingerprint. The
 // slice and everything it points to are shared and must not be changed.
@@ -187,6 +204,9 @@ type batch struct {
 	changed map[string]bool
 	owned   map[string]bool
 	publish bool
+	// wedged is set when a node became, stopped being or changed as a
+	// wedged node.
+	wedged bool
 }
 
 func newBatch() *batch { return &batch{changed: map[string]bool{}, owned: map[string]bool{}} }
@@ -194,6 +214,11 @@ func newBatch() *batch { return &batch{changed: map[string]bool{}, owned: map[st
 func (idx *Index) flush(b *batch) {
 	if b.publish || len(b.changed) > 0 {
 		idx.publish(slices.Collect(maps.Keys(b.changed)))
+	}
+	if b.wedged {
+		snap := slices.SortedFunc(maps.Values(idx.wedged), func(a, b *WedgedNode) int { return strings.Compare(a.Node.Name, b.Node.Name) })
+		idx.wedgedSnap.Store(&snap)
+		wedgedNodes.Set(float64(len(snap)))
 	}
 }
 
@@ -224,6 +249,7 @@ func (idx *Index) record(n *corev1.Node, labels *Labels, b *batch) {
 		}
 	}
 	idx.nodes[n.Name] = st
+	idx.recordWedged(n, info, old, st, b)
 	poolChanged := idx.setPoolMember(n.Name, old, st, n)
 
 	oldFP := ""
@@ -294,12 +320,67 @@ func (idx *Index) forget(name string, b *batch) {
 		return
 	}
 	delete(idx.nodes, name)
+	if old.wedged != nil {
+		delete(idx.wedged, name)
+		b.wedged = true
+	}
 	if idx.setPoolMember(name, old, nil, nil) {
 		b.publish = true
 	}
 	if old.fingerprint != "" {
 		idx.removeNode(old.fingerprint, name, b)
 	}
+}
+
+// recordWedged keeps st.wedged and idx.wedged in step with n: a node that
+// is ready and schedulable but wedged. An event that changes nothing of it (a
+// heartbeat) keeps the published WedgedNode.
+func (idx *Index) recordWedged(n *corev1.Node, info *NodeInfo, old, st *nodeState, b *batch) {
+	if !nodeWedged(n) {
+		if old != nil && old.wedged != nil {
+			delete(idx.wedged, n.Name)
+			b.wedged = true
+		}
+		return
+	}
+	reason := cleanReason(n.Annotations[layout.AnnotationStateReason])
+	if old != nil && old.wedged != nil && old.wedged.Reason == reason && infoEqual(old.wedged.Node, info) {
+		st.wedged = old.wedged
+		return
+	}
+	st.wedged = &WedgedNode{Node: info, Reason: reason}
+	idx.wedged[n.Name] = st.wedged
+	b.wedged = true
+}
+
+// nodeWedged: a node that would be a candidate, but for its wedged driver.
+func nodeWedged(n *corev1.Node) bool {
+	return n.Labels[layout.LabelState] == layout.StateWedged && !n.Spec.Unschedulable && nodeReady(n)
+}
+
+// maxReasonBytes bounds the state-reason a denial quotes: enough for the
+// probe's messages (about 150 bytes), short enough that a node cannot fill a
+// user's error with text of its choosing.
+const maxReasonBytes = 300
+
+// cleanReason makes a node's state-reason fit for a denial message: one
+// line of printable text, at most maxReasonBytes, cut between characters.
+func cleanReason(s string) string {
+	if s == "" {
+		return "no reason given"
+	}
+	var b strings.Builder
+	for _, r := range s {
+		if !unicode.IsPrint(r) {
+			r = ' '
+		}
+		if b.Len()+utf8.RuneLen(r) > maxReasonBytes {
+			b.WriteString("...")
+			break
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
 }
 
 // admit checks a ready node's published layout, setting st.fingerprint or

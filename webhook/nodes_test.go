@@ -222,6 +222,7 @@ func TestIndexNotCandidates(t *testing.T) {
 		"no ready condition": func(n *corev1.Node) { n.Status.Conditions = nil },
 		"unschedulable":      func(n *corev1.Node) { n.Spec.Unschedulable = true },
 		"probe error":        func(n *corev1.Node) { n.Labels[layout.LabelState] = layout.StateError },
+		"driver wedged":      func(n *corev1.Node) { n.Labels[layout.LabelState] = layout.StateWedged },
 		"no probe":           func(n *corev1.Node) { delete(n.Labels, layout.LabelState) },
 	}
 	for name, mod := range cases {
@@ -241,6 +242,101 @@ func TestIndexNotCandidates(t *testing.T) {
 				t.Errorf("after recovery layouts = %d, want 1", len(got))
 			}
 		})
+	}
+}
+
+// wedgedNode is a ready node its probe marked wedged, as the probe
+// publishes it: no layout, the state and the reason.
+func wedgedNode(name, reason string, mod func(*corev1.Node)) *corev1.Node {
+	return ixNode(name, ixPlan("535.104.05"), 8, func(n *corev1.Node) {
+		delete(n.Labels, layout.LabelFingerprint)
+		delete(n.Annotations, layout.AnnotationLayout)
+		n.Labels[layout.LabelState] = layout.StateWedged
+		n.Annotations[layout.AnnotationStateReason] = reason
+		if mod != nil {
+			mod(n)
+		}
+	})
+}
+
+func wedgedNames(idx *Index) []string {
+	var out []string
+	for _, w := range idx.Wedged() {
+		out = append(out, w.Node.Name+"="+w.Reason)
+	}
+	return out
+}
+
+// TestIndexWedged: the index lists the ready, schedulable nodes whose driver
+// is wedged, sorted, with their reason; a heartbeat republishes nothing; a
+// node leaves the list when it recovers, goes NotReady or cordoned, or is
+// deleted, and the gauge follows.
+func TestIndexWedged(t *testing.T) {
+	idx := NewIndex(config.Default(), logr.Discard())
+	if got := idx.Wedged(); got == nil || len(got) != 0 {
+		t.Fatalf("empty index: Wedged = %v, want an empty list", got)
+	}
+	idx.Add(ixNode("ready", ixPlan("535.104.05"), 8, nil))
+	idx.Add(wedgedNode("w2", "GPULost: lost", nil))
+	idx.Add(wedgedNode("w1", "DriverWedged: hung", nil))
+	idx.Add(wedgedNode("down", "DriverWedged: hung", func(n *corev1.Node) { n.Status.Conditions[0].Status = corev1.ConditionFalse }))
+	idx.Add(wedgedNode("cordoned", "DriverWedged: hung", func(n *corev1.Node) { n.Spec.Unschedulable = true }))
+	if got, want := wedgedNames(idx), []string{"w1=DriverWedged: hung", "w2=GPULost: lost"}; !slices.Equal(got, want) {
+		t.Errorf("Wedged = %v, want %v", got, want)
+	}
+	if g := metricValue(t, wedgedNodes); g != 2 {
+		t.Errorf("gpu_injector_wedged_nodes = %v, want 2", g)
+	}
+	if len(idx.Layouts()) != 1 {
+		t.Errorf("layouts = %d, want only the ready node's", len(idx.Layouts()))
+	}
+
+	before := idx.Wedged()
+	idx.Update(wedgedNode("w1", "DriverWedged: hung", nil))
+	if after := idx.Wedged(); &after[0] != &before[0] {
+		t.Error("a heartbeat of a wedged node republished the list")
+	}
+	idx.Update(wedgedNode("w1", "DriverWedged: still hung", nil))
+	if got := wedgedNames(idx); !slices.Equal(got, []string{"w1=DriverWedged: still hung", "w2=GPULost: lost"}) {
+		t.Errorf("after a new reason: %v", got)
+	}
+	idx.Update(wedgedNode("w2", "GPULost: lost", func(n *corev1.Node) { n.Labels["accelerator"] = "a100" }))
+	if w := idx.Wedged()[1]; w.Node.Labels.Map()["accelerator"] != "a100" {
+		t.Errorf("a wedged node's new labels are not kept: %v", w.Node.Labels.Map())
+	}
+
+	idx.Update(ixNode("w1", ixPlan("535.104.05"), 8, nil)) // the driver answers again
+	idx.Delete("w2")
+	if got := idx.Wedged(); len(got) != 0 {
+		t.Errorf("after recovery and deletion: Wedged = %v", wedgedNames(idx))
+	}
+	if g := metricValue(t, wedgedNodes); g != 0 {
+		t.Errorf("gpu_injector_wedged_nodes = %v, want 0", g)
+	}
+	if len(idx.Layouts()) != 1 || len(idx.Layouts()[0].Nodes) != 2 {
+		t.Errorf("the recovered node is not a candidate again: %v", idx.Layouts())
+	}
+
+	// A relist forgets a wedged node that is gone.
+	idx.Update(wedgedNode("w3", "DriverWedged: hung", nil))
+	idx.Replace([]*corev1.Node{ixNode("ready", ixPlan("535.104.05"), 8, nil)})
+	if got := idx.Wedged(); len(got) != 0 {
+		t.Errorf("after a relist without it: Wedged = %v", wedgedNames(idx))
+	}
+}
+
+func TestCleanReason(t *testing.T) {
+	long := strings.Repeat("x", 400)
+	for in, want := range map[string]string{
+		"":                               "no reason given",
+		"DriverWedged: hung":             "DriverWedged: hung",
+		"line\nbreak\tand\x1b[31mcolour": "line break and [31mcolour",
+		long:                             strings.Repeat("x", maxReasonBytes) + "...",
+		strings.Repeat("é", 200):         strings.Repeat("é", maxReasonBytes/2) + "...",
+	} {
+		if got := cleanReason(in); got != want {
+			t.Errorf("cleanReason(%.40q) = %.60q, want %.60q", in, got, want)
+		}
 	}
 }
 

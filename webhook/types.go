@@ -27,6 +27,17 @@ type NodeInfo struct {
 	pool string
 }
 
+// WedgedNode is a node whose probe marked its NVIDIA driver wedged
+// (layout.StateWedged) and that is otherwise ready and schedulable: it lends
+// no layout, but a pod no layout fits is told when it could have used it.
+type WedgedNode struct {
+	Node *NodeInfo
+	// Reason is the node's state-reason (its probe's condition and message),
+	// cut short and stripped of control characters: text a node publishes
+	// that reaches a user's denial.
+	Reason string
+}
+
 // Layout is one candidate driver layout and the ready nodes that publish it.
 type Layout struct {
 	// Fingerprint is the plan's fingerprint; empty for a static layout.
@@ -150,6 +161,9 @@ type Input struct {
 	NamespaceLabels map[string]string
 	// Layouts are the ready probed layouts; the mutation adds static ones.
 	Layouts []*Layout
+	// Wedged are the nodes whose driver is wedged, sorted by name; they lend
+	// no layout, and a pod no layout fits is told which of them it could use.
+	Wedged []*WedgedNode
 	// Seed drives the Spread policy's weighted choice: the same seed gives
 	// the same layout, so the answer stays a function of the input.
 	Seed uint64

@@ -23,6 +23,7 @@ import (
 	"path"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -566,20 +567,8 @@ func (e *Env) UpgradeDriver(ctx context.Context, name, version string) (string, 
 	if err := e.installDriver(n, version); err != nil {
 		return "", err
 	}
-	if n.probe != nil {
-		if err := n.probe.signal(syscall.SIGHUP); err != nil {
-			return "", err
-		}
-	} else {
-		// The DaemonSet's pod: the signal reaches its process through
-		// containerd; the kubelet restarts the container when it exits.
-		p, err := e.ProbePod(ctx)
-		if err != nil {
-			return "", err
-		}
-		if err := e.SignalContainer(ctx, p, "nodeprobe", "SIGHUP"); err != nil {
-			return "", err
-		}
+	if err := e.ProbeNow(ctx, n.Name); err != nil {
+		return "", err
 	}
 	fps, err := e.WaitProbed(ctx)
 	if err != nil {
@@ -589,6 +578,66 @@ func (e *Env) UpgradeDriver(ctx context.Context, name, version string) (string, 
 		return "", err
 	}
 	return fps[n.Name], nil
+}
+
+// ProbeNow sends SIGHUP to a node's probe, which probes at once.
+func (e *Env) ProbeNow(ctx context.Context, name string) error {
+	n := e.Node(name)
+	if n == nil {
+		return fmt.Errorf("failed to signal the probe: no node %q", name)
+	}
+	if n.probe != nil {
+		return n.probe.signal(syscall.SIGHUP)
+	}
+	// The DaemonSet's pod: the signal reaches its process through
+	// containerd; the kubelet restarts the container when it exits.
+	p, err := e.ProbePod(ctx)
+	if err != nil {
+		return err
+	}
+	return e.SignalContainer(ctx, p, "nodeprobe", "SIGHUP")
+}
+
+// SetNVMLFault turns a fault of a node's stand-in NVML on or off
+// (standin.SetFault): a file beside its libnvidia-ml, which the node's probe
+// sees through its host root, on the kubelet node in the host's own driver
+// folder. It does not signal the probe.
+func (e *Env) SetNVMLFault(name string, f standin.Fault, on bool) error {
+	n := e.Node(name)
+	if n == nil {
+		return fmt.Errorf("failed to set a fault: no node %q", name)
+	}
+	e.progress("stand-in NVML of %s: %s %s", n.Name, f, map[bool]string{true: "on", false: "off"}[on])
+	return standin.SetFault(n.HostRoot, n.Layout, n.DriverVersion, f, on)
+}
+
+// WaitWebhookMetric waits until the metrics of every ready webhook replica
+// hold the line want (a sample, e.g. "gpu_injector_wedged_nodes 1"), so that
+// the next pod sees that state whichever replica the API server calls.
+func (e *Env) WaitWebhookMetric(ctx context.Context, want string) error {
+	var body string
+	err := e.poll(ctx, "the webhook's "+want, func(ctx context.Context) (bool, error) {
+		urls, err := e.WebhookMetricsURLs(ctx)
+		if err != nil || len(urls) == 0 {
+			return false, nil
+		}
+		for _, u := range urls {
+			if body, err = httpGet(ctx, u); err != nil || !slices.Contains(strings.Split(body, "\n"), want) {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		var lines []string
+		for _, l := range strings.Split(body, "\n") {
+			if strings.HasPrefix(l, "gpu_injector_") && !strings.HasPrefix(l, "gpu_injector_build") {
+				lines = append(lines, l)
+			}
+		}
+		return fmt.Errorf("%w; webhook metrics: %s", err, strings.Join(lines, "; "))
+	}
+	return nil
 }
 
 func (e *Env) buildImages(ctx context.Context) error {

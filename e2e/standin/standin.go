@@ -315,3 +315,44 @@ func replaceSymlink(target, dst string) error {
 	}
 	return nil
 }
+
+// Fault is a fault switch of the stand-in NVML: a file in the folder of its
+// libnvidia-ml that changes its answers while it exists. A file, not an
+// environment variable, because the process that loads the library (a probe
+// in a pod, with the node's root mounted) does not share the test's
+// environment, but sees the node's files.
+type Fault string
+
+const (
+	// FaultHang makes every NVML call but nvmlErrorString block while the
+	// file exists, as a call into a wedged kernel module never returns
+	// (polled every 100 ms); removing it lets the calls go on and answer.
+	FaultHang Fault = "gpu-injector-standin-hang"
+	// FaultGPULost makes nvmlDeviceGetHandleByIndex, nvmlDeviceGetHandleByUUID
+	// and every call on a device answer NVML_ERROR_GPU_IS_LOST (15), as for a
+	// GPU fallen off the bus.
+	FaultGPULost Fault = "gpu-injector-standin-gpu-lost"
+)
+
+// SetFault turns a fault of the stand-in installed under root on (creates
+// the switch file beside its libnvidia-ml) or off (removes it).
+func SetFault(root string, layout Layout, version string, f Fault, on bool) error {
+	if f != FaultHang && f != FaultGPULost {
+		return fmt.Errorf("failed to set fault %q: not a stand-in fault", f)
+	}
+	lib, err := NVMLPath(layout, version)
+	if err != nil {
+		return err
+	}
+	p := filepath.Join(root, path.Dir(lib), string(f))
+	if !on {
+		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("failed to turn fault %s off: %w", f, err)
+		}
+		return nil
+	}
+	if err := os.WriteFile(p, []byte("gpu-injector stand-in fault switch ("+Notice+"): remove this file to end the fault\n"), 0o644); err != nil {
+		return fmt.Errorf("failed to turn fault %s on: %w", f, err)
+	}
+	return nil
+}

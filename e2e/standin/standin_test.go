@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
@@ -27,9 +28,17 @@ const nvmlHelperEnv = "GPU_INJECTOR_STANDIN_NVML_HELPER"
 // the node probe's own code and print the probe's result.
 const probeHelperEnv = "GPU_INJECTOR_STANDIN_PROBE_HELPER"
 
+// watchHelperEnv makes the test binary read one stand-in NVML library as
+// the probe's agent does, through an NVMLWatch with a short limit: it prints
+// the first reading, then, once a stuck reading returned, the next one.
+const watchHelperEnv = "GPU_INJECTOR_STANDIN_WATCH_HELPER"
+
 func TestMain(m *testing.M) {
 	if lib := os.Getenv(nvmlHelperEnv); lib != "" {
 		os.Exit(nvmlHelper(lib))
+	}
+	if lib := os.Getenv(watchHelperEnv); lib != "" {
+		os.Exit(watchHelper(lib))
 	}
 	if lib := os.Getenv(probeHelperEnv); lib != "" {
 		if err := json.NewEncoder(os.Stdout).Encode(nodeprobe.ReadNVML(nodeprobe.OpenNVML(lib))); err != nil {
@@ -534,6 +543,116 @@ func TestNodeProbeReadsStandIn(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func watchHelper(lib string) int {
+	returned := make(chan struct{}, 1)
+	w := &nodeprobe.NVMLWatch{Timeout: time.Second, Returned: func() { returned <- struct{}{} }}
+	open := func() (nodeprobe.NVML, error) { return nodeprobe.OpenNVML(lib), nil }
+	enc := json.NewEncoder(os.Stdout)
+	first, _ := w.Read(open)
+	if err := enc.Encode(first); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if first.State == nodeprobe.NVMLTimeout {
+		select {
+		case <-returned:
+		case <-time.After(time.Minute):
+			fmt.Fprintln(os.Stderr, "the stuck NVML call did not return within a minute of the test's signal")
+			return 1
+		}
+	}
+	second, _ := w.Read(open)
+	if err := enc.Encode(second); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return 0
+}
+
+// TestFaults turns the stand-in's fault switches on and reads it as the probe
+// does, through real go-nvml: with FaultHang the probe's watch reports the
+// stuck nvmlInit at its limit and gets an answer once the switch is off; with
+// FaultGPULost it reads NVML's lost-GPU code; with the switch off again, the
+// driver is whole.
+func TestFaults(t *testing.T) {
+	const layout, version = GKE, "535.104.05"
+	root := t.TempDir()
+	if err := sharedCache(t).Install(root, layout, version); err != nil {
+		t.Fatalf("Install: %v", err)
+	}
+	nvmlPath, err := NVMLPath(layout, version)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lib := filepath.Join(root, nvmlPath)
+	probeRead := func() nodeprobe.NVMLResult {
+		var res nodeprobe.NVMLResult
+		if err := json.Unmarshal(runHelper(t, probeHelperEnv, lib), &res); err != nil {
+			t.Fatalf("probe helper output: %v", err)
+		}
+		return res
+	}
+
+	t.Run("gpu lost", func(t *testing.T) {
+		if err := SetFault(root, layout, version, FaultGPULost, true); err != nil {
+			t.Fatal(err)
+		}
+		res := probeRead()
+		if res.State != nodeprobe.NVMLGPULost || res.Message != "nvmlDeviceGetHandleByIndex(0) failed: ERROR_GPU_IS_LOST" {
+			t.Errorf("with %s: %s %q, want %s from nvmlDeviceGetHandleByIndex(0)", FaultGPULost, res.State, res.Message, nodeprobe.NVMLGPULost)
+		}
+		if err := SetFault(root, layout, version, FaultGPULost, false); err != nil {
+			t.Fatal(err)
+		}
+		if res := probeRead(); res.State != nodeprobe.NVMLOK {
+			t.Errorf("with the switch off: %s %q, want OK", res.State, res.Message)
+		}
+	})
+
+	t.Run("hang", func(t *testing.T) {
+		if err := SetFault(root, layout, version, FaultHang, true); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = SetFault(root, layout, version, FaultHang, false) })
+		cmd := exec.Command(os.Args[0])
+		cmd.Env = append(os.Environ(), watchHelperEnv+"="+lib)
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+		dec := json.NewDecoder(out)
+		var first, second nodeprobe.NVMLResult
+		if err := dec.Decode(&first); err != nil {
+			t.Fatalf("first reading: %v\n%s", err, stderr.String())
+		}
+		if first.State != nodeprobe.NVMLTimeout || !strings.HasPrefix(first.Message, "nvmlInit has not returned within 1s (called at ") {
+			t.Fatalf("with %s: %s %q, want %s naming nvmlInit", FaultHang, first.State, first.Message, nodeprobe.NVMLTimeout)
+		}
+		if err := SetFault(root, layout, version, FaultHang, false); err != nil {
+			t.Fatal(err)
+		}
+		if err := dec.Decode(&second); err != nil {
+			t.Fatalf("reading after the switch went off: %v\n%s", err, stderr.String())
+		}
+		if second.State != nodeprobe.NVMLOK || second.Facts == nil || second.Facts.DriverVersion != version {
+			t.Errorf("after the switch went off: %s %q %+v, want OK with driver %s", second.State, second.Message, second.Facts, version)
+		}
+	})
+
+	if err := SetFault(root, layout, "nope", FaultHang, true); err == nil {
+		t.Error("SetFault with a bad version succeeded")
+	}
+	if err := SetFault(root, layout, version, Fault("other"), true); err == nil {
+		t.Error("SetFault of an unknown fault succeeded")
 	}
 }
 

@@ -8,10 +8,16 @@
  * kills the calling process with "symbol lookup error", so docs/standin-driver.md
  * lists every export and the probe must stay within that list.
  */
+/* dl_iterate_phdr in <link.h>; it is in libc itself, where dladdr needs libdl on old glibc. */
+#define _GNU_SOURCE
+
 #include "standin.h"
 
+#include <limits.h>
+#include <link.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 STANDIN_IDENT("libnvidia-ml");
 
@@ -23,6 +29,7 @@ typedef enum {
     NVML_ERROR_NOT_FOUND = 6,
     NVML_ERROR_INSUFFICIENT_SIZE = 7,
     NVML_ERROR_FUNCTION_NOT_FOUND = 13,
+    NVML_ERROR_GPU_IS_LOST = 15,
     NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
     NVML_ERROR_UNKNOWN = 999,
 } nvmlReturn_t;
@@ -67,11 +74,72 @@ typedef struct {
 
 static struct nvmlDevice_st devices[STANDIN_DEVICE_COUNT];
 
+/*
+ * Fault switches: files in this library's own folder, so that a test can break the
+ * driver of a node whose probe runs elsewhere (a pod, with the node's root mounted):
+ * the file is where the library is, whatever the path it was loaded by.
+ *
+ * STANDIN_HANG_FILE: every NVML call (but nvmlErrorString) blocks while it exists,
+ * as a call into a wedged kernel module never returns; removing it is the GPU reset.
+ * STANDIN_GPU_LOST_FILE: device calls answer NVML_ERROR_GPU_IS_LOST, as for a GPU
+ * fallen off the bus.
+ */
+#define STANDIN_HANG_FILE "gpu-injector-standin-hang"
+#define STANDIN_GPU_LOST_FILE "gpu-injector-standin-gpu-lost"
+
+struct standin_self {
+    const void *addr;
+    char dir[PATH_MAX];
+    int found;
+};
+
+/* dl_iterate_phdr callback: the folder of the object that holds addr. */
+static int find_self(struct dl_phdr_info *info, size_t size, void *data) {
+    struct standin_self *self = data;
+    const char *slash;
+    int i;
+    (void)size;
+    for (i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        ElfW(Addr) start = info->dlpi_addr + ph->p_vaddr;
+        if (ph->p_type != PT_LOAD || (ElfW(Addr))self->addr < start || (ElfW(Addr))self->addr >= start + ph->p_memsz) {
+            continue;
+        }
+        slash = info->dlpi_name != NULL ? strrchr(info->dlpi_name, '/') : NULL;
+        if (slash == NULL) {
+            snprintf(self->dir, sizeof(self->dir), ".");
+        } else {
+            snprintf(self->dir, sizeof(self->dir), "%.*s", (int)(slash - info->dlpi_name), info->dlpi_name);
+        }
+        self->found = 1;
+        return 1;
+    }
+    return 0;
+}
+
+static int switch_on(const char *name) {
+    struct standin_self self = {.addr = (const void *)&switch_on};
+    char path[PATH_MAX + 64];
+    dl_iterate_phdr(find_self, &self);
+    if (!self.found) {
+        return 0;
+    }
+    snprintf(path, sizeof(path), "%s/%s", self.dir, name);
+    return access(path, F_OK) == 0;
+}
+
+static void standin_wedge(void) {
+    while (switch_on(STANDIN_HANG_FILE)) {
+        usleep(100 * 1000);
+    }
+}
+
 /* Like the real library, Init calls nest and each needs its own Shutdown. */
 static int init_count;
 
 static nvmlReturn_t standin_init(void) {
     unsigned int i;
+    standin_wedge();
     for (i = 0; i < STANDIN_DEVICE_COUNT; i++) {
         devices[i].index = i;
         /* 53 54 41 4e 44 2d 49 4e is "STAND-IN" in ASCII. */
@@ -101,14 +169,23 @@ static int valid_device(nvmlDevice_t device) {
 
 #define REQUIRE_INIT()                       \
     do {                                     \
+        standin_wedge();                     \
         if (init_count == 0) {               \
             return NVML_ERROR_UNINITIALIZED; \
         }                                    \
     } while (0)
 
+#define REQUIRE_GPU()                             \
+    do {                                          \
+        if (switch_on(STANDIN_GPU_LOST_FILE)) {   \
+            return NVML_ERROR_GPU_IS_LOST;        \
+        }                                         \
+    } while (0)
+
 #define REQUIRE_DEVICE(device)                  \
     do {                                        \
         REQUIRE_INIT();                         \
+        REQUIRE_GPU();                          \
         if (!valid_device(device)) {            \
             return NVML_ERROR_INVALID_ARGUMENT; \
         }                                       \
@@ -152,6 +229,8 @@ STANDIN_EXPORT const char *nvmlErrorString(nvmlReturn_t result) {
         return "Insufficient Size";
     case NVML_ERROR_FUNCTION_NOT_FOUND:
         return "Function Not Found";
+    case NVML_ERROR_GPU_IS_LOST:
+        return "GPU is lost";
     case NVML_ERROR_ARGUMENT_VERSION_MISMATCH:
         return "Argument Version Mismatch";
     default:
@@ -174,6 +253,7 @@ STANDIN_EXPORT nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int
 
 /* Works without Init, like the real one. */
 STANDIN_EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *cudaDriverVersion) {
+    standin_wedge();
     if (cudaDriverVersion == NULL) {
         return NVML_ERROR_INVALID_ARGUMENT;
     }
@@ -200,6 +280,7 @@ STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetCount(unsigned int *deviceCount) {
 
 STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device) {
     REQUIRE_INIT();
+    REQUIRE_GPU();
     if (device == NULL || index >= STANDIN_DEVICE_COUNT) {
         return NVML_ERROR_INVALID_ARGUMENT;
     }
@@ -214,6 +295,7 @@ STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int index, nvmlD
 STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device) {
     unsigned int i;
     REQUIRE_INIT();
+    REQUIRE_GPU();
     if (uuid == NULL || device == NULL) {
         return NVML_ERROR_INVALID_ARGUMENT;
     }
