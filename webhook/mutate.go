@@ -93,7 +93,8 @@ func Mutate(in Input, cfg *config.Configuration) Result {
 	if len(legacy) > 0 && cfg.LegacyMounts == config.LegacyMountsKeep {
 		layouts, keepWhy = keepsLegacy(layouts, legacy)
 	}
-	chosen, whyNot := chooseLayout(pod, layouts, cfg, prev, in.Seed, renamed)
+	need := m.requestedGPUResources(pod)
+	chosen, whyNot := chooseLayout(pod, layouts, cfg, prev, in.Seed, renamed, &need)
 	// stale is an earlier injection whose layout no longer fits the pod (its
 	// nodes are gone, or changed their driver, or a static layout changed):
 	// it is replaced, as a fresh pod would be injected, rather than left to
@@ -101,13 +102,13 @@ func Mutate(in Input, cfg *config.Configuration) Result {
 	var stale *layout.Injected
 	if prev != nil && (chosen == nil || !injectionFits(prev, chosen)) {
 		stale = prev
-		chosen, whyNot = chooseLayout(unpinned(pod, prev), layouts, cfg, nil, in.Seed, renamed)
+		chosen, whyNot = chooseLayout(unpinned(pod, prev), layouts, cfg, nil, in.Seed, renamed, &need)
 	}
 	if keepWhy != "" {
 		whyNot = keepWhy
 	}
 	if chosen == nil {
-		if why := wedgedWhy(pod, in.Wedged, renamed); why != "" {
+		if why := wedgedWhy(pod, in.Wedged, renamed, &need); why != "" {
 			whyNot += "; " + why
 		}
 		switch cfg.NoLayout.Action {
@@ -385,13 +386,15 @@ func (m matcher) targetContainers(pod *corev1.Pod) []containerRef {
 // chooseLayout returns the layout for the pod, or nil and why none fits.
 //
 // Policy MostGPUs: among layouts with at least one ready node the pod may land
-// on (nodeName, nodeSelector, required node affinity, NoSchedule/NoExecute
-// taints), the one with the most allocatable GPUs in total, then the newest
-// driver, then the smallest fingerprint so that replicas agree. NewestDriver
-// swaps the first two keys. A pod injected before keeps its layout while that
-// fits it (Mutate re-injects it once it no longer does). renamed are the
-// resources fixResources renamed to, for the advice on a taint.
-func chooseLayout(pod *corev1.Pod, layouts []*Layout, cfg *config.Configuration, prev *layout.Injected, seed uint64, renamed []corev1.ResourceName) (*Layout, string) {
+// on (nodeName, nodeSelector, required node affinity, the GPU resources it
+// requests, NoSchedule/NoExecute taints), the one with the most allocatable
+// GPUs of the resources the pod requests, then the newest driver, then the
+// smallest fingerprint so that replicas agree. NewestDriver swaps the first
+// two keys. A pod injected before keeps its layout while that fits it
+// (Mutate re-injects it once it no longer does). renamed are the resources
+// fixResources renamed to, for the advice on a taint; need is what the pod
+// requests.
+func chooseLayout(pod *corev1.Pod, layouts []*Layout, cfg *config.Configuration, prev *layout.Injected, seed uint64, renamed []corev1.ResourceName, need *gpuNeed) (*Layout, string) {
 	if prev != nil && prev.StaticLayout != "" {
 		if s, ok := cfg.Static(prev.StaticLayout); ok {
 			return &Layout{Static: s.Name, Plan: s.Plan, NodeSelector: s.NodeSelector}, ""
@@ -401,8 +404,10 @@ func chooseLayout(pod *corev1.Pod, layouts []*Layout, cfg *config.Configuration,
 	if len(layouts) == 0 {
 		return nil, "no GPU node publishes a ready layout"
 	}
-	order := make([]*Layout, len(layouts))
-	copy(order, layouts)
+	order := make([]rankedLayout, len(layouts))
+	for i, l := range layouts {
+		order[i] = rankedLayout{l, need.gpus(l)}
+	}
 	sort.SliceStable(order, func(i, j int) bool { return better(order[i], order[j], cfg.LayoutPolicy) })
 
 	affinity := nodeaffinity.GetRequiredNodeAffinity(pod)
@@ -412,24 +417,40 @@ func chooseLayout(pod *corev1.Pod, layouts []*Layout, cfg *config.Configuration,
 	}
 	spread := cfg.LayoutPolicy == config.LayoutPolicySpread && prev == nil
 	var reasons []string
-	var fits []*Layout
+	var fits []rankedLayout
 	var weight uint64
 layouts:
-	for _, l := range order {
+	for _, r := range order {
+		l := r.layout
 		if prev != nil && (l.Fingerprint != prev.Fingerprint || (l.Pool != "" && l.Pool != prev.Pool)) {
 			continue
 		}
 		if spread && l.Remembered != nil && len(fits) > 0 {
 			break
 		}
+		// A remembered layout has no node to ask, and its memory records no
+		// resources: it stays a candidate, as its pool's next node is
+		// expected to offer what its nodes did.
+		nodeNeed := need
+		if l.Remembered != nil {
+			nodeNeed = nil
+		}
 		nodes, why := candidateNodes(pod, l)
+		if nodeNeed != nil && why == "" {
+			// Most layouts that lack a resource lack it on every node: say so
+			// without a scan of thousands of nodes that cannot fit. After
+			// nodeName and nodeSelector, as nodeMismatch checks them first.
+			if missing := nodeNeed.layoutLacks(l); len(missing) > 0 {
+				nodes, why = nil, "no node offers "+describeResources(missing)
+			}
+		}
 		for _, n := range nodes {
-			if why = nodeMismatch(pod, affinity, match, n, renamed); why == "" {
+			if why = nodeMismatch(pod, affinity, match, n, renamed, nodeNeed); why == "" {
 				if !spread {
 					return l, ""
 				}
-				fits = append(fits, l)
-				weight += uint64(max(l.AllocatableGPUs, 1))
+				fits = append(fits, r)
+				weight += uint64(max(r.gpus, 1))
 				continue layouts
 			}
 		}
@@ -444,10 +465,10 @@ layouts:
 		// Weighted by GPUs, in the policy's order, so the same seed always
 		// picks the same layout.
 		pick := seed % weight
-		for _, l := range fits {
-			w := uint64(max(l.AllocatableGPUs, 1))
+		for _, r := range fits {
+			w := uint64(max(r.gpus, 1))
 			if pick < w {
-				return l, ""
+				return r.layout, ""
 			}
 			pick -= w
 		}
@@ -470,7 +491,7 @@ const maxWedgedNamed = 3
 // wedged node the pod could not use anyway is left out, as it explains
 // nothing. Only called when no layout fits: a pod that got a layout is not
 // told about wedged nodes it was kept from, which it could not act on.
-func wedgedWhy(pod *corev1.Pod, wedged []*WedgedNode, renamed []corev1.ResourceName) string {
+func wedgedWhy(pod *corev1.Pod, wedged []*WedgedNode, renamed []corev1.ResourceName, need *gpuNeed) string {
 	if len(wedged) == 0 {
 		return ""
 	}
@@ -481,7 +502,7 @@ func wedgedWhy(pod *corev1.Pod, wedged []*WedgedNode, renamed []corev1.ResourceN
 	}
 	var fit []*WedgedNode
 	for _, w := range wedged {
-		if nodeMismatch(pod, affinity, match, w.Node, renamed) == "" {
+		if nodeMismatch(pod, affinity, match, w.Node, renamed, need) == "" {
 			fit = append(fit, w)
 		}
 	}
@@ -541,8 +562,9 @@ func candidateNodes(pod *corev1.Pod, l *Layout) ([]*NodeInfo, string) {
 
 // nodeMismatch says why the pod cannot land on the node, or "" if it can.
 // The last node's reason stands for the layout in a denial message.
-// match is set if the pod has required node affinity.
-func nodeMismatch(pod *corev1.Pod, affinity nodeaffinity.RequiredNodeAffinity, match *affinityNode, n *NodeInfo, renamed []corev1.ResourceName) string {
+// match is set if the pod has required node affinity; need is nil when the
+// node's resources are not to be checked.
+func nodeMismatch(pod *corev1.Pod, affinity nodeaffinity.RequiredNodeAffinity, match *affinityNode, n *NodeInfo, renamed []corev1.ResourceName, need *gpuNeed) string {
 	if pod.Spec.NodeName != "" && pod.Spec.NodeName != n.Name {
 		return fmt.Sprintf("pod is bound to node %q", pod.Spec.NodeName)
 	}
@@ -556,6 +578,13 @@ func nodeMismatch(pod *corev1.Pod, affinity nodeaffinity.RequiredNodeAffinity, m
 	if match != nil {
 		if ok, _ := affinity.Match(match.of(n)); !ok {
 			return "no node matches the pod's nodeSelector or required node affinity"
+		}
+	}
+	// Before taints: a toleration would not help a node that lacks the
+	// resource, so the advice to add one would mislead.
+	if need != nil {
+		if missing := need.nodeLacks(n.gpus); len(missing) > 0 {
+			return "no node the pod may land on offers " + describeResources(missing)
 		}
 	}
 	for i := range n.Taints {
@@ -621,7 +650,15 @@ func hasRequiredAffinity(pod *corev1.Pod) bool {
 	return a != nil && a.NodeAffinity != nil && a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution != nil
 }
 
-func better(a, b *Layout, policy string) bool {
+// rankedLayout is a layout and its GPUs of the resources the pod requests,
+// which the policy weighs.
+type rankedLayout struct {
+	layout *Layout
+	gpus   int64
+}
+
+func better(ra, rb rankedLayout, policy string) bool {
+	a, b := ra.layout, rb.layout
 	// A pool at zero only when no node up now fits: the pod should not wait
 	// for a scale-up while a node could run it.
 	if (a.Remembered == nil) != (b.Remembered == nil) {
@@ -631,8 +668,8 @@ func better(a, b *Layout, policy string) bool {
 	if policy == config.LayoutPolicyNewestDriver && dv != 0 {
 		return dv > 0
 	}
-	if a.AllocatableGPUs != b.AllocatableGPUs {
-		return a.AllocatableGPUs > b.AllocatableGPUs
+	if ra.gpus != rb.gpus {
+		return ra.gpus > rb.gpus
 	}
 	if dv != 0 {
 		return dv > 0

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 
 	"github.com/gpu-injector/gpu-injector/config"
@@ -142,7 +143,11 @@ func TestUntoleratedTaintFix(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			node := ixNode("n1", ixPlan("535.104.05"), 4, func(n *corev1.Node) { n.Spec.Taints = []corev1.Taint{tc.taint} })
+			node := ixNode("n1", ixPlan("535.104.05"), 4, func(n *corev1.Node) {
+				n.Spec.Taints = []corev1.Taint{tc.taint}
+				// The node offers what the pod requests: only the taint is in the way.
+				n.Status.Allocatable[corev1.ResourceName(tc.resource)] = resource.MustParse("4")
+			})
 			cfg := config.Default()
 			pod := hPod(tc.resource, func(p *corev1.Pod) { p.Namespace = "ml" })
 			res := Mutate(Input{Pod: pod, Layouts: layoutsOf(cfg, []corev1.Node{*node})}, cfg)
@@ -258,18 +263,18 @@ func TestWedgedWhy(t *testing.T) {
 		wedged = append(wedged, &WedgedNode{Node: &NodeInfo{Name: name, Labels: NewLabels(map[string]string{"pool": "x"})}, Reason: "DriverWedged: " + name})
 	}
 	pod := &corev1.Pod{}
-	got := wedgedWhy(pod, wedged, nil)
+	got := wedgedWhy(pod, wedged, nil, nil)
 	want := "nodes a, b, c and 2 more fit the pod but their NVIDIA driver is wedged (a: DriverWedged: a; b: DriverWedged: b; c: DriverWedged: c)"
 	if !strings.HasPrefix(got, want) {
 		t.Errorf("wedgedWhy =\n%s\nwant it to start with\n%s", got, want)
 	}
 	pod.Spec.NodeSelector = map[string]string{"pool": "y"}
-	if got := wedgedWhy(pod, wedged, nil); got != "" {
+	if got := wedgedWhy(pod, wedged, nil, nil); got != "" {
 		t.Errorf("wedgedWhy for a pod that fits none = %q, want \"\"", got)
 	}
 	pod.Spec.NodeSelector = nil
 	pod.Spec.NodeName = "d"
-	if got := wedgedWhy(pod, wedged, nil); !strings.HasPrefix(got, "node d fits the pod but its NVIDIA driver is wedged (DriverWedged: d)") {
+	if got := wedgedWhy(pod, wedged, nil, nil); !strings.HasPrefix(got, "node d fits the pod but its NVIDIA driver is wedged (DriverWedged: d)") {
 		t.Errorf("wedgedWhy for a pod bound to d = %q", got)
 	}
 }

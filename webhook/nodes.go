@@ -296,6 +296,7 @@ func (idx *Index) SetDRAGPUs(name string, gpus int64) {
 	// Published NodeInfos never change: replace this one.
 	info := *st.info
 	info.AllocatableGPUs = min(st.ownGPUs+gpus, MaxNodeGPUs)
+	info.gpus = info.gpus.withDRA(gpus)
 	st.info = &info
 	if st.fingerprint != "" {
 		b := newBatch()
@@ -531,13 +532,30 @@ func (idx *Index) nodeInfo(n *corev1.Node, labels *Labels, old *nodeState) *Node
 			info.Taints = append(info.Taints, t)
 		}
 	}
+	// A node offers a handful of GPU resource names at most; more than the
+	// array holds only costs an allocation.
+	var arr [8]gpuResource
+	entries := arr[:0]
+	if dra := idx.draGPUs[n.Name]; dra > 0 {
+		entries = append(entries, gpuResource{draResource, dra})
+	}
 	for name, q := range n.Status.Allocatable {
 		if IsGPUResource(idx.cfg, name) {
 			if v := q.Value(); v > 0 {
-				info.AllocatableGPUs += min(v, MaxNodeGPUs)
+				v = min(v, MaxNodeGPUs)
+				info.AllocatableGPUs += v
+				if validResourceEntry(string(name)) {
+					entries = append(entries, gpuResource{string(name), v})
+				}
 			}
 		}
 	}
+	slices.SortFunc(entries, func(a, b gpuResource) int { return strings.Compare(a.name, b.name) })
+	var oldGPUs gpuResources
+	if old != nil && old.info != nil {
+		oldGPUs = old.info.gpus
+	}
+	info.gpus = makeGPUResources(entries, oldGPUs)
 	// The count comes from the node itself and weighs in the layout choice:
 	// bound it, so one node cannot outweigh a pool or overflow the sum.
 	info.AllocatableGPUs = min(info.AllocatableGPUs, MaxNodeGPUs)
@@ -550,7 +568,7 @@ func (idx *Index) nodeInfo(n *corev1.Node, labels *Labels, old *nodeState) *Node
 const MaxNodeGPUs = 256
 
 func infoEqual(a, b *NodeInfo) bool {
-	if a.AllocatableGPUs != b.AllocatableGPUs || !a.Labels.Equal(b.Labels) || len(a.Taints) != len(b.Taints) {
+	if a.AllocatableGPUs != b.AllocatableGPUs || a.gpus != b.gpus || !a.Labels.Equal(b.Labels) || len(a.Taints) != len(b.Taints) {
 		return false
 	}
 	for i := range a.Taints {

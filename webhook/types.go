@@ -21,6 +21,8 @@ type NodeInfo struct {
 	Taints []corev1.Taint
 	// AllocatableGPUs sums the node's allocatable GPU resources.
 	AllocatableGPUs int64
+	// gpus are the GPU resources the node offers, by name (interned).
+	gpus gpuResources
 
 	// pool is the node's pool key with pinning.nodeLabels, "" for none;
 	// computed once per change so the pool view does not rebuild it.
@@ -71,6 +73,9 @@ type Layout struct {
 	// never changes either.
 	mountsOnce sync.Once
 	mounts     []preparedMount
+	// offeredGPUs sums Nodes' GPUs per resource name, built on first use.
+	offeredOnce sync.Once
+	offeredGPUs map[string]int64
 }
 
 // preparedMount is what every pod of a layout gets for one of the plan's
