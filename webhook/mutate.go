@@ -445,13 +445,19 @@ layouts:
 			}
 		}
 		for _, n := range nodes {
-			if why = nodeMismatch(pod, affinity, match, n, renamed, nodeNeed); why == "" {
+			nodeWhy := nodeMismatch(pod, affinity, match, n, renamed, nodeNeed)
+			if nodeWhy == "" {
 				if !spread {
 					return l, ""
 				}
 				fits = append(fits, r)
 				weight += uint64(max(r.gpus, 1))
 				continue layouts
+			}
+			// A node the pod selects says more than one it does not: what
+			// keeps the pod off the nodes it asked for.
+			if why == "" || why == whySelector || nodeWhy != whySelector {
+				why = nodeWhy
 			}
 		}
 		if why == "" {
@@ -554,14 +560,18 @@ func candidateNodes(pod *corev1.Pod, l *Layout) ([]*NodeInfo, string) {
 	}
 	for k, v := range pod.Spec.NodeSelector {
 		if _, ok := lk.labels[k][v]; !ok {
-			return nil, "no node matches the pod's nodeSelector or required node affinity"
+			return nil, whySelector
 		}
 	}
 	return l.Nodes, ""
 }
 
+// whySelector is nodeMismatch's reason for a node the pod does not select.
+const whySelector = "no node matches the pod's nodeSelector or required node affinity"
+
 // nodeMismatch says why the pod cannot land on the node, or "" if it can.
-// The last node's reason stands for the layout in a denial message.
+// The last node's reason stands for the layout in a denial message, that of
+// a node the pod selects before that of one it does not.
 // match is set if the pod has required node affinity; need is nil when the
 // node's resources are not to be checked.
 func nodeMismatch(pod *corev1.Pod, affinity nodeaffinity.RequiredNodeAffinity, match *affinityNode, n *NodeInfo, renamed []corev1.ResourceName, need *gpuNeed) string {
@@ -572,12 +582,12 @@ func nodeMismatch(pod *corev1.Pod, affinity nodeaffinity.RequiredNodeAffinity, m
 	// check runs for every node of a layout until one fits.
 	for k, v := range pod.Spec.NodeSelector {
 		if have, ok := n.Labels.Lookup(k); !ok || have != v {
-			return "no node matches the pod's nodeSelector or required node affinity"
+			return whySelector
 		}
 	}
 	if match != nil {
 		if ok, _ := affinity.Match(match.of(n)); !ok {
-			return "no node matches the pod's nodeSelector or required node affinity"
+			return whySelector
 		}
 	}
 	// Before taints: a toleration would not help a node that lacks the

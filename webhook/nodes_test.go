@@ -998,3 +998,191 @@ func TestIndexStreamedRelistLikeWholeNodes(t *testing.T) {
 		}
 	}
 }
+
+// gpuNames lists a node's GPU resources as "name=count", the DRA entry as
+// "dra=count".
+func gpuNames(n *NodeInfo) []string {
+	var out []string
+	for name, c := range n.gpus.all() {
+		if name == draResource {
+			name = "dra"
+		}
+		out = append(out, fmt.Sprintf("%s=%d", name, c))
+	}
+	return out
+}
+
+// TestIndexGPUResourceNames: the index keeps which GPU resources each node
+// offers, follows its allocatable and DRA's count, shares one copy between
+// nodes that offer the same, and keeps it through a heartbeat.
+func TestIndexGPUResourceNames(t *testing.T) {
+	cfg := config.Default()
+	idx := NewIndex(cfg, logr.Discard())
+	plan := ixPlan("535.104.05")
+	mig := func(n *corev1.Node) {
+		delete(n.Status.Allocatable, "nvidia.com/gpu")
+		n.Status.Allocatable["nvidia.com/mig-1g.10gb"] = resource.MustParse("7")
+		n.Status.Allocatable["nvidia.com/mig-3g.40gb"] = resource.MustParse("0")
+		n.Status.Allocatable["example.com/fpga"] = resource.MustParse("2")
+	}
+	idx.Update(ixNode("a", plan, 8, nil))
+	idx.Update(ixNode("b", plan, 8, nil))
+	idx.Update(ixNode("c", plan, 0, mig))
+	node := func(name string) *NodeInfo {
+		t.Helper()
+		for _, n := range idx.Layouts()[0].Nodes {
+			if n.Name == name {
+				return n
+			}
+		}
+		t.Fatalf("node %s not in the layout", name)
+		return nil
+	}
+	if got := gpuNames(node("a")); !slices.Equal(got, []string{"nvidia.com/gpu=8"}) {
+		t.Errorf("a offers %v", got)
+	}
+	if got := gpuNames(node("c")); !slices.Equal(got, []string{"nvidia.com/mig-1g.10gb=7"}) {
+		t.Errorf("c offers %v, want only its MIG devices above 0 (no FPGA)", got)
+	}
+	if node("a").gpus != node("b").gpus {
+		t.Errorf("nodes offering the same GPUs hold two copies")
+	}
+	if got := idx.Layouts()[0].offered(); !maps.Equal(got, map[string]int64{"nvidia.com/gpu": 16, "nvidia.com/mig-1g.10gb": 7}) {
+		t.Errorf("layout offers %v", got)
+	}
+
+	// A heartbeat keeps the published node.
+	before := node("c")
+	idx.Update(ixNode("c", plan, 0, mig))
+	if node("c") != before {
+		t.Errorf("a heartbeat replaced the node")
+	}
+
+	// The device plugin reconfigured: MIG off, whole GPUs and shared ones.
+	idx.Update(ixNode("c", plan, 2, func(n *corev1.Node) {
+		n.Status.Allocatable["nvidia.com/gpu.shared"] = resource.MustParse("8")
+	}))
+	if got := gpuNames(node("c")); !slices.Equal(got, []string{"nvidia.com/gpu=2", "nvidia.com/gpu.shared=8"}) {
+		t.Errorf("after the change c offers %v", got)
+	}
+	if got := before.gpus.has("nvidia.com/mig-1g.10gb"); !got {
+		t.Errorf("the published node changed under a reader")
+	}
+	if got := idx.Layouts()[0].offered(); !maps.Equal(got, map[string]int64{"nvidia.com/gpu": 18, "nvidia.com/gpu.shared": 8}) {
+		t.Errorf("layout offers %v after the change", got)
+	}
+
+	// DRA's GPUs come and go as their own entry; the allocatable's stay.
+	idx.SetDRAGPUs("a", 4)
+	if got := gpuNames(node("a")); !slices.Equal(got, []string{"dra=4", "nvidia.com/gpu=8"}) {
+		t.Errorf("with DRA a offers %v", got)
+	}
+	idx.Update(ixNode("a", plan, 6, nil))
+	if got := gpuNames(node("a")); !slices.Equal(got, []string{"dra=4", "nvidia.com/gpu=6"}) {
+		t.Errorf("with DRA, after an allocatable change a offers %v", got)
+	}
+	idx.SetDRAGPUs("a", 0)
+	if got := gpuNames(node("a")); !slices.Equal(got, []string{"nvidia.com/gpu=6"}) {
+		t.Errorf("without DRA a offers %v", got)
+	}
+
+	// No GPU left at all: the empty set.
+	idx.Update(ixNode("b", plan, 0, nil))
+	if got := gpuNames(node("b")); len(got) != 0 || node("b").gpus != (gpuResources{}) {
+		t.Errorf("b with no GPU offers %v", got)
+	}
+}
+
+// TestChooseByRequestedResource: a layout is a candidate only where a node
+// offers every GPU resource the pod requests; one whose GPUs come through
+// DRA offers the names GPU DeviceClasses serve; a remembered pool layout
+// stays a candidate, as its memory records no resources.
+func TestChooseByRequestedResource(t *testing.T) {
+	cfg := config.Default()
+	whole, migPlan, draPlan := ixPlan("535.104.05"), ixPlan("550.54.15"), ixPlan("580.95.05")
+	nodes := []corev1.Node{
+		*ixNode("whole-1", whole, 8, nil),
+		*ixNode("whole-2", whole, 8, nil),
+		// One GPU of this node is partitioned: the layout offers MIG devices too.
+		*ixNode("whole-mig", whole, 7, func(n *corev1.Node) {
+			n.Status.Allocatable["nvidia.com/mig-1g.10gb"] = resource.MustParse("7")
+		}),
+		*ixNode("mig-1", migPlan, 0, func(n *corev1.Node) {
+			n.Labels["zone"] = "b"
+			n.Status.Allocatable["nvidia.com/mig-1g.10gb"] = resource.MustParse("7")
+		}),
+		*ixNode("dra-1", draPlan, 0, nil),
+	}
+	idx := NewIndex(cfg, logr.Discard())
+	for i := range nodes {
+		idx.Update(&nodes[i])
+	}
+	idx.SetDRAGPUs("dra-1", 2)
+	layouts := idx.Layouts()
+	served := []string{"deviceclass.resource.kubernetes.io/gpu.nvidia.com", "nvidia.com/gpu"}
+	tests := map[string]struct {
+		resource string
+		mod      func(*corev1.Pod)
+		dra      []string
+		want     string
+		why      string
+	}{
+		"whole GPU":                {resource: "nvidia.com/gpu", want: whole.Fingerprint()},
+		"MIG":                      {resource: "nvidia.com/mig-1g.10gb", want: migPlan.Fingerprint()},
+		"whole GPU, DRA serves it": {resource: "nvidia.com/gpu", dra: served, want: whole.Fingerprint()},
+		"DRA class":                {resource: "deviceclass.resource.kubernetes.io/gpu.nvidia.com", dra: served, want: draPlan.Fingerprint()},
+		"DRA class on a node without DRA": {
+			resource: "deviceclass.resource.kubernetes.io/gpu.nvidia.com", dra: served,
+			mod: func(p *corev1.Pod) { p.Spec.NodeSelector = map[string]string{"kubernetes.io/hostname": "whole-1"} },
+			why: "no node offers deviceclass.resource.kubernetes.io/gpu.nvidia.com",
+		},
+		"MIG where the selected node lacks it": {
+			resource: "nvidia.com/mig-1g.10gb",
+			mod:      func(p *corev1.Pod) { p.Spec.NodeSelector = map[string]string{"kubernetes.io/hostname": "whole-2"} },
+			why:      "layout " + whole.Fingerprint() + " (driver 535.104.05, 3 nodes): no node the pod may land on offers nvidia.com/mig-1g.10gb",
+		},
+		"MIG on a selected node that lacks it": {
+			resource: "nvidia.com/mig-1g.10gb",
+			mod:      func(p *corev1.Pod) { p.Spec.NodeName = "whole-1" },
+			why:      "pod is bound to node \"whole-1\"",
+		},
+		"two names only one node offers": {
+			resource: "nvidia.com/mig-1g.10gb",
+			mod: func(p *corev1.Pod) {
+				p.Spec.InitContainers = []corev1.Container{{Name: "init", Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("1")}}}}
+			},
+			want: whole.Fingerprint(),
+		},
+		"a profile no node offers": {resource: "nvidia.com/mig-3g.40gb", why: "no node offers nvidia.com/mig-3g.40gb"},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			pod := hPod(tc.resource, func(p *corev1.Pod) {
+				p.Namespace = "ml"
+				if tc.mod != nil {
+					tc.mod(p)
+				}
+			})
+			res := Mutate(Input{Pod: pod, Layouts: layouts, GPUResources: tc.dra}, cfg)
+			if tc.want != "" {
+				if res.Decision != DecisionInjected || res.Layout.Fingerprint != tc.want {
+					t.Fatalf("got %s %v: %s, want layout %s", res.Decision, res.Layout, res.Reason, tc.want)
+				}
+				return
+			}
+			if res.Decision != DecisionDenied || !strings.Contains(res.Reason, tc.why) {
+				t.Errorf("got %s:\n%s\nwant a denial that says\n%s", res.Decision, res.Reason, tc.why)
+			}
+		})
+	}
+
+	// A pool at zero, remembered: its stand-in node lists no resources.
+	cfg = config.Default()
+	cfg.Pinning.NodeLabels = []string{"pool"}
+	idx = NewIndex(cfg, logr.Discard())
+	idx.SetMemory([]PoolMemory{{Pool: "pool=mig", Labels: map[string]string{"pool": "mig"}, NodeLabels: map[string]string{"pool": "mig"}, Plan: migPlan, LastSeen: time.Now()}})
+	res := Mutate(Input{Pod: hPod("nvidia.com/mig-1g.10gb", func(p *corev1.Pod) { p.Namespace = "ml" }), Layouts: idx.Layouts()}, cfg)
+	if res.Decision != DecisionInjected || res.Layout.Remembered == nil {
+		t.Errorf("remembered MIG pool: got %s: %s", res.Decision, res.Reason)
+	}
+}
