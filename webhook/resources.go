@@ -62,7 +62,16 @@ func (r gpuResources) all() iter.Seq2[string, int64] {
 // has reports whether the set holds the name; it does not parse counts, as
 // a request checks this for many nodes.
 func (r gpuResources) has(name string) bool {
-	for line := range strings.SplitSeq(r.value(), "\n") {
+	// By hand rather than through an iterator: this runs for each node a
+	// request checks, and must not allocate.
+	v := r.value()
+	for v != "" {
+		line := v
+		if i := strings.IndexByte(v, '\n'); i >= 0 {
+			line, v = v[:i], v[i+1:]
+		} else {
+			v = ""
+		}
 		if n, _, ok := strings.Cut(line, "\t"); ok && n == name {
 			return true
 		}
