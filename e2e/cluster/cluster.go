@@ -11,6 +11,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	mathrand "math/rand/v2"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -109,6 +111,7 @@ type Cluster struct {
 	pki        *pki
 	ports      map[string]int
 	bridge     string
+	netLock    *os.File
 	runDir     string
 	apiProxy   *serviceProxy
 	apiArgs    []string
@@ -251,9 +254,14 @@ func (c *Cluster) prepare(ctx context.Context) error {
 		c.ports[n] = ports[i]
 	}
 	c.APIServerURL = fmt.Sprintf("https://127.0.0.1:%d", c.ports["apiserver"])
-	// One random /24 pair per cluster, so two clusters on a machine (two test
-	// runs) neither share a bridge subnet nor a kubernetes Service address.
-	n := randomByte()
+	// One /24 pair per cluster, so two clusters on a machine (two test runs,
+	// or the suite beside this package's own tests) neither share a bridge
+	// subnet nor a kubernetes Service address.
+	n, lock, err := claimNetwork()
+	if err != nil {
+		return err
+	}
+	c.netLock = lock
 	c.PodSubnet = fmt.Sprintf("10.88.%d.0/24", n)
 	c.BridgeIP = fmt.Sprintf("10.88.%d.1", n)
 	c.ServiceSubnet = fmt.Sprintf("10.89.%d.0/24", n)
@@ -744,6 +752,12 @@ func (c *Cluster) Stop() error {
 			errs = append(errs, err)
 		}
 	}
+	if c.netLock != nil {
+		// Only once the bridge and the relay are gone: the next cluster may
+		// take the addresses at once.
+		c.netLock.Close()
+		c.netLock = nil
+	}
 	errs = append(errs, c.removeContainerLogLinks())
 	if err := unmountUnder(c.Dir); err != nil {
 		errs = append(errs, err)
@@ -896,8 +910,53 @@ func randomHex(n int) string {
 	return hex.EncodeToString(b)
 }
 
-func randomByte() int {
-	b := make([]byte, 1)
-	_, _ = rand.Read(b)
-	return int(b[0])
+// networkLockDir holds one lock file per claimed /24 pair; the kernel drops
+// a lock when its holder dies, so a crashed run frees its pair.
+const networkLockDir = "/run/lock/gpu-injector-networks"
+
+// claimNetwork picks a free N for 10.88.N.0/24 (pods) and 10.89.N.0/24
+// (Services), in random order, and holds it by a lock until the cluster
+// stops. Picking at random alone let two clusters started together share
+// one N now and then (1 in 256 for each pair): the second then failed to
+// bind the kubernetes Service address. N is also skipped while any
+// interface still has one of its addresses (what a killed run left).
+func claimNetwork() (int, *os.File, error) {
+	if err := os.MkdirAll(networkLockDir, 0o755); err != nil {
+		return 0, nil, fmt.Errorf("failed to create %s: %w", networkLockDir, err)
+	}
+	inUse, err := hostAddresses()
+	if err != nil {
+		return 0, nil, err
+	}
+	for _, n := range mathrand.Perm(254) {
+		n++ // 1..254
+		if inUse[fmt.Sprintf("10.88.%d.1", n)] || inUse[fmt.Sprintf("10.89.%d.1", n)] {
+			continue
+		}
+		f, err := os.OpenFile(filepath.Join(networkLockDir, strconv.Itoa(n)+".lock"), os.O_CREATE|os.O_RDWR|syscall.O_CLOEXEC, 0o644)
+		if err != nil {
+			return 0, nil, fmt.Errorf("failed to open a network lock: %w", err)
+		}
+		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+			f.Close()
+			continue
+		}
+		return n, f, nil
+	}
+	return 0, nil, errors.New("failed to find a free 10.88.N.0/24 for the cluster: all 254 are in use")
+}
+
+// hostAddresses are the IPv4 addresses of this host's interfaces.
+func hostAddresses() (map[string]bool, error) {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil, fmt.Errorf("failed to list this host's addresses: %w", err)
+	}
+	out := map[string]bool{}
+	for _, a := range addrs {
+		if ipn, ok := a.(*net.IPNet); ok {
+			out[ipn.IP.String()] = true
+		}
+	}
+	return out, nil
 }
