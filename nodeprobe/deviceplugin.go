@@ -72,8 +72,27 @@ func (h hostFS) gkeDevicePlugin(notes *[]string) ([]string, string) {
 		}
 	}
 	hostPath, containerPath := "", ""
-	for _, p := range h.gkePluginProcesses() {
+	procs := h.gkePluginProcesses()
+	// Any pod's processes show in the host's /proc, so a process named like
+	// the plugin proves nothing by itself: a pod could pose as it and leave
+	// the node's GPU pods without their driver mounts. It counts only where
+	// GKE's driver installer wrote its folder, which no unprivileged pod can
+	// make on the host.
+	if len(procs) > 0 {
+		if _, fi, err := h.stat(gkeHostPath); err != nil || !fi.IsDir() {
+			*notes = append(*notes, fmt.Sprintf("process %s runs %s, but %s (where GKE's driver installer puts the driver) is not a folder on this host: not taken for GKE's device plugin", procs[0].pid, procs[0].binary, gkeHostPath))
+			procs = nil
+		}
+	}
+	for i, p := range procs {
 		out = append(out, fmt.Sprintf("GKE's device plugin runs (process %s, %s): its Allocate answer mounts host %s at %s", p.pid, p.binary, p.hostPath, p.containerPath))
+		if i > 0 && (p.hostPath != hostPath || p.containerPath != containerPath) {
+			// Two that disagree: one of them is not the plugin the kubelet
+			// uses, and nothing here tells which.
+			*notes = append(*notes, "processes of GKE's device plugin disagree on --host-path or --container-path: the defaults are assumed")
+			hostPath, containerPath = gkeHostPath, gkeContainerPath
+			break
+		}
 		hostPath, containerPath = p.hostPath, p.containerPath
 	}
 	if len(out) == 0 {

@@ -279,6 +279,10 @@ func FuzzGKEPluginProcess(f *testing.F) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		f.Fatal(err)
 	}
+	// Where GKE's driver installer writes: a process counts only there.
+	if err := os.MkdirAll(filepath.Join(root, "home/kubernetes/bin/nvidia"), 0o755); err != nil {
+		f.Fatal(err)
+	}
 	f.Add("nvidia-gpu-devi\n", "/usr/bin/nvidia-gpu-device-plugin\x00-logtostderr\x00--enable-health-monitoring\x00")
 	f.Add("nvidia-gpu-devi\n", "/usr/bin/nvidia-gpu-device-plugin\x00-v\x003\x00-host-path=/var/lib/nvidia\x00--container-path\x00/usr/local/nvidia/lib64\x00")
 	f.Add("nvidia-gpu-devi", "nvidia-gpu-device-plugin\x00--host-path\x00")

@@ -1,6 +1,7 @@
 package nodeprobe
 
 import (
+	"maps"
 	"os"
 	"path"
 	"path/filepath"
@@ -90,14 +91,19 @@ func TestDetectRuntimeInjection(t *testing.T) {
 			want: layout.RuntimeDevicePlugin, evidence: "socket /var/lib/kubelet/device-plugins/nvidiaGPU-1718000000.sock", libs: []string{"/usr/local/nvidia/lib64"}},
 		"GKE's device plugin socket and its host folder": {sockets: []string{dp + "/nvidiaGPU-1718000000.sock"}, files: map[string]string{"/home/kubernetes/bin/nvidia/bin/nvidia-smi": ""},
 			want: layout.RuntimeDevicePlugin, evidence: "mounts exists: /home/kubernetes/bin/nvidia", libs: []string{"/usr/local/nvidia/lib64"}},
-		"GKE's device plugin process": {files: gkeProcess("2741", "/usr/bin/nvidia-gpu-device-plugin", "-logtostderr", "--enable-container-gpu-metrics", "--enable-health-monitoring"),
+		"GKE's device plugin process": {files: onGKE(gkeProcess("2741", "/usr/bin/nvidia-gpu-device-plugin", "-logtostderr", "--enable-container-gpu-metrics", "--enable-health-monitoring")),
 			want: layout.RuntimeDevicePlugin, evidence: "process 2741, /usr/bin/nvidia-gpu-device-plugin): its Allocate answer mounts host /home/kubernetes/bin/nvidia at /usr/local/nvidia", libs: []string{"/usr/local/nvidia/lib64"}},
-		"GKE's device plugin process with its folders set": {files: gkeProcess("99", "/usr/bin/nvidia-gpu-device-plugin", "-v", "3", "--enable-health-monitoring", "-host-path=/var/lib/nvidia", "--container-path", "/usr/local/nvidia/lib64"),
+		"GKE's device plugin process with its folders set": {files: onGKE(gkeProcess("99", "/usr/bin/nvidia-gpu-device-plugin", "-v", "3", "--enable-health-monitoring", "-host-path=/var/lib/nvidia", "--container-path", "/usr/local/nvidia/lib64")),
 			want: layout.RuntimeDevicePlugin, evidence: "mounts host /var/lib/nvidia at /usr/local/nvidia/lib64", libs: []string{"/usr/local/nvidia/lib64/lib64"}},
 		// The flag's folder as the host gives it; the probe checks it
 		// against the configuration before it publishes it.
-		"GKE's device plugin process with another container path": {sockets: []string{dp + "/nvidiaGPU-1718000000.sock"}, files: gkeProcess("99", "/usr/bin/nvidia-gpu-device-plugin", "--container-path=/opt/nvidia"),
+		"GKE's device plugin process with another container path": {sockets: []string{dp + "/nvidiaGPU-1718000000.sock"}, files: onGKE(gkeProcess("99", "/usr/bin/nvidia-gpu-device-plugin", "--container-path=/opt/nvidia")),
 			want: layout.RuntimeDevicePlugin, libs: []string{"/opt/nvidia/lib64"}},
+		// Any pod's processes show in the host's /proc: one posing as the
+		// plugin where GKE's installer wrote no driver folder is ignored.
+		"a process posing as GKE's device plugin": {files: gkeProcess("4242", "/usr/bin/nvidia-gpu-device-plugin", "--container-path=/opt/nvidia"), want: ""},
+		"two processes of the plugin that disagree": {files: onGKE(merge(gkeProcess("7", "/usr/bin/nvidia-gpu-device-plugin"), gkeProcess("8", "/usr/bin/nvidia-gpu-device-plugin", "--container-path=/opt/nvidia"))),
+			want: layout.RuntimeDevicePlugin, libs: []string{"/usr/local/nvidia/lib64"}},
 		"the toolkit wins over GKE's device plugin": {sockets: []string{dp + "/nvidiaGPU-1718000000.sock"}, files: map[string]string{"/etc/containerd/config.toml": "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd]\n  default_runtime_name = \"nvidia\"\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.nvidia.options]\n  BinaryName = \"/usr/bin/nvidia-container-runtime\"\n"},
 			want: layout.RuntimeToolkit},
 		"GKE's device plugin wins over a CDI spec": {sockets: []string{dp + "/nvidiaGPU-1718000000.sock"}, files: map[string]string{"/etc/cdi/nvidia.yaml": "kind: nvidia.com/gpu\ndevices:\n- name: all\n"},
@@ -244,6 +250,17 @@ const dp = "/var/lib/kubelet/device-plugins"
 
 // gkeProcess is a host process in /proc: its short name as the kernel cuts
 // it, and its command line.
+// onGKE adds to files what GKE's driver installer writes on the host.
+func onGKE(files map[string]string) map[string]string {
+	return merge(files, map[string]string{"/home/kubernetes/bin/nvidia/bin/nvidia-smi": ""})
+}
+
+func merge(a, b map[string]string) map[string]string {
+	out := maps.Clone(a)
+	maps.Copy(out, b)
+	return out
+}
+
 func gkeProcess(pid string, args ...string) map[string]string {
 	comm := path.Base(args[0])
 	if len(comm) > 15 {

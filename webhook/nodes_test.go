@@ -1186,3 +1186,35 @@ func TestChooseByRequestedResource(t *testing.T) {
 		t.Errorf("remembered MIG pool: got %s: %s", res.Decision, res.Reason)
 	}
 }
+
+// TestNodeWithoutGPUsYetStaysCandidate: the probe may publish a node's layout
+// before its device plugin registers (a node just up, the GPU operator still
+// starting). Such a node offers no GPU resource yet, and must not make GPU
+// pods be denied: they are pinned and wait Pending for the plugin, as they did
+// before resources were checked. A node that offers other GPU names is still
+// held to them.
+func TestNodeWithoutGPUsYetStaysCandidate(t *testing.T) {
+	cfg := config.Default()
+	fresh, mig := ixPlan("535.104.05"), ixPlan("550.54.15")
+	nodes := []corev1.Node{
+		*ixNode("fresh-1", fresh, 0, nil),
+		*ixNode("mig-1", mig, 0, func(n *corev1.Node) {
+			n.Status.Allocatable["nvidia.com/mig-1g.10gb"] = resource.MustParse("7")
+		}),
+	}
+	idx := NewIndex(cfg, logr.Discard())
+	for i := range nodes {
+		idx.Update(&nodes[i])
+	}
+	for name, tc := range map[string]struct{ resource, want string }{
+		"whole GPU: only the fresh node may offer it": {"nvidia.com/gpu", fresh.Fingerprint()},
+		"MIG: the node that offers it":                {"nvidia.com/mig-1g.10gb", mig.Fingerprint()},
+	} {
+		t.Run(name, func(t *testing.T) {
+			res := Mutate(Input{Pod: hPod(tc.resource, func(p *corev1.Pod) { p.Namespace = "ml" }), Layouts: idx.Layouts()}, cfg)
+			if res.Decision != DecisionInjected || res.Layout.Fingerprint != tc.want {
+				t.Fatalf("got %s %v: %s, want layout %s", res.Decision, res.Layout, res.Reason, tc.want)
+			}
+		})
+	}
+}

@@ -29,6 +29,10 @@ type gpuResources struct{ h unique.Handle[string] }
 // draResource is the entry of the GPUs DRA ResourceSlices publish.
 const draResource = ""
 
+// unknownResources counts, in Layout.offered, the nodes that offer no GPU
+// resource yet; no resource name has a tab.
+const unknownResources = "\tunknown"
+
 // gpuResource is one entry of a gpuResources.
 type gpuResource struct {
 	name  string
@@ -162,6 +166,14 @@ func (nd *gpuNeed) servedByDRA(name string) bool { return slices.Contains(nd.dra
 // nodeLacks returns the requested names the node does not offer, nil when
 // it offers them all.
 func (nd *gpuNeed) nodeLacks(r gpuResources) []string {
+	if r.value() == "" {
+		// Nothing known yet: the probe can publish before the device plugin
+		// registers (a node just up, the GPU operator still starting). Such
+		// a node stays a candidate, as it was before resources were
+		// checked: the pod waits Pending for the plugin instead of being
+		// denied.
+		return nil
+	}
 	var missing []string
 	for _, name := range nd.names {
 		if r.has(name) || (nd.servedByDRA(name) && r.has(draResource)) {
@@ -175,6 +187,10 @@ func (nd *gpuNeed) nodeLacks(r gpuResources) []string {
 // layoutLacks returns the requested names that no node of the layout offers.
 func (nd *gpuNeed) layoutLacks(l *Layout) []string {
 	offered := l.offered()
+	if offered[unknownResources] > 0 {
+		// A node that offers nothing yet may offer anything (nodeLacks).
+		return nil
+	}
 	var missing []string
 	for _, name := range nd.names {
 		if offered[name] > 0 || (nd.servedByDRA(name) && offered[draResource] > 0) {
@@ -223,6 +239,9 @@ func (l *Layout) offered() map[string]int64 {
 			perSet[n.gpus]++
 		}
 		out := map[string]int64{}
+		if n := perSet[gpuResources{}]; n > 0 {
+			out[unknownResources] = n
+		}
 		for set, nodes := range perSet {
 			for name, n := range set.all() {
 				out[name] += n * nodes
