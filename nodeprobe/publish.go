@@ -3,12 +3,14 @@ package nodeprobe
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -283,10 +285,19 @@ func publishCondition(ctx context.Context, c kubernetes.Interface, node *corev1.
 		return false, fmt.Errorf("failed to encode node status patch: %w", err)
 	}
 	if _, err := c.CoreV1().Nodes().Patch(ctx, node.Name, types.StrategicMergePatchType, data, metav1.PatchOptions{FieldManager: FieldManager}, "status"); err != nil {
+		if apierrors.IsForbidden(err) {
+			err = fmt.Errorf("%w: %w", ErrConditionForbidden, err)
+		}
 		return false, fmt.Errorf("failed to set condition %s of node %q: %w", NodeConditionDriverWedged, node.Name, err)
 	}
 	return true, nil
 }
+
+// ErrConditionForbidden is a refused GPUDriverWedged condition: the chart
+// grants Node status only where its admission policy narrows it (Kubernetes
+// 1.30+, nodeRestriction on). The state label, written first, still marks
+// the node, which is what keeps GPU pods away.
+var ErrConditionForbidden = errors.New("the probe may not write Node status")
 
 // NodeObject is the Node that --once prints: only our labels and
 // annotations, and the GPUDriverWedged condition when it is True.

@@ -3,13 +3,16 @@ package nodeprobe
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"reflect"
 	"slices"
 	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
@@ -388,5 +391,35 @@ func TestFakerootVersionsMatchLayouts(t *testing.T) {
 		if res := probeRoot(t, root, noNVML); res.DriverVersion != l.DriverVersion {
 			t.Errorf("%s: probe says %q, layout says %q", name, res.DriverVersion, l.DriverVersion)
 		}
+	}
+}
+
+// TestPublishWedgedConditionForbidden: where the chart grants no Node status
+// (no admission policy to narrow it), the wedged state label is still
+// written, and the refused condition is told apart from a failed publish.
+func TestPublishWedgedConditionForbidden(t *testing.T) {
+	ctx := context.Background()
+	c := fake.NewSimpleClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-1"}})
+	c.PrependReactor("patch", "nodes", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.GetSubresource() != "status" {
+			return false, nil, nil
+		}
+		return true, nil, apierrors.NewForbidden(corev1.Resource("nodes"), "gpu-1", errors.New("no status rights"))
+	})
+	wedgedPub, err := Desired(Result{Condition: ConditionDriverWedged, Message: "NVML does not answer",
+		NVML: NVMLResult{State: NVMLTimeout, Message: "nvmlInit has not returned within 30s"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wrote, err := Publish(ctx, c, "gpu-1", wedgedPub)
+	if !wrote || !errors.Is(err, ErrConditionForbidden) {
+		t.Fatalf("Publish = %v, %v; want the labels written and ErrConditionForbidden", wrote, err)
+	}
+	n, err := c.CoreV1().Nodes().Get(ctx, "gpu-1", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := n.Labels[layout.LabelState]; got != layout.StateWedged {
+		t.Errorf("state label %q, want %q", got, layout.StateWedged)
 	}
 }

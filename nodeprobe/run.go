@@ -388,12 +388,17 @@ func (d *daemon) once(ctx context.Context, log logr.Logger) error {
 		return err
 	}
 	wrote, err := Publish(ctx, d.client, d.opts.nodeName, pub)
-	if err != nil {
-		return err
-	}
+	// Counted and said even when the condition after the labels failed.
 	if wrote {
 		d.metrics.writes.Inc()
 		log.Info("published node layout", "state", pub.Labels[layout.LabelState], "fingerprint", pub.Labels[layout.LabelFingerprint])
+	}
+	if errors.Is(err, ErrConditionForbidden) {
+		log.V(1).Info("node condition not written; the state label marks the node", "condition", NodeConditionDriverWedged, "error", err.Error())
+		err = nil
+	}
+	if err != nil {
+		return err
 	}
 	d.ready.Store(true)
 	return nil
