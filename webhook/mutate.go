@@ -108,7 +108,13 @@ func Mutate(in Input, cfg *config.Configuration) Result {
 		whyNot = keepWhy
 	}
 	if chosen == nil {
-		if why := wedgedWhy(pod, in.Wedged, renamed, &need); why != "" {
+		// A pod pinned by a stale injection is judged without that pin, as
+		// its layouts were: wedged nodes carry no fingerprint to match it.
+		judged := pod
+		if stale != nil {
+			judged = unpinned(pod, stale)
+		}
+		if why := wedgedWhy(judged, in.Wedged, renamed, &need); why != "" {
 			whyNot += "; " + why
 		}
 		switch cfg.NoLayout.Action {
