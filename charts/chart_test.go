@@ -1194,6 +1194,7 @@ func TestSchemaRejects(t *testing.T) {
 		"pinning by probe":   "config.pinning.nodeLabels={gpu-injector.io/layout-fingerprint}",
 		"pinning label":      "config.pinning.nodeLabels={not a label}",
 		"remember for":       "config.pinning.rememberFor=3days",
+		"no nvml timeout":    "nodeprobe.nvmlTimeout=0s",
 	}
 	for name, set := range tests {
 		t.Run(name, func(t *testing.T) {
