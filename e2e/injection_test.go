@@ -129,19 +129,7 @@ func TestLegacyNvidiaSMIJob(t *testing.T) {
 
 	t.Run("labelled namespace: mutated, bound to the matching node, run by the kubelet", func(t *testing.T) {
 		ns := newNamespace(t, true)
-		ctx := testContext(t)
-		if _, err := client().BatchV1().Jobs(ns).Create(ctx, legacyJob(), metav1.CreateOptions{}); err != nil {
-			t.Fatalf("failed to create the job: %v", err)
-		}
-		p := jobPod(t, ns, "nvidia-smi")
-		for _, c := range p.Spec.Containers {
-			if _, ok := c.Resources.Limits[legacyGPU]; ok {
-				t.Errorf("container %s still asks for %s: %v", c.Name, legacyGPU, c.Resources.Limits)
-			}
-			if q := c.Resources.Limits[gpu]; q.Value() != 1 {
-				t.Errorf("container %s limits %v, want %s: 1", c.Name, c.Resources.Limits, gpu)
-			}
-		}
+		p := createLegacyJob(t, ns)
 		assertInjected(t, p, kn)
 		smi, check := legacyJobRan(t, ns, p, kn)
 		t.Logf("nvidia-smi said:\n%s\ncuda-check said:\n%s", smi, check)
@@ -234,16 +222,7 @@ func TestLegacyJobOnTaintedGPUNode(t *testing.T) {
 	}
 	t.Logf("a modern pod without the toleration: %s", denial)
 
-	ctx := testContext(t)
-	if _, err := client().BatchV1().Jobs(ns).Create(ctx, legacyJob(), metav1.CreateOptions{}); err != nil {
-		t.Fatalf("failed to create the job: %v", err)
-	}
-	p := jobPod(t, ns, "nvidia-smi")
-	for _, c := range p.Spec.Containers {
-		if _, ok := c.Resources.Limits[legacyGPU]; ok {
-			t.Errorf("container %s still asks for %s: %v", c.Name, legacyGPU, c.Resources.Limits)
-		}
-	}
+	p := createLegacyJob(t, ns)
 	n := 0
 	for _, tol := range p.Spec.Tolerations {
 		if tol.Key == string(gpu) {
@@ -258,6 +237,26 @@ func TestLegacyJobOnTaintedGPUNode(t *testing.T) {
 	}
 	assertInjected(t, p, kn)
 	legacyJobRan(t, ns, p, kn)
+}
+
+// createLegacyJob creates the classic nvidia-smi Job in ns and returns its
+// pod, checked renamed: no container asks for the legacy resource, each asks
+// for one nvidia.com/gpu.
+func createLegacyJob(t *testing.T, ns string) *corev1.Pod {
+	t.Helper()
+	if _, err := client().BatchV1().Jobs(ns).Create(testContext(t), legacyJob(), metav1.CreateOptions{}); err != nil {
+		t.Fatalf("failed to create the job: %v", err)
+	}
+	p := jobPod(t, ns, "nvidia-smi")
+	for _, c := range p.Spec.Containers {
+		if _, ok := c.Resources.Limits[legacyGPU]; ok {
+			t.Errorf("container %s still asks for %s: %v", c.Name, legacyGPU, c.Resources.Limits)
+		}
+		if q := c.Resources.Limits[gpu]; q.Value() != 1 {
+			t.Errorf("container %s limits %v, want %s: 1", c.Name, c.Resources.Limits, gpu)
+		}
+	}
+	return p
 }
 
 // legacyJobRan waits for the classic nvidia-smi Job of pod p to finish and
