@@ -56,7 +56,39 @@ func TestNamespaceOptIn(t *testing.T) {
 		if done.Status.Phase != corev1.PodSucceeded || !strings.Contains(log, want) || !strings.Contains(log, standin.Notice) {
 			t.Fatalf("pod %s: phase %s, log:\n%s\nwant Succeeded with %q and the stand-in notice", p.Name, done.Status.Phase, log, want)
 		}
+		assertDevicePluginGave(t, log)
 	})
+}
+
+// assertDevicePluginGave checks cuda-check's report of what NVIDIA's device
+// plugin gave its container: one GPU's device node, the control and UVM nodes
+// (--pass-device-specs), and the GPU's UUID in NVIDIA_VISIBLE_DEVICES.
+func assertDevicePluginGave(t *testing.T, log string) {
+	t.Helper()
+	devices, visible := "", ""
+	for _, line := range strings.Split(log, "\n") {
+		if v, ok := strings.CutPrefix(line, "devices:"); ok {
+			devices = v
+		}
+		if v, ok := strings.CutPrefix(line, "NVIDIA_VISIBLE_DEVICES="); ok {
+			visible = v
+		}
+	}
+	got := strings.Fields(devices)
+	gpus := 0
+	for _, d := range got {
+		if strings.TrimLeft(strings.TrimPrefix(d, "/dev/nvidia"), "0123456789") == "" && d != "/dev/nvidia" {
+			gpus++
+		}
+	}
+	for _, want := range []string{"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"} {
+		if !slices.Contains(got, want) {
+			t.Errorf("the container has device nodes %v, want %s among them (NVIDIA's device plugin, --pass-device-specs)", got, want)
+		}
+	}
+	if gpus != 1 || !strings.HasPrefix(visible, "GPU-5354414e-") || strings.Contains(visible, ",") {
+		t.Errorf("the container has device nodes %v and NVIDIA_VISIBLE_DEVICES=%q, want one GPU node and one stand-in GPU's UUID", got, visible)
+	}
 }
 
 // legacyJob is the classic nvidia-smi Job of the Kubernetes 1.6-1.9 GPU
@@ -118,8 +150,9 @@ func jobPod(t *testing.T, ns, job string) *corev1.Pod {
 
 // TestLegacyNvidiaSMIJob: the classic Job, created as a Job. The Job has no
 // node selector on purpose: it is the tutorial's manifest, and the layout
-// choice is the configured policy's (MostGPUs): the kubelet node offers 4
-// GPUs, each API-only node 2, so the webhook picks the kubelet node's layout
+// choice is the configured policy's (MostGPUs): the kubelet node offers 2
+// GPUs (NVIDIA's device plugin on the stand-in), each API-only node 1, so the
+// webhook picks the kubelet node's layout
 // and the fingerprint selector sends the pod there, where the kubelet runs it.
 func TestLegacyNvidiaSMIJob(t *testing.T) {
 	if bad := env.DriverFiles(testEnv.ImageFiles); len(bad) > 0 {

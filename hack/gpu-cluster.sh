@@ -6,7 +6,8 @@
 #                          into DIR (default .device/gpu-cluster): part1/ (the
 #                          Kubernetes components as one binary, etcd, helm) and
 #                          part2/ (containerd, runc, CNI plugins, cluster-up, the
-#                          gpu-injector image, standin-server), xz-compressed
+#                          gpu-injector image, NVIDIA's device plugin image,
+#                          standin-server), xz-compressed
 #   hack/gpu-cluster.sh --stage DIR     on the GPU machine: keep a payload part in
 #                          /tmp/gpu-cluster-payload, for a transport that carries
 #                          one part at a time
@@ -21,8 +22,9 @@
 # driverless image around it (make-driverless-root.sh, root-image.sh); start the
 # local cluster (hack/cluster-up: etcd, kube-apiserver, controller-manager,
 # scheduler, containerd + runc, a kubelet on cgroup v2 with the cgroupfs driver)
-# with the test device plugin advertising the machine's /dev/nvidiaN and handing
-# them to GPU pods; import both images into containerd; `helm install` the chart;
+# and the images imported into containerd; NVIDIA's device plugin (built from its
+# Go module) as a DaemonSet pod with --pass-device-specs and no container
+# toolkit, e2e/deviceplugin/nvidia-device-plugin.yaml as users apply it; `helm install` the chart;
 # wait for the probe pod to label the Node from NVML; label a namespace; run the
 # nvidia-smi Job, the CUDA pod and the TensorFlow-style Deployment of
 # hack/gpu/cluster/; the negative controls; a PASS/FAIL table. Exit status 0
@@ -56,6 +58,8 @@ DRIVERLESS_IMAGE=gpu-injector.local/driverless-cuda:gpu
 # private registry would give it (image.repository and image.tag below).
 IMAGE_REPOSITORY=gpu-injector.local/gpu-injector
 IMAGE_TAG=gpu
+# NVIDIA's device plugin, built from its Go module (e2e/deviceplugin).
+NVDP_IMAGE=gpu-injector.local/nvidia-device-plugin:v0.19.1
 RELEASE_NS=gpu-injector
 NS=gpu-demo
 NS_OFF=gpu-demo-unlabelled
@@ -152,6 +156,8 @@ if [[ $mode == build ]]; then
 	xzf "$tmp/standin-server" "$b/part2/standin-server.xz"
 	go run ./hack/image -o "$tmp/gpu-injector-image.tar" -ref "$IMAGE_REPOSITORY:$IMAGE_TAG"
 	xzf "$tmp/gpu-injector-image.tar" "$b/part2/gpu-injector-image.tar.xz"
+	go run ./e2e/deviceplugin/cmd/nvidia-device-plugin-image -o "$tmp/nvidia-device-plugin-image.tar"
+	xzf "$tmp/nvidia-device-plugin-image.tar" "$b/part2/nvidia-device-plugin-image.tar.xz"
 	ls -la "$b"/part1 "$b"/part2
 	for p in part1 part2; do
 		size=$(du -sb "$b/$p" | cut -f1)
@@ -224,6 +230,7 @@ collect() {
 		for p in $($kubectl get pods -n "$RELEASE_NS" -o name 2>/dev/null); do
 			$kubectl logs -n "$RELEASE_NS" --all-containers "$p" >"$work/logs/kubectl/$RELEASE_NS-${p#pod/}.log" 2>&1
 		done
+		$kubectl logs -n kube-system -l app.kubernetes.io/name=nvidia-device-plugin --tail=-1 >"$work/logs/kubectl/nvidia-device-plugin.log" 2>&1
 	fi
 	tar -C "$work" -czf "$OUT/cluster-logs.tar.gz" logs 2>/dev/null
 }
@@ -233,8 +240,10 @@ cleanup() {
 		kill -TERM "$cluster_pid"
 		for _ in $(seq 60); do kill -0 "$cluster_pid" 2>/dev/null || break; sleep 0.5; done
 	fi
+	[[ ${#made_dev[@]} -eq 0 ]] || rm -f "${made_dev[@]}"
 	rm -rf "$work"
 }
+made_dev=()
 trap cleanup EXIT
 
 section "machine"
@@ -260,7 +269,7 @@ find_payload() { # find_payload FILE: the first payload folder that has it
 	return 1
 }
 missing=()
-for f in kube.xz etcd.xz helm.xz runtime.tar.xz cluster-up.xz standin-server.xz gpu-injector-image.tar.xz; do
+for f in kube.xz etcd.xz helm.xz runtime.tar.xz cluster-up.xz standin-server.xz gpu-injector-image.tar.xz nvidia-device-plugin-image.tar.xz; do
 	find_payload "$f" >/dev/null || missing+=("$f")
 done
 if [[ ${#missing[@]} -gt 0 ]]; then
@@ -277,6 +286,7 @@ xz -dc "$(find_payload helm.xz)" >"$bin/helm"
 xz -dc "$(find_payload cluster-up.xz)" >"$bin/cluster-up"
 xz -dc "$(find_payload standin-server.xz)" >"$work/standin-server"
 xz -dc "$(find_payload gpu-injector-image.tar.xz)" >"$work/images/gpu-injector.tar"
+xz -dc "$(find_payload nvidia-device-plugin-image.tar.xz)" >"$work/images/nvidia-device-plugin.tar"
 tar -C "$work/rt" -xJf "$(find_payload runtime.tar.xz)"
 cp "$work"/rt/usr/bin/* "$work"/rt/usr/sbin/* "$bin"/
 chmod +x "$bin"/* "$cache/kubernetes-$K8S_VERSION/kube" "$cache/etcd-$ETCD_VERSION/etcd" "$work/standin-server"
@@ -313,15 +323,18 @@ if [[ $mode == fake ]]; then
 		mkdir -p /usr/local/nvidia && mount --bind -o ro "$work/node/usr/local/nvidia" /usr/local/nvidia &&
 		record "stand-in driver at /usr/local/nvidia" PASS "private mount namespace" ||
 		record "stand-in driver at /usr/local/nvidia" FAIL "see the log"
-	# Device nodes for the plugin to hand out: /dev/null's numbers.
-	gpu_dev=$work/dev
-	mkdir -p "$gpu_dev"
-	for n in nvidia0 nvidiactl nvidia-uvm; do mknod -m 666 "$gpu_dev/$n" c 1 3; done
+	# The device nodes a driver makes, for NVIDIA's plugin to hand out (the
+	# numbers of the nvidia module; nothing answers them here): only those
+	# missing, removed at exit.
+	for n in nvidia0:195:0 nvidiactl:195:255 nvidia-uvm:511:0 nvidia-uvm-tools:511:1; do
+		IFS=: read -r name major minor <<<"$n"
+		[[ -e /dev/$name ]] && continue
+		mknod -m 666 "/dev/$name" c "$major" "$minor" && made_dev+=("/dev/$name")
+	done
 else
 	expect_cuda_ok='CUDA kernel result: OK'
 	expect_cuda_fail='CUDA error|insufficient|cannot open shared object'
 	expect_gpu=$EXPECT_GPU
-	gpu_dev=/dev
 	nvcc=${NVCC:-$(command -v nvcc || ls /usr/local/cuda*/bin/nvcc 2>/dev/null | head -1)}
 	if [[ -n $nvcc ]] && run "$nvcc" -O2 -cudart static -arch="$NVCC_ARCH" -o "$prog" hack/gpu/cuda-smoke.cu; then
 		record "build the CUDA program" PASS "$nvcc -cudart static -arch=$NVCC_ARCH"
@@ -346,14 +359,15 @@ t0=$(now)
 mkdir -p "$work/logs/cluster"
 # nvidia.com/gpu.present is what NVIDIA's GPU feature discovery labels GPU nodes
 # with; the chart's probe DaemonSet selects it.
-cluster_args=(--node-labels nvidia.com/gpu.present=true --gpu-dev-dir "$gpu_dev"
+cluster_args=(--node-labels nvidia.com/gpu.present=true
 	--write-env "$work/cluster.env" --logs-dir "$work/logs/cluster" --timeout 5m)
 # cluster-up imports the images once the node is Ready; an older one cannot,
 # and the script imports them with ctr below.
 import_by_ctr=1
 if cluster-up -h 2>&1 | grep -q -- -import-image; then
 	import_by_ctr=0
-	cluster_args+=(--import-image "$work/images/gpu-injector.tar" --import-image "$work/images/driverless.tar")
+	cluster_args+=(--import-image "$work/images/gpu-injector.tar" --import-image "$work/images/driverless.tar"
+		--import-image "$work/images/nvidia-device-plugin.tar")
 fi
 printf '$ cluster-up %s\n' "${cluster_args[*]}" | tee -a "$LOG"
 setsid cluster-up "${cluster_args[@]}" >"$work/logs/cluster-up.log" 2>&1 &
@@ -375,7 +389,33 @@ export KUBECONFIG
 t_cluster=$(since "$t0")
 timing "cluster start (etcd to node Ready, images imported)" "$t_cluster"
 record "cluster up" PASS "node $NODE_NAME ($NODE_IP), Kubernetes $K8S_VERSION, in ${t_cluster}s"
-# The device plugin registers right after the node turns Ready.
+
+if [[ $import_by_ctr == 1 ]]; then
+	t0=$(now)
+	for img in gpu-injector driverless nvidia-device-plugin; do
+		run "$CTR" --address "$CONTAINERD_SOCKET" --namespace k8s.io images import "$work/images/$img.tar"
+	done
+	t_import=$(since "$t0")
+else
+	# cluster-up imported the images once the node was Ready: their time is the
+	# gap between its "local cluster ready" and its last "imported image" lines.
+	t_import=$(awk '/local cluster ready/ { r = $1 } /imported image/ { i = $1 }
+		function secs(t) { split(substr(t, 12, 12), a, ":"); return a[1] * 3600 + a[2] * 60 + a[3] }
+		END { if (r != "" && i != "") printf "%.1f", secs(i) - secs(r) }' "$work/logs/cluster-up.log")
+fi
+timing "image import (gpu-injector, driverless, nvidia-device-plugin)" "${t_import:-?}"
+run "$CTR" --address "$CONTAINERD_SOCKET" --namespace k8s.io images ls -q
+if grep -q "^$IMAGE_REPOSITORY:$IMAGE_TAG\$" "$work/run.out" && grep -q "^$DRIVERLESS_IMAGE\$" "$work/run.out" && grep -q "^$NVDP_IMAGE\$" "$work/run.out"; then
+	record "images imported into containerd" PASS "$IMAGE_REPOSITORY:$IMAGE_TAG, $DRIVERLESS_IMAGE and $NVDP_IMAGE in ${t_import:-?}s"
+else
+	record "images imported into containerd" FAIL "an image is missing from containerd's k8s.io namespace"
+fi
+
+# NVIDIA's device plugin as users apply it without the container toolkit; its
+# driver folder is this machine's /usr/local/nvidia (the manifest's default).
+t0=$(now)
+sed "s#image: nvcr.io/nvidia/k8s-device-plugin:.*#image: $NVDP_IMAGE#" e2e/deviceplugin/nvidia-device-plugin.yaml >"$work/nvidia-device-plugin.yaml"
+run "$kubectl" apply -f "$work/nvidia-device-plugin.yaml"
 gpus=
 for _ in $(seq 120); do
 	gpus=$($kubectl get node "$NODE_NAME" -o jsonpath='{.status.allocatable.nvidia\.com/gpu}' 2>/dev/null)
@@ -383,29 +423,13 @@ for _ in $(seq 120); do
 	sleep 0.5
 done
 run "$kubectl" get node "$NODE_NAME" -o jsonpath='{.status.allocatable}{"\n"}'
-[[ -n $gpus && $gpus != 0 ]] && record "device plugin advertises the GPU" PASS "nvidia.com/gpu: $gpus ($(cd "$gpu_dev" && ls -d nvidia[0-9]* | xargs))" ||
-	record "device plugin advertises the GPU" FAIL "no nvidia.com/gpu in the node's allocatable"
-
-if [[ $import_by_ctr == 1 ]]; then
-	t0=$(now)
-	for img in gpu-injector driverless; do
-		run "$CTR" --address "$CONTAINERD_SOCKET" --namespace k8s.io images import "$work/images/$img.tar"
-	done
-	t_import=$(since "$t0")
+if [[ -n $gpus && $gpus != 0 ]]; then
+	record "NVIDIA's device plugin advertises the GPU" PASS "nvidia.com/gpu: $gpus ($(ls -d /dev/nvidia[0-9]* | xargs)), $NVDP_IMAGE Running in $(since "$t0")s"
 else
-	# cluster-up imported both images once the node was Ready: their time is the
-	# gap between its "local cluster ready" and its last "imported image" lines.
-	t_import=$(awk '/local cluster ready/ { r = $1 } /imported image/ { i = $1 }
-		function secs(t) { split(substr(t, 12, 12), a, ":"); return a[1] * 3600 + a[2] * 60 + a[3] }
-		END { if (r != "" && i != "") printf "%.1f", secs(i) - secs(r) }' "$work/logs/cluster-up.log")
+	record "NVIDIA's device plugin advertises the GPU" FAIL "no nvidia.com/gpu in the node's allocatable"
 fi
-timing "image import (gpu-injector, driverless)" "${t_import:-?}"
-run "$CTR" --address "$CONTAINERD_SOCKET" --namespace k8s.io images ls -q
-if grep -q "^$IMAGE_REPOSITORY:$IMAGE_TAG\$" "$work/run.out" && grep -q "^$DRIVERLESS_IMAGE\$" "$work/run.out"; then
-	record "images imported into containerd" PASS "$IMAGE_REPOSITORY:$IMAGE_TAG and $DRIVERLESS_IMAGE in ${t_import:-?}s"
-else
-	record "images imported into containerd" FAIL "an image is missing from containerd's k8s.io namespace"
-fi
+run "$kubectl" get pods -n kube-system -l app.kubernetes.io/name=nvidia-device-plugin -o wide
+run "$kubectl" logs -n kube-system -l app.kubernetes.io/name=nvidia-device-plugin --tail=40
 
 # ---------------------------------------------------------------------------
 section "4. helm install"

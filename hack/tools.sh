@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Builds and caches, by version, the binaries the local cluster needs: etcd, the
-# Kubernetes components and helm. Nothing is downloaded but Go modules: no Docker,
-# no release tarballs, so the same script works wherever Go and its module proxy do.
+# Kubernetes components, helm and NVIDIA's device plugin. Nothing is downloaded but
+# Go modules: no Docker, no release tarballs, so the same script works wherever Go
+# and its module proxy do.
 #
-#   hack/tools.sh [etcd|kubernetes|helm|all]...     (default: all)
+#   hack/tools.sh [etcd|kubernetes|helm|nvidia-device-plugin|all]...     (default: all)
 #
 # Binaries land in ${GPU_INJECTOR_CACHE:-<repo>/bin}/<tool>-<version>/. A tool whose
 # folder holds a .complete stamp is "cached" and returns at once.
@@ -12,6 +13,7 @@ set -euo pipefail
 ETCD_VERSION="${ETCD_VERSION:-v3.5.21}"
 KUBERNETES_VERSION="${KUBERNETES_VERSION:-v1.36.3}"
 HELM_VERSION="${HELM_VERSION:-v3.16.3}"
+NVIDIA_DEVICE_PLUGIN_VERSION="${NVIDIA_DEVICE_PLUGIN_VERSION:-v0.19.1}"
 KUBERNETES_BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -192,6 +194,35 @@ build_helm_locked() {
   log "helm ${HELM_VERSION}: built in $(elapsed "${start}") -> ${dir}/helm"
 }
 
+build_nvidia_device_plugin() {
+  local dir="${CACHE}/nvidia-device-plugin-${NVIDIA_DEVICE_PLUGIN_VERSION}"
+  if is_cached "${dir}" nvidia-device-plugin; then log "nvidia-device-plugin ${NVIDIA_DEVICE_PLUGIN_VERSION}: cached (${dir}/nvidia-device-plugin)"; return; fi
+  with_lock "${dir}" build_nvidia_device_plugin_locked "${dir}"
+}
+
+# NVIDIA's k8s-device-plugin, as its release image carries it: the e2e suite and
+# the GPU machine's cluster run it as a DaemonSet pod, as users do. `go install
+# module@version` asks the proxy for the module's version list (for deprecation
+# notices), which it refuses for this module, so the build runs in the module's
+# own folder of the module cache. cgo: go-nvml loads libnvidia-ml with dlopen.
+build_nvidia_device_plugin_locked() {
+  local dir="$1"
+  if is_cached "${dir}" nvidia-device-plugin; then log "nvidia-device-plugin ${NVIDIA_DEVICE_PLUGIN_VERSION}: cached (${dir}/nvidia-device-plugin)"; return; fi
+  local tmp src start=${SECONDS}
+  tmp="$(mktemp -d "${CACHE}/.nvidia-device-plugin.XXXXXX")"
+  trap 'rm -rf "${tmp}"' RETURN
+  log "nvidia-device-plugin ${NVIDIA_DEVICE_PLUGIN_VERSION}: building from github.com/NVIDIA/k8s-device-plugin (first time, ~1 min)..."
+  src="$(cd "${tmp}" && GOFLAGS=-mod=mod go mod download -json "github.com/NVIDIA/k8s-device-plugin@${NVIDIA_DEVICE_PLUGIN_VERSION}" |
+    sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+  [[ -d ${src} ]] || die "failed to download github.com/NVIDIA/k8s-device-plugin@${NVIDIA_DEVICE_PLUGIN_VERSION}"
+  (cd "${src}" && GOFLAGS= CGO_ENABLED=1 go build -trimpath -ldflags "-s -w -X github.com/NVIDIA/k8s-device-plugin/internal/info.version=${NVIDIA_DEVICE_PLUGIN_VERSION}" \
+    -o "${tmp}/nvidia-device-plugin" ./cmd/nvidia-device-plugin)
+  mkdir -p "${dir}"
+  mv -f "${tmp}/nvidia-device-plugin" "${dir}/nvidia-device-plugin"
+  touch "${dir}/.complete"
+  log "nvidia-device-plugin ${NVIDIA_DEVICE_PLUGIN_VERSION}: built in $(elapsed "${start}") -> ${dir}/nvidia-device-plugin"
+}
+
 main() {
   local targets=("$@")
   [[ ${#targets[@]} -gt 0 ]] || targets=(all)
@@ -201,9 +232,10 @@ main() {
       etcd) build_etcd ;;
       kubernetes|k8s) build_kubernetes ;;
       helm) build_helm ;;
-      all) build_etcd; build_kubernetes; build_helm ;;
+      nvidia-device-plugin) build_nvidia_device_plugin ;;
+      all) build_etcd; build_kubernetes; build_helm; build_nvidia_device_plugin ;;
       -h|--help) sed -n '2,9p' "${BASH_SOURCE[0]}"; return ;;
-      *) die "unknown tool ${t} (want etcd, kubernetes, helm or all)" ;;
+      *) die "unknown tool ${t} (want etcd, kubernetes, helm, nvidia-device-plugin or all)" ;;
     esac
   done
 }

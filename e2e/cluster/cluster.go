@@ -94,6 +94,8 @@ type Cluster struct {
 	DevicePluginDir string
 	// Binaries are the programs in use; Binaries.Kubectl is handy for tests.
 	Binaries Binaries
+	// CacheDir holds the built tools (hack/tools.sh), Binaries' among them.
+	CacheDir string
 	// PodSubnet is the node's pod network (a /24 on the cluster's own bridge);
 	// BridgeIP is this host's address on it, from which the API server reaches
 	// pods (webhook endpoints) and pods reach the host.
@@ -180,6 +182,7 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		ContainerdSocket: filepath.Join(runDir, "containerd.sock"),
 		DevicePluginDir:  filepath.Join(runDir, "device-plugins"),
 		Binaries:         bins,
+		CacheDir:         cacheDir,
 		opts:             opts,
 		log:              log.WithValues("dir", dir),
 		procs:            map[string]*process{},

@@ -2,8 +2,9 @@
 // for the e2e suite and for `make demo`: a real local cluster (etcd,
 // kube-apiserver, scheduler, controller-manager, containerd and one kubelet),
 // a stand-in NVIDIA driver in a classic layout on the kubelet node and two more
-// GPU nodes as API objects with the other classic layouts, and gpu-injector
-// installed as a user does: `make image`'s image imported into the node's
+// GPU nodes as API objects with the other classic layouts, NVIDIA's device
+// plugin as a DaemonSet pod on the kubelet node, and gpu-injector installed as
+// a user does: `make image`'s image imported into the node's
 // containerd and `helm install` of the chart with only the image values. The
 // kubelet runs the chart's webhook Deployment and probe DaemonSet; the API
 // server calls the webhook through its Service. The API-only nodes have no
@@ -34,11 +35,13 @@ import (
 	authv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"sigs.k8s.io/yaml"
 
 	"github.com/gpu-injector/gpu-injector/e2e/cluster"
 	"github.com/gpu-injector/gpu-injector/e2e/deviceplugin"
@@ -111,8 +114,8 @@ type Env struct {
 	hostLock   *os.File
 	hostDriver bool
 	standins   *standin.Cache
-	cancelDP   context.CancelFunc
-	dpDone     chan error
+	// deviceNodes are the /dev entries Up made for NVIDIA's device plugin.
+	deviceNodes []string
 
 	mu           sync.Mutex
 	failed       bool
@@ -182,7 +185,7 @@ func Up(ctx context.Context, opts Options) (_ *Env, err error) {
 	}{
 		{"installing the stand-in drivers: " + e.describeNodes(), e.installDrivers},
 		{"starting the local cluster (etcd, kube-apiserver, scheduler, controller-manager, containerd, kubelet)", e.startCluster},
-		{"starting the test device plugin: " + fmt.Sprintf("%d x %s on %s", e.Nodes[0].GPUs, GPUResource, e.Nodes[0].Name), e.startDevicePlugin},
+		{"starting NVIDIA's device plugin " + deviceplugin.Version + " as a DaemonSet pod (--pass-device-specs, the stand-in's NVML): " + fmt.Sprintf("%d x %s on %s", e.KubeletNode().GPUs, GPUResource, e.KubeletNode().Name), e.startDevicePlugin},
 		{"registering the API-only GPU nodes", e.createAPINodes},
 		{"importing the image into the node's containerd (ctr -n k8s.io images import)", e.importImage},
 		{"helm install " + Release + " charts/gpu-injector -n " + Namespace + " --create-namespace (image values, probe on GPU nodes) --wait", e.installChart},
@@ -347,18 +350,45 @@ func (e *Env) startCluster(ctx context.Context) error {
 	return nil
 }
 
+// startDevicePlugin runs NVIDIA's device plugin on the kubelet node as a
+// cluster without NVIDIA's container toolkit runs it (deviceplugin's
+// manifest): it reads the stand-in's NVML through the node's driver folder and
+// hands each GPU container the device nodes, which this machine lacks until
+// they are made here.
 func (e *Env) startDevicePlugin(ctx context.Context) error {
 	kn := e.KubeletNode()
-	dpCtx, cancel := context.WithCancel(context.Background())
-	e.cancelDP = cancel
-	e.dpDone = make(chan error, 1)
-	go func() { e.dpDone <- deviceplugin.Serve(dpCtx, e.Cluster.DevicePluginDir, string(GPUResource), kn.GPUs) }()
-	return e.poll(ctx, fmt.Sprintf("%s allocatable %s=%d", kn.Name, GPUResource, kn.GPUs), func(ctx context.Context) (bool, error) {
-		select {
-		case err := <-e.dpDone:
-			return false, fmt.Errorf("device plugin stopped: %v", err)
-		default:
-		}
+	made, err := deviceplugin.CreateDeviceNodes("/", kn.GPUs)
+	e.deviceNodes = made
+	if err != nil {
+		return err
+	}
+	bin, err := deviceplugin.Binary(e.Cluster.CacheDir)
+	if err != nil {
+		return err
+	}
+	files, err := deviceplugin.ImageFiles(bin)
+	if err != nil {
+		return err
+	}
+	tar, err := e.Cluster.BuildImageWithConfig(deviceplugin.Image, files, cluster.ImageConfig{Env: deviceplugin.ImageEnv})
+	if err != nil {
+		return err
+	}
+	if err := e.Cluster.ImportImage(ctx, tar); err != nil {
+		return err
+	}
+	m, err := deviceplugin.Manifest(deviceplugin.Image, hostDriverDir)
+	if err != nil {
+		return err
+	}
+	obj := &unstructured.Unstructured{}
+	if err := yaml.Unmarshal(m, &obj.Object); err != nil {
+		return fmt.Errorf("failed to decode the device plugin's manifest: %w", err)
+	}
+	if err := e.Applier.Apply(ctx, obj, false); err != nil {
+		return err
+	}
+	return e.poll(ctx, fmt.Sprintf("%s allocatable %s=%d from NVIDIA's device plugin", kn.Name, GPUResource, kn.GPUs), func(ctx context.Context) (bool, error) {
 		node, err := e.Clientset.CoreV1().Nodes().Get(ctx, kn.Name, metav1.GetOptions{})
 		if err != nil {
 			return false, nil
@@ -700,18 +730,11 @@ func (e *Env) down() error {
 		}
 	}
 	errs = append(errs, e.savePodLogs())
-	if e.cancelDP != nil {
-		e.cancelDP()
-		select {
-		case <-e.dpDone:
-		case <-time.After(10 * time.Second):
-			errs = append(errs, errors.New("the device plugin did not stop"))
-		}
-	}
 	if e.Cluster != nil {
 		// Keep the cluster's logs with ours: they live under LogsDir.
 		errs = append(errs, e.Cluster.Stop())
 	}
+	errs = append(errs, deviceplugin.RemoveDeviceNodes(e.deviceNodes))
 	if e.hostDriver {
 		errs = append(errs, removeHostDriver())
 	}

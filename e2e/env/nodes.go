@@ -80,9 +80,12 @@ func (n *Node) ProbeRestarts() int {
 // The default nodes: the three classic layouts of the old tutorials.
 func defaultNodes() []*Node {
 	return []*Node{
-		{Name: "gke-t4", Kubelet: true, Layout: standin.GKE, Accelerator: "nvidia-tesla-t4", DriverVersion: "535.104.05", GPUs: 4, HostRoot: "/"},
-		{Name: "ubuntu-k80", Layout: standin.UbuntuNvidia, Accelerator: "nvidia-tesla-k80", DriverVersion: "384.130", GPUs: 2},
-		{Name: "centos-p100", Layout: standin.CentOS7, Accelerator: "nvidia-tesla-p100", DriverVersion: "418.87.01", GPUs: 2},
+		// NVIDIA's device plugin advertises what the stand-in's NVML reports;
+		// the API-only nodes offer fewer, so the MostGPUs policy prefers the
+		// node whose pods run.
+		{Name: "gke-t4", Kubelet: true, Layout: standin.GKE, Accelerator: "nvidia-tesla-t4", DriverVersion: "535.104.05", GPUs: standin.DeviceCount, HostRoot: "/"},
+		{Name: "ubuntu-k80", Layout: standin.UbuntuNvidia, Accelerator: "nvidia-tesla-k80", DriverVersion: "384.130", GPUs: 1},
+		{Name: "centos-p100", Layout: standin.CentOS7, Accelerator: "nvidia-tesla-p100", DriverVersion: "418.87.01", GPUs: 1},
 	}
 }
 

@@ -2,9 +2,8 @@
 // prints how to reach it, and stops it on Ctrl-C or SIGTERM. It builds nothing:
 // run hack/tools.sh and hack/install-runtime.sh first.
 //
-// With --gpu-dev-dir it also serves the test device plugin for the machine's
-// real GPUs (the /dev/nvidiaN nodes there), as hack/gpu-cluster.sh does on a
-// GPU machine; --write-env leaves the cluster's paths in a file a shell can source.
+// --write-env leaves the cluster's paths in a file a shell can source; on a GPU
+// machine, hack/gpu-cluster.sh then runs NVIDIA's device plugin in it as a pod.
 package main
 
 import (
@@ -18,12 +17,10 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/go-logr/logr"
 	"github.com/go-logr/zapr"
 	"go.uber.org/zap"
 
 	"github.com/gpu-injector/gpu-injector/e2e/cluster"
-	"github.com/gpu-injector/gpu-injector/e2e/deviceplugin"
 )
 
 func main() {
@@ -42,8 +39,6 @@ func run() error {
 		kubeconfig = flag.String("write-kubeconfig", "", "also copy the admin kubeconfig to this path")
 		timeout    = flag.Duration("timeout", 3*time.Minute, "how long start may take")
 		verbose    = flag.Bool("v", false, "log every step")
-		gpuDevDir  = flag.String("gpu-dev-dir", "", "advertise the GPUs whose device nodes (nvidia0, nvidiactl, ...) are in this folder, normally /dev, and hand them to the pods that get one")
-		resource   = flag.String("gpu-resource", "nvidia.com/gpu", "the extended resource --gpu-dev-dir advertises")
 		envFile    = flag.String("write-env", "", "write KUBECONFIG, CONTAINERD_SOCKET, ... of the running cluster to this file (shell syntax), once it is ready")
 		images     []string
 	)
@@ -68,13 +63,6 @@ func run() error {
 	labels, err := parseLabels(*nodeLabels)
 	if err != nil {
 		return err
-	}
-	var devices []deviceplugin.HostDevice
-	if *gpuDevDir != "" {
-		// Before the cluster starts: a machine without GPUs fails in a second.
-		if devices, err = deviceplugin.HostDevices(*gpuDevDir); err != nil {
-			return err
-		}
 	}
 	if *logsDir != "" {
 		if err := os.MkdirAll(*logsDir, 0o755); err != nil {
@@ -114,17 +102,6 @@ func run() error {
 			return fmt.Errorf("failed to write kubeconfig %s: %w", *kubeconfig, err)
 		}
 	}
-	dpDone := make(chan error, 1)
-	if len(devices) > 0 {
-		ids := make([]string, 0, len(devices))
-		for _, d := range devices {
-			ids = append(ids, d.ID)
-		}
-		log.Info("serving the device plugin", "resource", *resource, "devices", ids)
-		go func() {
-			dpDone <- deviceplugin.ServeHostDevices(logr.NewContext(ctx, log), c.DevicePluginDir, *resource, devices)
-		}()
-	}
 	if *envFile != "" {
 		if err := writeEnv(*envFile, c); err != nil {
 			_ = c.Stop()
@@ -147,12 +124,7 @@ press Ctrl-C to stop it (everything it started is stopped and its folder removed
 `, c.NodeName, c.NodeIP, c.APIServerURL, c.PodSubnet, c.BridgeIP, c.KubernetesServiceIP, c.Kubeconfig, c.ContainerdSocket, c.DevicePluginDir, c.LogsDir,
 		c.Kubeconfig, c.Binaries.Kubectl)
 
-	select {
-	case <-ctx.Done():
-	case err := <-dpDone:
-		log.Error(err, "device plugin stopped")
-		stop()
-	}
+	<-ctx.Done()
 	fmt.Println("stopping local cluster...")
 	if err := c.Stop(); err != nil {
 		return fmt.Errorf("failed to stop cluster cleanly: %w", err)

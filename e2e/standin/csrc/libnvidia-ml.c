@@ -16,6 +16,7 @@
 #include <limits.h>
 #include <link.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -28,6 +29,7 @@ typedef enum {
     NVML_ERROR_NOT_SUPPORTED = 3,
     NVML_ERROR_NOT_FOUND = 6,
     NVML_ERROR_INSUFFICIENT_SIZE = 7,
+    NVML_ERROR_TIMEOUT = 10,
     NVML_ERROR_FUNCTION_NOT_FOUND = 13,
     NVML_ERROR_GPU_IS_LOST = 15,
     NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
@@ -428,4 +430,100 @@ STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPci
     /* Vendor 0xffff is "no device" in PCI; no real GPU carries it. */
     pci->pciDeviceId = 0x0000ffff;
     return NVML_SUCCESS;
+}
+
+/*
+ * What NVIDIA's device plugin (k8s-device-plugin) calls beyond the above: its
+ * health check registers for Xid events and waits on them, and its preferred
+ * allocation asks for the topology between each pair of GPUs. The stand-in
+ * is a healthy GPU with no NVLink: events are supported, none ever arrives.
+ */
+#define NVML_EVENT_TYPE_XID_CRITICAL_ERROR 0x0000000000000008ULL
+#define NVML_TOPOLOGY_SYSTEM 50
+
+struct nvmlEventSet_st {
+    unsigned long long registered;
+};
+typedef struct nvmlEventSet_st *nvmlEventSet_t;
+
+typedef struct {
+    nvmlDevice_t device;
+    unsigned long long eventType;
+    unsigned long long eventData;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+} nvmlEventData_t;
+
+STANDIN_EXPORT nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
+    REQUIRE_INIT();
+    if (set == NULL) {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    *set = calloc(1, sizeof(**set));
+    return *set == NULL ? NVML_ERROR_UNKNOWN : NVML_SUCCESS;
+}
+
+STANDIN_EXPORT nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
+    REQUIRE_INIT();
+    free(set);
+    return NVML_SUCCESS;
+}
+
+STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device, unsigned long long *eventTypes) {
+    REQUIRE_DEVICE(device);
+    if (eventTypes == NULL) {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    *eventTypes = NVML_EVENT_TYPE_XID_CRITICAL_ERROR;
+    return NVML_SUCCESS;
+}
+
+STANDIN_EXPORT nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long eventTypes,
+                                                     nvmlEventSet_t set) {
+    REQUIRE_DEVICE(device);
+    if (set == NULL || (eventTypes & ~NVML_EVENT_TYPE_XID_CRITICAL_ERROR) != 0) {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    set->registered |= eventTypes;
+    return NVML_SUCCESS;
+}
+
+/* No event ever arrives: the wait lasts its timeout, as on a healthy GPU. */
+STANDIN_EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms) {
+    REQUIRE_INIT();
+    if (set == NULL || data == NULL) {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    usleep((useconds_t)timeoutms * 1000);
+    return NVML_ERROR_TIMEOUT;
+}
+
+STANDIN_EXPORT nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms) {
+    return nvmlEventSetWait_v2(set, data, timeoutms);
+}
+
+/* The stand-in GPUs share nothing nearer than the system. */
+STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t device1, nvmlDevice_t device2,
+                                                                int *pathInfo) {
+    REQUIRE_DEVICE(device1);
+    if (!valid_device(device2) || pathInfo == NULL) {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    *pathInfo = NVML_TOPOLOGY_SYSTEM;
+    return NVML_SUCCESS;
+}
+
+STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link, int *isActive) {
+    (void)link;
+    (void)isActive;
+    REQUIRE_DEVICE(device);
+    return NVML_ERROR_NOT_SUPPORTED;
+}
+
+STANDIN_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t device, unsigned int link,
+                                                                nvmlPciInfo_t *pci) {
+    (void)link;
+    (void)pci;
+    REQUIRE_DEVICE(device);
+    return NVML_ERROR_NOT_SUPPORTED;
 }

@@ -8,12 +8,18 @@
  *   file: /usr/local/nvidia/lib64/libcuda.so.384.130
  *   stand-in: STAND-IN driver, not a real GPU
  *   cuInit: 100 (no CUDA-capable device is detected (STAND-IN driver, not a real GPU))
+ *   devices: /dev/nvidia-uvm /dev/nvidia-uvm-tools /dev/nvidia0 /dev/nvidiactl
+ *   NVIDIA_VISIBLE_DEVICES=GPU-5354414e-442d-494e-0000-000000000000
+ *
+ * The last two lines are the device plugin's part: the GPU device nodes the
+ * container was given (the device plugin's device specs) and the variable it set.
  *
  * Exit status 0 when a libcuda.so.1 was loaded and answered cuDriverGetVersion,
  * 1 otherwise (the first line then holds the loader's error). It runs against a
  * real driver too: "stand-in: no" and the version taken from the file name.
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <dlfcn.h>
 #include <limits.h>
 #include <link.h>
@@ -25,6 +31,30 @@ typedef int (*version_fn)(int *);
 typedef int (*init_fn)(unsigned int);
 typedef int (*error_string_fn)(int, const char **);
 typedef const char *(*string_fn)(void);
+
+static int by_name(const struct dirent **a, const struct dirent **b) {
+    return strcmp((*a)->d_name, (*b)->d_name);
+}
+
+static int nvidia_node(const struct dirent *e) {
+    return strncmp(e->d_name, "nvidia", 6) == 0;
+}
+
+/* The device plugin's part, printed whatever happened to libcuda. */
+static void print_devices(void) {
+    struct dirent **names;
+    const char *visible = getenv("NVIDIA_VISIBLE_DEVICES");
+    int i, n = scandir("/dev", &names, nvidia_node, by_name);
+    printf("devices:");
+    for (i = 0; i < n; i++) {
+        printf(" /dev/%s", names[i]->d_name);
+        free(names[i]);
+    }
+    if (n > 0) {
+        free(names);
+    }
+    printf("\nNVIDIA_VISIBLE_DEVICES=%s\n", visible ? visible : "");
+}
 
 int main(void) {
     const char *ld_library_path = getenv("LD_LIBRARY_PATH");
@@ -38,6 +68,8 @@ int main(void) {
     const char *init_error = "";
     int cuda = 0, ret;
     void *handle;
+
+    atexit(print_devices);
 
     setvbuf(stdout, NULL, _IOLBF, 0);
     handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
