@@ -323,10 +323,10 @@ if [[ $mode == fake ]]; then
 		mkdir -p /usr/local/nvidia && mount --bind -o ro "$work/node/usr/local/nvidia" /usr/local/nvidia &&
 		record "stand-in driver at /usr/local/nvidia" PASS "private mount namespace" ||
 		record "stand-in driver at /usr/local/nvidia" FAIL "see the log"
-	# The device nodes a driver makes, for NVIDIA's plugin to hand out (the
-	# numbers of the nvidia module; nothing answers them here): only those
-	# missing, removed at exit.
-	for n in nvidia0:195:0 nvidiactl:195:255 nvidia-uvm:511:0 nvidia-uvm-tools:511:1; do
+	# The device nodes a driver makes for the stand-in's two GPUs, for NVIDIA's
+	# plugin to hand out (the numbers of the nvidia module; nothing answers them
+	# here): only those missing, removed at exit.
+	for n in nvidia0:195:0 nvidia1:195:1 nvidiactl:195:255 nvidia-uvm:511:0 nvidia-uvm-tools:511:1; do
 		IFS=: read -r name major minor <<<"$n"
 		[[ -e /dev/$name ]] && continue
 		mknod -m 666 "/dev/$name" c "$major" "$minor" && made_dev+=("/dev/$name")
