@@ -122,9 +122,10 @@ func RemoveDeviceNodes(paths []string) error {
 }
 
 // ImageFiles returns the files of the plugin's image (container path -> host
-// path): the binary and the glibc it links, which cgo needs for dlopen.
+// path): the binary, the glibc it links and what the driver's libnvidia-ml,
+// which it loads, links besides.
 func ImageFiles(binary string) (map[string]string, error) {
-	rt, err := workloads.RuntimeFiles(binary)
+	rt, err := workloads.DriverRuntimeFiles(binary)
 	if err != nil {
 		return nil, err
 	}

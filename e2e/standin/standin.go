@@ -110,7 +110,10 @@ func build(dir, version string, cuda int) error {
 			"-Wl,-z,nodelete",
 			"-Wl,-z,defs",
 			"-o", filepath.Join(dir, lib+".so."+version),
-			filepath.Join(src, lib+".c"))
+			filepath.Join(src, lib+".c"),
+			// The real libraries link these besides libc (NEEDED): an
+			// image without them must fail here as it fails on a GPU.
+			"-Wl,--no-as-needed", "-l:libpthread.so.0", "-l:libdl.so.2", "-lm", "-l:librt.so.1", "-Wl,--as-needed")
 		if err := gcc(args...); err != nil {
 			return err
 		}

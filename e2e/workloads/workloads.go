@@ -14,6 +14,7 @@ import (
 	"io/fs"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"strings"
 )
@@ -55,11 +56,51 @@ func Build(outDir string) ([]File, error) {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("failed to compile cuda-check: %w\n%s", err, out)
 	}
-	runtime, err := RuntimeFiles(bin)
+	// DriverRuntimeFiles: a CUDA image holds the whole glibc, and the driver's
+	// libraries (nvidia-smi's libnvidia-ml among them) need more of it than
+	// cuda-check does.
+	runtime, err := DriverRuntimeFiles(bin)
 	if err != nil {
 		return nil, err
 	}
 	return append([]File{{Source: bin, Dest: CUDACheck, Mode: 0o755}}, runtime...), nil
+}
+
+// DriverNeeds are the glibc libraries that the NVIDIA driver's libraries
+// (libcuda, libnvidia-ml) link besides libc, and the stand-in's link too.
+// With glibc 2.34+ they are small stubs, but the loader still wants the files.
+var DriverNeeds = []string{"libpthread.so.0", "libdl.so.2", "libm.so.6", "librt.so.1"}
+
+// DriverRuntimeFiles is RuntimeFiles of binary plus DriverNeeds, beside libc:
+// the files of an image whose program loads the node's driver.
+func DriverRuntimeFiles(binary string) ([]File, error) {
+	files, err := RuntimeFiles(binary)
+	if err != nil {
+		return nil, err
+	}
+	libc := ""
+	have := map[string]bool{}
+	for _, f := range files {
+		have[path.Base(f.Dest)] = true
+		if path.Base(f.Dest) == "libc.so.6" {
+			libc = f.Dest
+		}
+	}
+	if libc == "" {
+		return nil, fmt.Errorf("%q links no libc.so.6, so no folder for the driver's glibc libraries", binary)
+	}
+	for _, name := range DriverNeeds {
+		if have[name] {
+			continue
+		}
+		dest := path.Join(path.Dir(libc), name)
+		real, err := filepath.EvalSymlinks(dest)
+		if err != nil {
+			return nil, fmt.Errorf("failed to find %s, which the driver's libraries need: %w", name, err)
+		}
+		files = append(files, File{Source: real, Dest: dest, Mode: 0o755})
+	}
+	return files, nil
 }
 
 // RuntimeFiles lists the shared libraries and the dynamic loader that a

@@ -22,19 +22,6 @@ import (
 
 const binaryPath = "/usr/local/bin/gpu-injector"
 
-// nvmlNeeds are the libraries libnvidia-ml.so.1 links besides libc.
-var nvmlNeeds = []string{"libpthread.so.0", "libdl.so.2", "libm.so.6", "librt.so.1"}
-
-// libcPath finds libc's path in the image, whose folder gets NVML's needs.
-func libcPath(files map[string]string) string {
-	for dest := range files {
-		if filepath.Base(dest) == "libc.so.6" {
-			return dest
-		}
-	}
-	return "/lib/x86_64-linux-gnu/libc.so.6"
-}
-
 func main() {
 	if err := run(); err != nil {
 		fmt.Fprintf(os.Stderr, "image: %v\n", err)
@@ -106,26 +93,16 @@ func Build(out, ref, version string) error {
 }
 
 // hostFiles lists the image's files for a binary of this machine: the
-// binary and the glibc files ldd names, plus what NVML needs.
+// binary and the glibc files ldd names, plus what the host's libnvidia-ml,
+// which the probe loads, links besides libc.
 func hostFiles(bin string) (map[string]string, error) {
-	rt, err := workloads.RuntimeFiles(bin)
+	rt, err := workloads.DriverRuntimeFiles(bin)
 	if err != nil {
 		return nil, err
 	}
 	files := map[string]string{binaryPath: bin}
 	for _, f := range rt {
 		files[f.Dest] = f.Source
-	}
-	// The probe dlopens the host's libnvidia-ml, which needs these besides
-	// libc; with glibc 2.34+ they are small stubs, but the loader still
-	// looks for the files.
-	libDir := filepath.Dir(files[libcPath(files)])
-	for _, name := range nvmlNeeds {
-		src := filepath.Join(libDir, name)
-		if _, err := os.Stat(src); err != nil {
-			return nil, fmt.Errorf("failed to find %s, which NVML needs: %w", name, err)
-		}
-		files[filepath.Join(filepath.Dir(libcPath(files)), name)] = src
 	}
 	return files, nil
 }

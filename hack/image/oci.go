@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/gpu-injector/gpu-injector/e2e/cluster"
+	"github.com/gpu-injector/gpu-injector/e2e/workloads"
 )
 
 // Media types of the OCI image spec.
@@ -149,10 +150,10 @@ func sysrootFiles(p platform, binary string) (map[string]string, error) {
 	if err := visit(binary); err != nil {
 		return nil, err
 	}
-	for _, n := range nvmlNeeds {
+	for _, n := range workloads.DriverNeeds {
 		src, err := filepath.EvalSymlinks(filepath.Join(lib, n))
 		if err != nil {
-			return nil, fmt.Errorf("failed to find %s, which NVML needs, in %s: %w", n, lib, err)
+			return nil, fmt.Errorf("failed to find %s, which the driver's libraries need, in %s: %w", n, lib, err)
 		}
 		files[path.Join(p.libDir, n)] = src
 	}

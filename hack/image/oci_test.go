@@ -9,6 +9,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/gpu-injector/gpu-injector/e2e/workloads"
 )
 
 // TestImageIndex builds the multi-platform image index and checks, per
@@ -96,7 +98,7 @@ func TestImageIndex(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(root, interp)); interp == "" || err != nil {
 			t.Errorf("%s: interpreter %q not in the layer: %v", arch, interp, err)
 		}
-		for _, n := range append(needed, nvmlNeeds...) {
+		for _, n := range append(needed, workloads.DriverNeeds...) {
 			found := false
 			for _, d := range []string{"lib/x86_64-linux-gnu", "lib/aarch64-linux-gnu", "lib64", "lib", "usr/lib/x86_64-linux-gnu"} {
 				if _, err := os.Stat(filepath.Join(root, d, n)); err == nil {
