@@ -106,6 +106,11 @@ func CreateDeviceNodes(root string, gpus int) ([]string, error) {
 			return made, fmt.Errorf("failed to create device node %s: %w", full, err)
 		}
 		made = append(made, full)
+		// 0666 as the driver makes them, whatever the umask: CUDA
+		// containers run as any user.
+		if err := os.Chmod(full, 0o666); err != nil {
+			return made, fmt.Errorf("failed to chmod device node %s: %w", full, err)
+		}
 	}
 	return made, nil
 }

@@ -13,6 +13,8 @@
 
 #include "standin.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <link.h>
 #include <stdio.h>
@@ -139,9 +141,29 @@ static void standin_wedge(void) {
 /* Like the real library, Init calls nest and each needs its own Shutdown. */
 static int init_count;
 
+/*
+ * The real library opens /dev/nvidiactl at Init and answers "Unknown Error"
+ * when the container's device cgroup refuses it: a container that sees the
+ * host's device nodes but was given none. Where the node exists and may be
+ * opened (no driver answers it here: ENXIO), or does not exist at all, the
+ * stand-in goes on, as the tests without device nodes need.
+ */
+static nvmlReturn_t standin_device_access(void) {
+    int fd = open("/dev/nvidiactl", O_RDWR | O_CLOEXEC);
+    if (fd >= 0) {
+        close(fd);
+        return NVML_SUCCESS;
+    }
+    return errno == EPERM || errno == EACCES ? NVML_ERROR_UNKNOWN : NVML_SUCCESS;
+}
+
 static nvmlReturn_t standin_init(void) {
     unsigned int i;
+    nvmlReturn_t ret;
     standin_wedge();
+    if ((ret = standin_device_access()) != NVML_SUCCESS) {
+        return ret;
+    }
     for (i = 0; i < STANDIN_DEVICE_COUNT; i++) {
         devices[i].index = i;
         /* 53 54 41 4e 44 2d 49 4e is "STAND-IN" in ASCII. */
