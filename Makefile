@@ -11,9 +11,8 @@ help: ## show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-10s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: build
-build: ## build bin/gpu-injector (cgo, for NVML) and bin/podsim (static)
+build: ## build bin/gpu-injector (cgo, for NVML)
 	CGO_ENABLED=1 go build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/gpu-injector .
-	CGO_ENABLED=0 go build -trimpath -o $(BIN)/podsim ./hack/podsim
 
 .PHONY: image
 image: ## the container image without Docker: _output/gpu-injector-image.tar (this machine, docker-archive) and _output/gpu-injector-image-oci.tar (linux/amd64 + linux/arm64 OCI index; installs the arm64 cross compiler if missing)

@@ -92,7 +92,7 @@ func assertDevicePluginGave(t *testing.T, log string) {
 }
 
 // legacyJob is the classic nvidia-smi Job of the Kubernetes 1.6-1.9 GPU
-// tutorials (hack/gpu/nvidia-smi-job.yaml) on our driverless image, with a
+// tutorials (hack/gpu/cluster/nvidia-smi-job.yaml) on our driverless image, with a
 // second container that reports which libcuda.so.1 it loaded. It names the
 // legacy resource and no node: neither a node selector nor driver volumes.
 func legacyJob() *batchv1.Job {

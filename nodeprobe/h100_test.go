@@ -14,7 +14,7 @@ import (
 )
 
 // TestH100Once checks what `gpu-injector nodeprobe --once --host-root / -o yaml`
-// printed on the real H100 (docs/real-gpu.md) against that machine's
+// printed on the real H100 (docs/nodeprobe.md, On a real H100) against that machine's
 // nvidia-smi output, so a change to the published format or the plan rules
 // that would break a real node shows up here.
 func TestH100Once(t *testing.T) {

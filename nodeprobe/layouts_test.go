@@ -33,8 +33,8 @@ var classicManifests = []string{
 	"../hack/demo/manifests/cuda-check-k80.yaml",
 	"../hack/demo/manifests/cuda-check-p100.yaml",
 	"../hack/demo/manifests/tensorflow-style.yaml",
-	"../hack/gpu/cuda-pod.yaml",
-	"../hack/gpu/nvidia-smi-job.yaml",
+	"../hack/gpu/cluster/cuda-pod.yaml",
+	"../hack/gpu/cluster/nvidia-smi-job.yaml",
 	// With hand-written driver mounts of the old tutorials, which the
 	// webhook replaces with the node's layout.
 	"../webhook/testdata/legacy-handmounted-nvidia-384.yaml",

@@ -1,4 +1,4 @@
-// cuda-smoke: the CUDA program of the GPU smoke test (hack/gpu-smoke.sh).
+// cuda-smoke: the CUDA program of the real-GPU cluster run (hack/gpu-cluster.sh).
 //
 // Built with `nvcc -cudart static -o cuda-smoke cuda-smoke.cu`, so the CUDA
 // runtime is inside the binary and the only NVIDIA file it needs at run time

@@ -1,6 +1,6 @@
-// Package gpu holds the scripts and manifests of the runs on a real GPU
-// (hack/gpu-smoke.sh, hack/gpu-cluster.sh). These tests cover the parts that
-// need no GPU, so that the GPU runs do not rot between them.
+// Package gpu holds the scripts and manifests of the run on a real GPU
+// (hack/gpu-cluster.sh). These tests cover the parts that need no GPU, so
+// that the GPU run does not rot between runs.
 package gpu
 
 import (
@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -90,6 +91,89 @@ func TestRootImage(t *testing.T) {
 	}
 	if digests[0] != digests[1] {
 		t.Errorf("the same root gave two images: %v", digests)
+	}
+}
+
+// TestDriverlessRoot builds a root with make-driverless-root.sh, as the GPU
+// run does for its image: the program, its libraries and glibc, and no path
+// naming nvidia or libcuda. A program linked to the driver is refused, since
+// it would carry the driver into the image; given with --libs-for (as the
+// driver's nvidia-smi is) only its other libraries come in, not the program.
+func TestDriverlessRoot(t *testing.T) {
+	if _, err := exec.LookPath("gcc"); err != nil {
+		t.Skip("needs gcc to build the test programs")
+	}
+	dir := t.TempDir()
+	gcc := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command("gcc", args...).CombinedOutput(); err != nil {
+			t.Fatalf("gcc %v: %v\n%s", args, err, out)
+		}
+	}
+	write := func(name, body string) string {
+		t.Helper()
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	// A stub driver library, and a program linked to it.
+	driver := filepath.Join(dir, "driver")
+	if err := os.Mkdir(driver, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	gcc("-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", filepath.Join(driver, "libcuda.so.1"),
+		write("stub.c", "int stub_driver(void) { return 580; }\n"))
+	linked := filepath.Join(dir, "linked")
+	gcc("-o", linked, write("linked.c", "int stub_driver(void);\nint main(void) { return stub_driver() != 580; }\n"),
+		"-L"+driver, "-l:libcuda.so.1")
+	app := filepath.Join(dir, "app")
+	gcc("-o", app, write("app.c", "#include <stdio.h>\nint main(void) { puts(\"app\"); return 0; }\n"))
+
+	script := func(args ...string) (string, error) {
+		cmd := exec.Command("bash", append([]string{"make-driverless-root.sh"}, args...)...)
+		cmd.Env = append(os.Environ(), "LD_LIBRARY_PATH="+driver)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+
+	root := filepath.Join(dir, "root")
+	if out, err := script("--libs-for", linked, root, app); err != nil {
+		t.Fatalf("make-driverless-root.sh: %v\n%s", err, out)
+	}
+	for _, p := range []string{"usr/local/bin/app", "usr/bin/env", "etc/passwd"} {
+		if _, err := os.Stat(filepath.Join(root, p)); err != nil {
+			t.Errorf("the root lacks /%s: %v", p, err)
+		}
+	}
+	if l, err := os.Readlink(filepath.Join(root, "lib")); err != nil || l != "usr/lib" {
+		t.Errorf("/lib is %q (%v), want a link to usr/lib", l, err)
+	}
+	if _, err := os.Stat(filepath.Join(root, "usr/local/bin/linked")); err == nil {
+		t.Errorf("--libs-for copied the program itself into the root")
+	}
+	err := filepath.WalkDir(root, func(p string, _ fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if name := strings.ToLower(p[len(root):]); strings.Contains(name, "nvidia") || strings.Contains(name, "libcuda") {
+			t.Errorf("the root holds %s", name)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if os.Geteuid() == 0 {
+		if out, err := exec.Command("chroot", root, "/usr/local/bin/app").CombinedOutput(); err != nil || string(out) != "app\n" {
+			t.Errorf("the program does not run in its root: %v: %q", err, out)
+		}
+	}
+
+	out, err := script(filepath.Join(dir, "bad-root"), linked)
+	if err == nil || !strings.Contains(out, "a file of the NVIDIA driver") {
+		t.Errorf("a program linked to libcuda was accepted: %v\n%s", err, out)
 	}
 }
 
@@ -173,7 +257,7 @@ func checkDockerArchive(t *testing.T, path, ref string, want map[string]int64) s
 }
 
 // TestClusterManifestsMutate runs the cluster workloads through the mutation
-// against the Node the probe published on the H100 (docs/real-gpu/node.yaml):
+// against the Node the probe pod labelled on the H100 (docs/real-gpu/cluster/node.yaml):
 // what the webhook will do to them on the GPU machine.
 func TestClusterManifestsMutate(t *testing.T) {
 	for _, name := range []string{"nvidia-smi-job", "cuda-pod", "tensorflow-style"} {
@@ -197,7 +281,7 @@ func TestClusterManifestsMutate(t *testing.T) {
 				t.Errorf("%s does not run the imported driverless image", manifest)
 			}
 			var stdout, stderr bytes.Buffer
-			if err := mutate.Run([]string{"-f", manifest, "--nodes", "../../docs/real-gpu/node.yaml"}, nil, &stdout, &stderr); err != nil {
+			if err := mutate.Run([]string{"-f", manifest, "--nodes", "../../docs/real-gpu/cluster/node.yaml"}, nil, &stdout, &stderr); err != nil {
 				t.Fatalf("mutate: %v\n%s", err, stderr.String())
 			}
 			spec := podSpecOf(t, stdout.Bytes())

@@ -156,7 +156,7 @@ done
 printf 'root:x:0:0:root:/root:/bin/sh\n' >"$out/etc/passwd"
 printf 'root:x:0:\n' >"$out/etc/group"
 
-# The check the smoke test stands on: nothing of the driver in the root.
+# The check the driverless image stands on: nothing of the driver in the root.
 if leaks=$(cd "$out" && find . | grep -Ei 'nvidia|libcuda'); then
 	die "the root holds NVIDIA driver files:"$'\n'"$leaks"
 fi

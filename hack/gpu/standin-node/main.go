@@ -1,8 +1,9 @@
 // Command standin-node builds a fake GPU node in a folder: the project's
 // stand-in NVIDIA driver (e2e/standin: real ELF libraries and an nvidia-smi,
 // built with gcc, that say they are not a driver) installed in one of the
-// classic layouts. `hack/gpu-smoke.sh --fake` runs the whole GPU smoke test
-// against it on a machine without a GPU.
+// classic layouts. `hack/gpu-cluster.sh --fake` installs it at /usr/local/nvidia
+// (in a private mount namespace) to rehearse the GPU run on a machine without
+// a GPU.
 //
 //	go run ./hack/gpu/standin-node --root DIR [--layout usr-local-nvidia] [--version 580.159.04]
 package main
