@@ -48,7 +48,7 @@ fuzz: ## fuzz every parser of untrusted input for FUZZTIME each (30s, 10m or 100
 
 .PHONY: golden
 golden: ## rewrite the golden files from the current mutation
-	REFRESH_GOLDEN=true go test -count=1 ./webhook/ ./nodeprobe/...
+	REFRESH_GOLDEN=true go test -count=1 ./webhook/inject/ ./nodeprobe/...
 
 .PHONY: demo
 demo: ## a local cluster with simulated GPU nodes, gpu-injector installed, classic workloads, and a report

@@ -543,6 +543,34 @@ func (p Pinning) validate(fp *field.Path) field.ErrorList {
 	return errs
 }
 
+// IsGPUResource reports whether name is one of resources.names, by name or
+// as a path.Match pattern: the webhook's test of a GPU container and the node
+// index's sum of a node's GPUs must agree.
+func (c *Configuration) IsGPUResource(name string) bool {
+	for _, pat := range c.Resources.Names {
+		if name == pat {
+			return true
+		}
+		if strings.ContainsAny(pat, "*?[") {
+			if ok, _ := path.Match(pat, name); ok {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// IsGPUClassName reports whether a DeviceClass's name is one of
+// dra.deviceClasses, by name or as a path.Match pattern.
+func (c *Configuration) IsGPUClassName(name string) bool {
+	for _, pat := range c.DRA.DeviceClasses {
+		if ok, _ := path.Match(pat, name); ok {
+			return true
+		}
+	}
+	return false
+}
+
 // IsExtendedResourceName reports whether name is an extended resource, as
 // the API server decides it: a name with a domain outside kubernetes.io, not
 // a quota's "requests." name, that is a qualified name with that prefix too.

@@ -224,7 +224,7 @@ func (p Plan) Validate(r Rules) field.ErrorList {
 	// and printable, whatever a node publishes.
 	for name, v := range map[string]string{"driverVersion": p.DriverVersion, "cudaDriverVersion": p.CUDADriverVersion} {
 		if v != "" && !versionRE.MatchString(v) {
-			errs = append(errs, field.Invalid(root.Child(name), truncate(v, 64), "must be a version like 580.159.04: digits, letters, '.', '-' or '_', at most 63 characters"))
+			errs = append(errs, field.Invalid(root.Child(name), Truncate(v, 64), "must be a version like 580.159.04: digits, letters, '.', '-' or '_', at most 63 characters"))
 		}
 	}
 	switch p.RuntimeInjection {
@@ -244,7 +244,7 @@ func (p Plan) Validate(r Rules) field.ErrorList {
 			errs = append(errs, field.Forbidden(root.Child("mounts"), "a node whose device plugin injects the driver publishes no mounts"))
 		}
 	default:
-		errs = append(errs, field.NotSupported(root.Child("runtimeInjection"), truncate(p.RuntimeInjection, 64), RuntimeInjections))
+		errs = append(errs, field.NotSupported(root.Child("runtimeInjection"), Truncate(p.RuntimeInjection, 64), RuntimeInjections))
 	}
 	if len(p.Mounts) > MaxMounts {
 		errs = append(errs, field.TooMany(root.Child("mounts"), len(p.Mounts), MaxMounts))
@@ -256,14 +256,14 @@ func (p Plan) Validate(r Rules) field.ErrorList {
 			errs = append(errs, field.NotSupported(fp.Child("kind"), string(m.Kind), []string{string(KindDirectory), string(KindFile)}))
 		}
 		if err := checkAbsClean(m.HostPath); err != "" {
-			errs = append(errs, field.Invalid(fp.Child("hostPath"), truncate(m.HostPath, 256), err))
+			errs = append(errs, field.Invalid(fp.Child("hostPath"), Truncate(m.HostPath, 256), err))
 		} else if el := kernelElement(m.HostPath); el != "" {
 			errs = append(errs, field.Forbidden(fp.Child("hostPath"), fmt.Sprintf("%q has a %q element: a view of the host's processes, devices or kernel (e.g. /proc/1/root is the host's /) is never a driver folder", m.HostPath, el)))
 		} else if !hostPathAllowed(m.HostPath, m.Kind, r) {
 			errs = append(errs, field.Forbidden(fp.Child("hostPath"), fmt.Sprintf("%q is not under the host path allowlist", m.HostPath)))
 		}
 		if err := checkAbsClean(m.ContainerPath); err != "" {
-			errs = append(errs, field.Invalid(fp.Child("containerPath"), truncate(m.ContainerPath, 256), err))
+			errs = append(errs, field.Invalid(fp.Child("containerPath"), Truncate(m.ContainerPath, 256), err))
 		} else if !underAny(m.ContainerPath, r.ContainerPathRoots, m.Kind == KindDirectory) {
 			errs = append(errs, field.Forbidden(fp.Child("containerPath"), fmt.Sprintf("%q is not under the container mount points %v", m.ContainerPath, r.ContainerPathRoots)))
 		}
@@ -275,7 +275,7 @@ func (p Plan) Validate(r Rules) field.ErrorList {
 	for i, lp := range p.LibraryPaths {
 		fp := root.Child("libraryPaths").Index(i)
 		if err := checkAbsClean(lp); err != "" {
-			errs = append(errs, field.Invalid(fp, truncate(lp, 256), err))
+			errs = append(errs, field.Invalid(fp, Truncate(lp, 256), err))
 		} else if strings.ContainsAny(lp, ":") {
 			errs = append(errs, field.Invalid(fp, lp, "must not contain ':'"))
 		} else if !underAny(lp, r.ContainerPathRoots, true) {
@@ -287,7 +287,9 @@ func (p Plan) Validate(r Rules) field.ErrorList {
 
 var versionRE = regexp.MustCompile(`^[0-9A-Za-z][0-9A-Za-z._-]{0,62}$`)
 
-func truncate(s string, n int) string {
+// Truncate cuts text a node published to n bytes (and "..."), so that a
+// message quoting it stays short whatever the node wrote.
+func Truncate(s string, n int) string {
 	if len(s) <= n {
 		return s
 	}

@@ -12,7 +12,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/gpu-injector/gpu-injector/config"
-	"github.com/gpu-injector/gpu-injector/webhook"
+	"github.com/gpu-injector/gpu-injector/webhook/gpunodes"
 )
 
 // FuzzManifests feeds `gpu-injector mutate` arbitrary input: a YAML or JSON
@@ -26,7 +26,7 @@ func FuzzManifests(f *testing.F) {
 		f.Fatal(err)
 	}
 	cfg := config.Default()
-	idx := webhook.NewIndex(cfg, stderrLogger(io.Discard))
+	idx := gpunodes.NewIndex(cfg, stderrLogger(io.Discard))
 	for i := range nodes {
 		idx.Update(&nodes[i])
 	}

@@ -81,11 +81,11 @@ func TestClassicManifestsOnEveryProbedLayout(t *testing.T) {
 	}
 }
 
-// classicManifests are the Pods of ../webhook/testdata/legacy-*.yaml that run
+// classicManifests are the Pods of ../webhook/inject/testdata/legacy-*.yaml that run
 // with the default configuration and constrain no node.
 func classicManifests(t *testing.T) map[string][]byte {
 	t.Helper()
-	files, err := filepath.Glob("../webhook/testdata/legacy-*.yaml")
+	files, err := filepath.Glob("../webhook/inject/testdata/legacy-*.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -344,7 +344,7 @@ spec:
           claims:
           - name: gpu
 `
-	out, stderr, err := runMutate(t, manifest, "-f", "-", "--nodes", "../webhook/testdata/nodes-modern.yaml", "--nodes", "../webhook/testdata/nodes-dra-slices.yaml")
+	out, stderr, err := runMutate(t, manifest, "-f", "-", "--nodes", "../webhook/inject/testdata/nodes-modern.yaml", "--nodes", "../webhook/inject/testdata/nodes-dra-slices.yaml")
 	if err != nil {
 		t.Fatalf("mutate: %v\n%s", err, stderr)
 	}

@@ -26,7 +26,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/gpu-injector/gpu-injector/config"
-	"github.com/gpu-injector/gpu-injector/webhook"
+	"github.com/gpu-injector/gpu-injector/webhook/gpunodes"
+	"github.com/gpu-injector/gpu-injector/webhook/inject"
 )
 
 // ErrDenied is returned when at least one document would be denied.
@@ -93,8 +94,8 @@ func Run(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 			draObjects = append(draObjects, obj)
 		}
 	}
-	idx := webhook.NewIndex(cfg, stderrLogger(stderr))
-	dra := webhook.NewDRA(cfg, idx, nil, stderrLogger(stderr))
+	idx := gpunodes.NewIndex(cfg, stderrLogger(stderr))
+	dra := gpunodes.NewDRA(cfg, idx, nil, stderrLogger(stderr))
 	for _, o := range draObjects {
 		dra.Add(o)
 	}
@@ -217,12 +218,12 @@ func isBlank(doc []byte) bool {
 
 type mutator struct {
 	cfg       *config.Configuration
-	layouts   []*webhook.Layout
-	wedged    []*webhook.WedgedNode
+	layouts   []*inject.Layout
+	wedged    []*inject.WedgedNode
 	namespace string
 	stderr    io.Writer
 	denied    int
-	dra       *webhook.DRA
+	dra       *gpunodes.DRA
 }
 
 // document mutates one document and returns its new bytes, or the original
@@ -365,21 +366,21 @@ func applyOps(doc map[string]any, ops []jsonpatch.Operation) error {
 // pod mutates and reports, and returns the patch; false means leave the
 // document as written.
 func (m *mutator) pod(what string, pod *corev1.Pod) ([]jsonpatch.Operation, bool) {
-	in := webhook.Input{Pod: pod, Layouts: m.layouts, Wedged: m.wedged, Seed: webhook.Seed(pod.Namespace + "/" + what)}
+	in := inject.Input{Pod: pod, Layouts: m.layouts, Wedged: m.wedged, Seed: inject.Seed(pod.Namespace + "/" + what)}
 	if m.dra != nil {
 		in.GPUResources = m.dra.GPUResources()
 		in.GPUClaims, _ = m.dra.GPUClaims(context.Background(), pod, pod.Namespace)
 	}
-	res := webhook.Mutate(in, m.cfg)
+	res := inject.Mutate(in, m.cfg)
 	for _, w := range res.Warnings {
 		fmt.Fprintf(m.stderr, "warning: %s: %s\n", what, w)
 	}
 	switch res.Decision {
-	case webhook.DecisionDenied:
+	case inject.DecisionDenied:
 		m.denied++
 		fmt.Fprintf(m.stderr, "denied: %s: %s\n", what, res.Reason)
 		return nil, false
-	case webhook.DecisionInjected:
+	case inject.DecisionInjected:
 		if res.Layout != nil {
 			fmt.Fprintf(m.stderr, "injected: %s: layout %s%s (driver %s)\n", what, res.Layout.Fingerprint, res.Layout.Static, res.Layout.Plan.DriverVersion)
 		}
@@ -406,7 +407,7 @@ func draDocument(doc []byte, namespace string) client.Object {
 	if yaml.Unmarshal(doc, &meta) != nil || (meta.Kind != "ResourceClaim" && meta.Kind != "ResourceClaimTemplate" && meta.Kind != "DeviceClass") {
 		return nil
 	}
-	obj := webhook.NewDRAObject(meta.Kind)
+	obj := gpunodes.NewDRAObject(meta.Kind)
 	if yaml.Unmarshal(doc, obj) != nil {
 		return nil
 	}
@@ -456,8 +457,8 @@ func readCluster(file string) ([]corev1.Node, []client.Object, error) {
 				return fmt.Errorf("%s: invalid Node: %w", where, err)
 			}
 			nodes = append(nodes, n)
-		case webhook.IsDRAKind(u.GetKind()):
-			o := webhook.NewDRAObject(u.GetKind())
+		case gpunodes.IsDRAKind(u.GetKind()):
+			o := gpunodes.NewDRAObject(u.GetKind())
 			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(obj, o); err != nil {
 				return fmt.Errorf("%s: invalid %s: %w", where, u.GetKind(), err)
 			}

@@ -20,7 +20,7 @@ import (
 	"github.com/gpu-injector/gpu-injector/layout"
 )
 
-const nodesFile = "../webhook/testdata/nodes.yaml"
+const nodesFile = "../webhook/inject/testdata/nodes.yaml"
 
 func runMutate(t *testing.T, stdin string, args ...string) (string, string, error) {
 	t.Helper()
@@ -332,7 +332,7 @@ spec:
 // env and selector kept, the old and the new driver named; and mutating the
 // output once more changes nothing.
 func TestReinjectsStaleTemplates(t *testing.T) {
-	data, err := os.ReadFile("../webhook/testdata/reinject-driver-upgrade.yaml")
+	data, err := os.ReadFile("../webhook/inject/testdata/reinject-driver-upgrade.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -37,13 +37,13 @@ var classicManifests = []string{
 	"../hack/gpu/cluster/nvidia-smi-job.yaml",
 	// With hand-written driver mounts of the old tutorials, which the
 	// webhook replaces with the node's layout.
-	"../webhook/testdata/legacy-handmounted-nvidia-384.yaml",
-	"../webhook/testdata/legacy-k8s-docs-nvidia-375.yaml",
-	"../webhook/testdata/legacy-tensorflow-libcuda-files.yaml",
-	"../webhook/testdata/legacy-gke-home-kubernetes.yaml",
-	"../webhook/testdata/legacy-aks-usr-local-nvidia.yaml",
-	"../webhook/testdata/legacy-centos-usr-lib64-nvidia.yaml",
-	"../webhook/testdata/legacy-nvidia-docker-volume.yaml",
+	"../webhook/inject/testdata/legacy-handmounted-nvidia-384.yaml",
+	"../webhook/inject/testdata/legacy-k8s-docs-nvidia-375.yaml",
+	"../webhook/inject/testdata/legacy-tensorflow-libcuda-files.yaml",
+	"../webhook/inject/testdata/legacy-gke-home-kubernetes.yaml",
+	"../webhook/inject/testdata/legacy-aks-usr-local-nvidia.yaml",
+	"../webhook/inject/testdata/legacy-centos-usr-lib64-nvidia.yaml",
+	"../webhook/inject/testdata/legacy-nvidia-docker-volume.yaml",
 }
 
 // TestClassicManifestsOnEveryLayout is the end-to-end promise of the project

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"hash/fnv"
 	"net/http"
 	"sync"
 
@@ -19,6 +18,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/gpu-injector/gpu-injector/config"
+	"github.com/gpu-injector/gpu-injector/webhook/gpunodes"
+	"github.com/gpu-injector/gpu-injector/webhook/inject"
 )
 
 // Path is where the API server sends Pod admission reviews.
@@ -27,8 +28,8 @@ const Path = "/mutate-v1-pod"
 // LayoutSource gives the current candidate layouts and the nodes whose
 // driver is wedged; *Index is one.
 type LayoutSource interface {
-	Layouts() []*Layout
-	Wedged() []*WedgedNode
+	Layouts() []*inject.Layout
+	Wedged() []*inject.WedgedNode
 }
 
 // NamespaceLabeler gives a namespace's labels for the Pod Security check.
@@ -41,12 +42,12 @@ type Handler struct {
 	cfg        *config.Configuration
 	layouts    LayoutSource
 	namespaces NamespaceLabeler
-	dra        *DRA
+	dra        *gpunodes.DRA
 }
 
 // WithDRA makes the handler recognise GPUs that come through DRA: claims of
 // GPU DeviceClasses and the extended resources those classes serve.
-func (h *Handler) WithDRA(d *DRA) *Handler {
+func (h *Handler) WithDRA(d *gpunodes.DRA) *Handler {
 	h.dra = d
 	return h
 }
@@ -104,7 +105,7 @@ func (h *Handler) admit(ctx context.Context, namespace string, uid types.UID, po
 	// The patch is the mutation's own operations, each at a path it names:
 	// no diff of the pod, and a field this build's API types do not know (a
 	// newer API server's) is never in a patch, so it is never removed.
-	in := Input{Pod: pod, NamespaceLabels: nsLabels, Layouts: h.layouts.Layouts(), Wedged: h.layouts.Wedged(), Seed: Seed(string(uid))}
+	in := inject.Input{Pod: pod, NamespaceLabels: nsLabels, Layouts: h.layouts.Layouts(), Wedged: h.layouts.Wedged(), Seed: inject.Seed(string(uid))}
 	var draWarnings []string
 	if h.dra != nil {
 		in.GPUResources = h.dra.GPUResources()
@@ -115,9 +116,9 @@ func (h *Handler) admit(ctx context.Context, namespace string, uid types.UID, po
 			}
 		}
 	}
-	res := Mutate(in, h.cfg)
+	res := inject.Mutate(in, h.cfg)
 	for _, w := range draWarnings {
-		res.Warnings = append(res.Warnings, warnPrefix+w+"; the claim was not counted as a GPU claim")
+		res.Warnings = append(res.Warnings, inject.WarnPrefix+w+"; the claim was not counted as a GPU claim")
 	}
 
 	log = log.WithValues("decision", res.Decision, "reason", res.Reason)
@@ -125,14 +126,14 @@ func (h *Handler) admit(ctx context.Context, namespace string, uid types.UID, po
 		log = log.WithValues("layout", layoutName(res.Layout))
 	}
 	switch res.Decision {
-	case DecisionDenied:
+	case inject.DecisionDenied:
 		podsDenied.Inc()
 		log.Info("denied pod")
 		return admission.Denied(res.Reason).WithWarnings(res.Warnings...)
-	case DecisionInjected:
+	case inject.DecisionInjected:
 		podsInjected.Inc()
 		log.Info("injected pod")
-		patch, err := MarshalPatch(res.Patch)
+		patch, err := inject.MarshalPatch(res.Patch)
 		if err != nil {
 			return admission.Errored(http.StatusInternalServerError, err)
 		}
@@ -148,14 +149,6 @@ func (h *Handler) admit(ctx context.Context, namespace string, uid types.UID, po
 	}
 }
 
-// Seed turns a request's UID (or, offline, a document's name) into the
-// Spread policy's seed.
-func Seed(s string) uint64 {
-	h := fnv.New64a()
-	h.Write([]byte(s))
-	return h.Sum64()
-}
-
 func podName(p *corev1.Pod) string {
 	if p.Name == "" && p.GenerateName != "" {
 		return p.GenerateName + "*"
@@ -163,7 +156,7 @@ func podName(p *corev1.Pod) string {
 	return p.Name
 }
 
-func layoutName(l *Layout) string {
+func layoutName(l *inject.Layout) string {
 	if l.Static != "" {
 		return "static/" + l.Static
 	}

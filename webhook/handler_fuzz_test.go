@@ -13,9 +13,12 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/gpu-injector/gpu-injector/config"
+	"github.com/gpu-injector/gpu-injector/webhook/gpunodes"
+	"github.com/gpu-injector/gpu-injector/webhook/internal/gputest"
 )
 
 // FuzzAdmissionReview sends arbitrary bytes as the HTTP body: the webhook
@@ -23,21 +26,21 @@ import (
 // always answer with an AdmissionReview: a patch that applies, or an error.
 func FuzzAdmissionReview(f *testing.F) {
 	cfg := config.Default()
-	idx := NewIndex(cfg, logr.Discard())
+	idx := gpunodes.NewIndex(cfg, logr.Discard())
 	for i := 0; i < 3; i++ {
-		idx.Add(ixNode(fmt.Sprintf("gpu-%d", i), ixPlan("535.104.05"), 8, nil))
+		idx.Add(gputest.Node(fmt.Sprintf("gpu-%d", i), gputest.Plan("535.104.05"), 8, nil))
 	}
 	hd := NewHandler(cfg, idx, staticNamespaces{"ml": {}})
-	slow := &admission.Webhook{Handler: hd, RecoverPanic: ptrTo(false)}
+	slow := &admission.Webhook{Handler: hd, RecoverPanic: ptr.To(false)}
 	h := HTTPStatus(&reviewServer{handler: hd, webhook: slow})
 
-	f.Add(review(f, admissionv1.Create, "ml", hPod("nvidia.com/gpu", nil), podKind))
-	f.Add(review(f, admissionv1.Create, "ml", hPod("alpha.kubernetes.io/nvidia-gpu", func(p *corev1.Pod) {
+	f.Add(review(f, admissionv1.Create, "ml", gputest.Pod("nvidia.com/gpu", nil), podKind))
+	f.Add(review(f, admissionv1.Create, "ml", gputest.Pod("alpha.kubernetes.io/nvidia-gpu", func(p *corev1.Pod) {
 		p.Spec.InitContainers = []corev1.Container{{Name: "init", Resources: p.Spec.Containers[0].Resources}}
 		p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "LD_LIBRARY_PATH", Value: "/opt/lib"}}
 	}), podKind))
-	f.Add(review(f, admissionv1.Create, "ml", hPod("", nil), podKind))
-	f.Add(review(f, admissionv1.Delete, "ml", hPod("nvidia.com/gpu", nil), podKind))
+	f.Add(review(f, admissionv1.Create, "ml", gputest.Pod("", nil), podKind))
+	f.Add(review(f, admissionv1.Delete, "ml", gputest.Pod("nvidia.com/gpu", nil), podKind))
 	f.Add(review(f, admissionv1.Create, "ml", &corev1.ConfigMap{}, metav1.GroupVersionKind{Version: "v1", Kind: "ConfigMap"}))
 	f.Add([]byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"1","operation":"CREATE","kind":{"version":"v1","kind":"Pod"},"object":null}}`))
 	f.Add([]byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"1","operation":"CREATE","kind":{"version":"v1","kind":"Pod"},"object":{"spec":{"containers":[{"name":"c","resources":{"limits":{"nvidia.com/gpu":"1e9"}}}],"nodeSelector":{"a":"b"}}}}}`))

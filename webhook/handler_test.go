@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -18,13 +19,16 @@ import (
 	admissionv1beta1 "k8s.io/api/admission/v1beta1"
 	corev1 "k8s.io/api/core/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/gpu-injector/gpu-injector/config"
 	"github.com/gpu-injector/gpu-injector/layout"
+	"github.com/gpu-injector/gpu-injector/webhook/gpunodes"
+	"github.com/gpu-injector/gpu-injector/webhook/inject"
+	"github.com/gpu-injector/gpu-injector/webhook/internal/clustertest"
+	"github.com/gpu-injector/gpu-injector/webhook/internal/gputest"
 )
 
 // staticNamespaces stands in for the namespace informer in unit tests.
@@ -36,25 +40,6 @@ func (s staticNamespaces) NamespaceLabels(_ context.Context, name string) (map[s
 		return nil, fmt.Errorf("namespace %q not found", name)
 	}
 	return l, nil
-}
-
-// hPod is a pod of one container; gpuResource "" gives a CPU-only pod.
-func hPod(gpuResource string, mod func(*corev1.Pod)) *corev1.Pod {
-	p := &corev1.Pod{
-		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
-		ObjectMeta: metav1.ObjectMeta{GenerateName: "cuda-vector-add-"},
-		Spec: corev1.PodSpec{
-			RestartPolicy: corev1.RestartPolicyOnFailure,
-			Containers:    []corev1.Container{{Name: "cuda", Image: "k8s.gcr.io/cuda-vector-add:v0.1"}},
-		},
-	}
-	if gpuResource != "" {
-		p.Spec.Containers[0].Resources.Limits = corev1.ResourceList{corev1.ResourceName(gpuResource): resource.MustParse("1")}
-	}
-	if mod != nil {
-		mod(p)
-	}
-	return p
 }
 
 func review(t testing.TB, op admissionv1.Operation, namespace string, obj runtime.Object, kind metav1.GroupVersionKind) []byte {
@@ -89,12 +74,12 @@ func review(t testing.TB, op admissionv1.Operation, namespace string, obj runtim
 // and a fourth, accelerator nvidia-h200, has a wedged driver.
 func testServer(t *testing.T, cfg *config.Configuration) (*httptest.Server, layout.Plan) {
 	t.Helper()
-	idx := NewIndex(cfg, logr.Discard())
-	p := ixPlan("535.104.05")
+	idx := gpunodes.NewIndex(cfg, logr.Discard())
+	p := gputest.Plan("535.104.05")
 	for i := 0; i < 3; i++ {
-		idx.Add(ixNode(fmt.Sprintf("gpu-%d", i), p, 8, nil))
+		idx.Add(gputest.Node(fmt.Sprintf("gpu-%d", i), p, 8, nil))
 	}
-	idx.Add(wedgedNode("gpu-wedged", "DriverWedged: NVML does not answer", func(n *corev1.Node) { n.Labels["accelerator"] = "nvidia-h200" }))
+	idx.Add(gputest.WedgedNode("gpu-wedged", "DriverWedged: NVML does not answer", func(n *corev1.Node) { n.Labels["accelerator"] = "nvidia-h200" }))
 	ns := staticNamespaces{
 		"ml":         {layout.LabelInject: layout.InjectEnabled},
 		"restricted": {layout.LabelInject: layout.InjectEnabled, "pod-security.kubernetes.io/enforce": "restricted"},
@@ -134,7 +119,7 @@ func TestHandlerBadRequests(t *testing.T) {
 	}{
 		"malformed json":      {"application/json", []byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{`), "json parse error: unexpected end of JSON input"},
 		"not json":            {"application/json", []byte("hello"), "json parse error"},
-		"wrong content type":  {"text/plain", review(t, admissionv1.Create, "ml", hPod("nvidia.com/gpu", nil), podKind), "contentType=text/plain, expected application/json"},
+		"wrong content type":  {"text/plain", review(t, admissionv1.Create, "ml", gputest.Pod("nvidia.com/gpu", nil), podKind), "contentType=text/plain, expected application/json"},
 		"empty body":          {"application/json", nil, "request body is empty"},
 		"wrong review kind":   {"application/json", []byte(`{"apiVersion":"v1","kind":"Pod","metadata":{"name":"x"}}`), "no request uid"},
 		"no request":          {"application/json", []byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}`), "no request uid"},
@@ -173,7 +158,7 @@ func TestHandlerWrongKind(t *testing.T) {
 	}
 
 	// A pod whose object is not a pod at all.
-	bad := review(t, admissionv1.Create, "ml", hPod("nvidia.com/gpu", nil), podKind)
+	bad := review(t, admissionv1.Create, "ml", gputest.Pod("nvidia.com/gpu", nil), podKind)
 	bad = bytes.Replace(bad, []byte(`"containers":[`), []byte(`"containers":7,"x":[`), 1)
 	_, ar, _ = post(t, srv.URL, "application/json", bad)
 	if ar.Response.Allowed || ar.Response.Result.Code != http.StatusBadRequest || !strings.Contains(ar.Response.Result.Message, "failed to decode the pod") {
@@ -185,14 +170,14 @@ func TestHandlerIgnoresOtherOperations(t *testing.T) {
 	srv, _ := testServer(t, config.Default())
 	for _, op := range []admissionv1.Operation{admissionv1.Delete, admissionv1.Update, admissionv1.Connect} {
 		t.Run(string(op), func(t *testing.T) {
-			code, ar, raw := post(t, srv.URL, "application/json", review(t, op, "ml", hPod("nvidia.com/gpu", nil), podKind))
+			code, ar, raw := post(t, srv.URL, "application/json", review(t, op, "ml", gputest.Pod("nvidia.com/gpu", nil), podKind))
 			if code != http.StatusOK || !ar.Response.Allowed || ar.Response.Patch != nil || len(ar.Response.Warnings) != 0 {
 				t.Errorf("%s: got HTTP %d %s, want allowed without patch or warnings", op, code, raw)
 			}
 		})
 	}
 	// A subresource CREATE (eviction, binding) is never ours to block.
-	body := review(t, admissionv1.Create, "ml", hPod("nvidia.com/gpu", nil), metav1.GroupVersionKind{Group: "policy", Version: "v1", Kind: "Eviction"})
+	body := review(t, admissionv1.Create, "ml", gputest.Pod("nvidia.com/gpu", nil), metav1.GroupVersionKind{Group: "policy", Version: "v1", Kind: "Eviction"})
 	body = bytes.Replace(body, []byte(`"operation"`), []byte(`"subResource":"eviction","operation"`), 1)
 	if _, ar, raw := post(t, srv.URL, "application/json", body); !ar.Response.Allowed || ar.Response.Patch != nil {
 		t.Errorf("eviction: got %s, want allowed", raw)
@@ -225,9 +210,9 @@ func applyPatch(t *testing.T, original runtime.Object, resp *admissionv1.Admissi
 
 func TestHandlerInjectsGPUPod(t *testing.T) {
 	srv, plan := testServer(t, config.Default())
-	injected := metricValue(t, podsInjected)
+	injected := gputest.MetricValue(t, podsInjected)
 	managed := []metav1.ManagedFieldsEntry{{Manager: "kubectl-client-side-apply", Operation: metav1.ManagedFieldsOperationUpdate, APIVersion: "v1"}}
-	pod := hPod("alpha.kubernetes.io/nvidia-gpu", func(p *corev1.Pod) { p.ManagedFields = managed })
+	pod := gputest.Pod("alpha.kubernetes.io/nvidia-gpu", func(p *corev1.Pod) { p.ManagedFields = managed })
 
 	code, ar, raw := post(t, srv.URL, "application/json", review(t, admissionv1.Create, "ml", pod, podKind))
 	if code != http.StatusOK || !ar.Response.Allowed {
@@ -266,7 +251,7 @@ func TestHandlerInjectsGPUPod(t *testing.T) {
 	if got.Namespace != "" {
 		t.Errorf("patch set namespace %q; the API server fills it", got.Namespace)
 	}
-	if d := metricValue(t, podsInjected) - injected; d != 1 {
+	if d := gputest.MetricValue(t, podsInjected) - injected; d != 1 {
 		t.Errorf("injected counter moved by %v, want 1", d)
 	}
 
@@ -284,20 +269,20 @@ func TestHandlerSkips(t *testing.T) {
 		pod       *corev1.Pod
 		reason    string
 	}{
-		"cpu pod":            {"ml", hPod("", nil), ReasonNoGPU},
-		"opt out":            {"ml", hPod("nvidia.com/gpu", func(p *corev1.Pod) { p.Annotations = map[string]string{layout.AnnotationInject: "false"} }), ReasonOptOut},
-		"excluded namespace": {"kube-system", hPod("nvidia.com/gpu", nil), ReasonExcludedNamespace},
-		"unknown namespace":  {"nowhere", hPod("", nil), ReasonNoGPU},
+		"cpu pod":            {"ml", gputest.Pod("", nil), inject.ReasonNoGPU},
+		"opt out":            {"ml", gputest.Pod("nvidia.com/gpu", func(p *corev1.Pod) { p.Annotations = map[string]string{layout.AnnotationInject: "false"} }), inject.ReasonOptOut},
+		"excluded namespace": {"kube-system", gputest.Pod("nvidia.com/gpu", nil), inject.ReasonExcludedNamespace},
+		"unknown namespace":  {"nowhere", gputest.Pod("", nil), inject.ReasonNoGPU},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
 			counter := podsSkipped.WithLabelValues(tc.reason)
-			before := metricValue(t, counter)
+			before := gputest.MetricValue(t, counter)
 			code, ar, raw := post(t, srv.URL, "application/json", review(t, admissionv1.Create, tc.namespace, tc.pod, podKind))
 			if code != http.StatusOK || !ar.Response.Allowed || ar.Response.Patch != nil {
 				t.Errorf("got HTTP %d %s, want allowed without patch", code, raw)
 			}
-			if d := metricValue(t, counter) - before; d != 1 {
+			if d := gputest.MetricValue(t, counter) - before; d != 1 {
 				t.Errorf("skipped{reason=%s} moved by %v, want 1", tc.reason, d)
 			}
 		})
@@ -313,18 +298,18 @@ func TestHandlerDenies(t *testing.T) {
 		pod       *corev1.Pod
 		want      string
 	}{
-		"no layout fits the node selector": {config.Default(), "ml", hPod("nvidia.com/gpu", func(p *corev1.Pod) {
+		"no layout fits the node selector": {config.Default(), "ml", gputest.Pod("nvidia.com/gpu", func(p *corev1.Pod) {
 			p.Spec.NodeSelector = map[string]string{"accelerator": "nvidia-h100"}
 		}), "no ready GPU node layout fits this pod"},
-		"pod security forbids hostPath": {strict, "restricted", hPod("nvidia.com/gpu", nil), `Pod Security level "restricted"`},
-		"the node it fits is wedged": {config.Default(), "ml", hPod("nvidia.com/gpu", func(p *corev1.Pod) {
+		"pod security forbids hostPath": {strict, "restricted", gputest.Pod("nvidia.com/gpu", nil), `Pod Security level "restricted"`},
+		"the node it fits is wedged": {config.Default(), "ml", gputest.Pod("nvidia.com/gpu", func(p *corev1.Pod) {
 			p.Spec.NodeSelector = map[string]string{"accelerator": "nvidia-h200"}
 		}), "node gpu-wedged fits the pod but its NVIDIA driver is wedged (DriverWedged: NVML does not answer)"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
 			srv, _ := testServer(t, tc.cfg)
-			before := metricValue(t, podsDenied)
+			before := gputest.MetricValue(t, podsDenied)
 			code, ar, raw := post(t, srv.URL, "application/json", review(t, admissionv1.Create, tc.namespace, tc.pod, podKind))
 			if code != http.StatusOK {
 				t.Errorf("HTTP status = %d, want 200 (the denial is in the review)", code)
@@ -336,7 +321,7 @@ func TestHandlerDenies(t *testing.T) {
 			if r.Patch != nil {
 				t.Errorf("a denial carries a patch: %s", r.Patch)
 			}
-			if d := metricValue(t, podsDenied) - before; d != 1 {
+			if d := gputest.MetricValue(t, podsDenied) - before; d != 1 {
 				t.Errorf("denied counter moved by %v, want 1", d)
 			}
 		})
@@ -345,7 +330,7 @@ func TestHandlerDenies(t *testing.T) {
 
 func TestHandlerPodSecurityWarns(t *testing.T) {
 	srv, _ := testServer(t, config.Default())
-	_, ar, raw := post(t, srv.URL, "application/json", review(t, admissionv1.Create, "restricted", hPod("nvidia.com/gpu", nil), podKind))
+	_, ar, raw := post(t, srv.URL, "application/json", review(t, admissionv1.Create, "restricted", gputest.Pod("nvidia.com/gpu", nil), podKind))
 	if !ar.Response.Allowed || !strings.Contains(strings.Join(ar.Response.Warnings, "\n"), "Pod Security") {
 		t.Errorf("got %s, want allowed with a Pod Security warning", raw)
 	}
@@ -353,7 +338,7 @@ func TestHandlerPodSecurityWarns(t *testing.T) {
 
 func TestHandlerV1beta1Review(t *testing.T) {
 	srv, _ := testServer(t, config.Default())
-	body := review(t, admissionv1.Create, "ml", hPod("nvidia.com/gpu", nil), podKind)
+	body := review(t, admissionv1.Create, "ml", gputest.Pod("nvidia.com/gpu", nil), podKind)
 	body = bytes.Replace(body, []byte(`"apiVersion":"admission.k8s.io/v1"`), []byte(`"apiVersion":"admission.k8s.io/v1beta1"`), 1)
 	code, _, raw := post(t, srv.URL, "application/json", body)
 	var ar admissionv1beta1.AdmissionReview
@@ -369,7 +354,7 @@ func TestHandlerV1beta1Review(t *testing.T) {
 // build's types do not know; the patch must leave them alone, not remove them.
 func TestHandlerKeepsUnknownFields(t *testing.T) {
 	srv, _ := testServer(t, config.Default())
-	pod := hPod("nvidia.com/gpu", nil)
+	pod := gputest.Pod("nvidia.com/gpu", nil)
 	raw, err := json.Marshal(pod)
 	if err != nil {
 		t.Fatal(err)
@@ -427,7 +412,7 @@ func TestHandlerPatchesNullAndEmpty(t *testing.T) {
 		"legacy, tolerations empty": `{"metadata":{},"spec":{"tolerations":[],"containers":[{"name":"c","resources":{"limits":{"alpha.kubernetes.io/nvidia-gpu":"1"}}}]}}`,
 	} {
 		t.Run(name, func(t *testing.T) {
-			body := review(t, admissionv1.Create, "ml", hPod("", nil), podKind)
+			body := review(t, admissionv1.Create, "ml", gputest.Pod("", nil), podKind)
 			var ar admissionv1.AdmissionReview
 			if err := json.Unmarshal(body, &ar); err != nil {
 				t.Fatal(err)
@@ -458,7 +443,7 @@ func TestHandlerPatchesNullAndEmpty(t *testing.T) {
 				p.Spec.NodeSelector[layout.LabelFingerprint] == "" || p.Annotations[layout.AnnotationInjected] == "" || c.Resources.Limits.Name("nvidia.com/gpu", "").IsZero() {
 				t.Errorf("patched pod lacks part of the injection: %s", out)
 			}
-			if strings.Contains(object, "alpha.kubernetes.io/nvidia-gpu") && !apiequality.Semantic.DeepEqual(p.Spec.Tolerations, []corev1.Toleration{resourceToleration("nvidia.com/gpu")}) {
+			if strings.Contains(object, "alpha.kubernetes.io/nvidia-gpu") && !apiequality.Semantic.DeepEqual(p.Spec.Tolerations, []corev1.Toleration{{Key: "nvidia.com/gpu", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}}) {
 				t.Errorf("tolerations = %+v, want the renamed resource's", p.Spec.Tolerations)
 			}
 		})
@@ -471,7 +456,7 @@ func TestHandlerNoObject(t *testing.T) {
 	srv, _ := testServer(t, config.Default())
 	for name, object := range map[string]string{"null": `null`, "no spec": `{"metadata":{"name":"x"}}`, "no metadata": `{"spec":{"containers":[]}}`, "null container": `{"metadata":{},"spec":{"containers":[null]}}`} {
 		t.Run(name, func(t *testing.T) {
-			body := review(t, admissionv1.Create, "ml", hPod("", nil), podKind)
+			body := review(t, admissionv1.Create, "ml", gputest.Pod("", nil), podKind)
 			var ar admissionv1.AdmissionReview
 			if err := json.Unmarshal(body, &ar); err != nil {
 				t.Fatal(err)
@@ -494,14 +479,14 @@ func TestHandlerNoObject(t *testing.T) {
 // controller-runtime's admission.Webhook alone: the answers must be the same
 // bytes.
 func TestServeAnswersAsControllerRuntime(t *testing.T) {
-	forEachGolden(t, func(t *testing.T, _ string, gc goldenCase) {
-		idx, d := gc.sources(t)
-		ns := gc.pod.Namespace
+	clustertest.ForEach(t, filepath.Join("inject", "testdata"), func(t *testing.T, _ string, gc clustertest.Case) {
+		idx, d := gc.Sources(t)
+		ns := gc.Pod.Namespace
 		if ns == "" {
 			ns = "default"
 		}
-		h := NewHandler(gc.cfg, idx, staticNamespaces{ns: gc.nsLabels}).WithDRA(d)
-		body := review(t, admissionv1.Create, ns, gc.pod, podKind)
+		h := NewHandler(gc.Config, idx, staticNamespaces{ns: gc.NamespaceLabels}).WithDRA(d)
+		body := review(t, admissionv1.Create, ns, gc.Pod, podKind)
 		answer := func(s http.Handler) (int, []byte) {
 			req := httptest.NewRequest(http.MethodPost, Path, bytes.NewReader(body))
 			req.Header.Set("Content-Type", "application/json")
@@ -526,7 +511,7 @@ func TestServeAnswersAsControllerRuntime(t *testing.T) {
 // that none writes them).
 func TestServeConcurrentRequestsShareTheLayout(t *testing.T) {
 	srv, _ := testServer(t, config.Default())
-	body := review(t, admissionv1.Create, "ml", hPod("nvidia.com/gpu", nil), podKind)
+	body := review(t, admissionv1.Create, "ml", gputest.Pod("nvidia.com/gpu", nil), podKind)
 	var want []byte
 	var mu sync.Mutex
 	var wg sync.WaitGroup

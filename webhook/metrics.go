@@ -3,19 +3,14 @@ package webhook
 import (
 	"github.com/prometheus/client_golang/prometheus"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
-)
 
-// Reasons a published layout is ignored, the values of the rejected metric's label.
-const (
-	RejectDecode      = "decode"
-	RejectInvalid     = "invalid"
-	RejectFingerprint = "fingerprint"
-	// RejectMemory: a remembered pool layout in the memory ConfigMap.
-	RejectMemory = "memory"
+	"github.com/gpu-injector/gpu-injector/webhook/gpunodes"
+	"github.com/gpu-injector/gpu-injector/webhook/inject"
 )
 
 // The domain metrics sit on controller-runtime's registry so that one scrape
-// of the metrics endpoint shows them next to controller_runtime_webhook_*.
+// of the metrics endpoint shows them next to controller_runtime_webhook_*:
+// the admission's own and the node index's.
 var (
 	podsInjected = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "gpu_injector_pods_injected_total",
@@ -29,30 +24,6 @@ var (
 		Name: "gpu_injector_pods_denied_total",
 		Help: "GPU pods denied because no driver layout fits them or their namespace forbids hostPath.",
 	})
-	layoutsRejected = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "gpu_injector_layouts_rejected_total",
-		Help: "Node layout annotations ignored, by reason (decode, invalid, fingerprint), and remembered pool layouts ignored (memory); counted once per change of a node's layout.",
-	}, []string{"reason"})
-	layoutsKnown = prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "gpu_injector_layouts",
-		Help: "Distinct driver layouts published by ready, schedulable nodes.",
-	})
-	layoutNodes = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "gpu_injector_layout_nodes",
-		Help: "Ready, schedulable nodes publishing each layout, by fingerprint.",
-	}, []string{"fingerprint"})
-	poolLayouts = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "gpu_injector_pools",
-		Help: "GPU pools (with pinning.nodeLabels), by pool and state: live (every ready node publishes one layout; pods are pinned by the pool's labels), mixed (pinned by fingerprint) or remembered (no node; the last layout serves until it expires). Always 1.",
-	}, []string{"pool", "state"})
-	wedgedNodes = prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "gpu_injector_wedged_nodes",
-		Help: "Ready, schedulable nodes whose probe marked the NVIDIA driver wedged (state wedged): they get no GPU pods.",
-	})
-	mismatches = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "gpu_injector_layout_mismatches_total",
-		Help: "Pods pinned by pool that landed on a node publishing another layout (each got a LayoutMismatch Event).",
-	})
 	buildInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "gpu_injector_build_info",
 		Help: "Always 1; the label says which build runs.",
@@ -60,12 +31,10 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(podsInjected, podsSkipped, podsDenied, layoutsRejected, layoutsKnown, layoutNodes, poolLayouts, wedgedNodes, mismatches, buildInfo)
+	metrics.Registry.MustRegister(podsInjected, podsSkipped, podsDenied, buildInfo)
+	metrics.Registry.MustRegister(gpunodes.Collectors()...)
 	// Pre-create the label values so dashboards see zeros, not gaps.
-	for _, r := range []string{RejectDecode, RejectInvalid, RejectFingerprint, RejectMemory} {
-		layoutsRejected.WithLabelValues(r)
-	}
-	for _, r := range []string{ReasonNoGPU, ReasonOptOut, ReasonExcludedNamespace, ReasonAlreadyInjected, ReasonNoLayout} {
+	for _, r := range []string{inject.ReasonNoGPU, inject.ReasonOptOut, inject.ReasonExcludedNamespace, inject.ReasonAlreadyInjected, inject.ReasonNoLayout, inject.ReasonRuntimeInjection} {
 		podsSkipped.WithLabelValues(r)
 	}
 }

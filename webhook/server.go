@@ -1,3 +1,7 @@
+// Package webhook is gpu-injector's admission server: flags, TLS and its
+// certificates, the AdmissionReview decoding, the handler that calls the
+// injection (package inject) with the candidates of the node index (package
+// gpunodes), and the metrics. `gpu-injector webhook` runs it.
 package webhook
 
 import (
@@ -17,6 +21,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
@@ -31,7 +36,7 @@ import (
 
 	"github.com/gpu-injector/gpu-injector/config"
 	"github.com/gpu-injector/gpu-injector/version"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"github.com/gpu-injector/gpu-injector/webhook/gpunodes"
 )
 
 // options are the process plumbing; behaviour lives in the config file.
@@ -145,8 +150,8 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		"excludedNamespaces", cfg.ExcludedNamespaces, "layoutPolicy", cfg.LayoutPolicy, "noLayout", cfg.NoLayout.Action,
 		"pinningNodeLabels", cfg.Pinning.NodeLabels, "rememberFor", cfg.Pinning.Remember().String())
 
-	idx := NewIndex(cfg, log.WithName("nodes"))
-	byObject := DRACacheByObject()
+	idx := gpunodes.NewIndex(cfg, log.WithName("nodes"))
+	byObject := gpunodes.DRACacheByObject()
 	if o.certs.mode == CertModeSelf && o.certs.namespace != "" {
 		// Only the one Secret, only to copy it into --cert-dir.
 		byObject[&corev1.Secret{}] = cache.ByObject{
@@ -160,13 +165,13 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if cfg.Pinning.ByPool() && !elect {
 		log.Info("pinning by pool without --namespace or --pool-memory-name: no memory of pools at zero and no mismatch Events")
 	}
-	var memory *Memory
+	var memory *gpunodes.Memory
 	if elect && cfg.Pinning.Remember() > 0 {
-		memory = NewMemory(cfg, idx, nil, o.certs.namespace, o.poolMemory, log.WithName("pools"))
+		memory = gpunodes.NewMemory(cfg, idx, nil, o.certs.namespace, o.poolMemory, log.WithName("pools"))
 		byObject[&corev1.ConfigMap{}] = memory.CacheByObject()
 	}
 	if elect {
-		byObject[&corev1.Pod{}] = PodCacheByObject()
+		byObject[&corev1.Pod{}] = gpunodes.PodCacheByObject()
 	}
 	server := webhook.NewServer(webhook.Options{Port: o.port, CertDir: o.certs.dir, CertName: certFile, KeyName: keyFile})
 	mgr, err := manager.New(restCfg, manager.Options{
@@ -218,19 +223,19 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		stopMgr()
 	}()
 
-	nodes, err := NodeListWatch(restCfg)
+	nodeLW, err := gpunodes.NodeListWatch(restCfg)
 	if err != nil {
 		return err
 	}
 	// Started with the caches, not after them as a manager runnable would
 	// be: the pool memory's writer waits for the index.
-	go idx.Watch(mgrCtx, nodes)
+	go idx.Watch(mgrCtx, nodeLW)
 	// Kubernetes 1.34+ serves resource.k8s.io/v1: GPUs may come through DRA,
 	// counted from ResourceSlices and claimed through DeviceClasses. An older
 	// API server gets no informer that could never sync.
-	var dra *DRA
-	if DRAServed(mgr.GetRESTMapper()) {
-		dra = NewDRA(cfg, idx, mgr.GetAPIReader(), log.WithName("dra"))
+	var dra *gpunodes.DRA
+	if gpunodes.DRAServed(mgr.GetRESTMapper()) {
+		dra = gpunodes.NewDRA(cfg, idx, mgr.GetAPIReader(), log.WithName("dra"))
 		if err := dra.Watch(mgrCtx, mgr.GetCache()); err != nil {
 			return err
 		}
@@ -242,7 +247,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	if memory != nil {
-		memory.client = mgr.GetClient()
+		memory.SetClient(mgr.GetClient())
 		if err := memory.Watch(mgrCtx, mgr.GetCache()); err != nil {
 			return err
 		}
@@ -251,7 +256,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	if elect {
-		m := NewMismatches(idx, mgr.GetEventRecorderFor("gpu-injector-webhook"), log.WithName("mismatch"))
+		m := gpunodes.NewMismatches(idx, mgr.GetEventRecorderFor("gpu-injector-webhook"), log.WithName("mismatch"))
 		if err := mgr.Add(mismatchRunner{m: m, c: mgr.GetCache()}); err != nil {
 			return fmt.Errorf("failed to add the layout mismatch check: %w", err)
 		}
@@ -333,3 +338,14 @@ func closeWhileDraining(draining *atomic.Bool, next http.Handler) http.Handler {
 		next.ServeHTTP(w, r)
 	})
 }
+
+// mismatchRunner runs Mismatches on the elected replica.
+type mismatchRunner struct {
+	m *gpunodes.Mismatches
+	c cache.Cache
+}
+
+func (r mismatchRunner) Start(ctx context.Context) error { return r.m.Run(ctx, r.c) }
+
+// NeedLeaderElection: one replica reads pods and writes Events.
+func (mismatchRunner) NeedLeaderElection() bool { return true }

@@ -30,7 +30,8 @@ import (
 	"github.com/gpu-injector/gpu-injector/e2e/env"
 	"github.com/gpu-injector/gpu-injector/hack/loadtest/workload"
 	"github.com/gpu-injector/gpu-injector/layout"
-	"github.com/gpu-injector/gpu-injector/webhook"
+	"github.com/gpu-injector/gpu-injector/webhook/gpunodes"
+	"github.com/gpu-injector/gpu-injector/webhook/inject"
 )
 
 const (
@@ -244,7 +245,7 @@ func (r *run) createNodes(ctx context.Context) error {
 // ourPatches computes, offline, the patch the webhook gives each pod: the
 // same-patch floor answers with it and the admission policy applies it.
 func (r *run) ourPatches() error {
-	idx := webhook.NewIndex(r.cfg, logr.Discard())
+	idx := gpunodes.NewIndex(r.cfg, logr.Discard())
 	for i := range r.o.nodes {
 		idx.Add(workload.ReadyNode(i))
 	}
@@ -260,8 +261,8 @@ func (r *run) ourPatches() error {
 		r.pods[s.Name] = raw
 		p := pod.DeepCopy()
 		p.Namespace = namespace
-		res := webhook.Mutate(webhook.Input{Pod: p, Layouts: idx.Layouts()}, r.cfg)
-		if res.Decision != webhook.DecisionInjected {
+		res := inject.Mutate(inject.Input{Pod: p, Layouts: idx.Layouts()}, r.cfg)
+		if res.Decision != inject.DecisionInjected {
 			return fmt.Errorf("the %s pod is not injected offline: %s %s", s.Name, res.Decision, res.Reason)
 		}
 		if r.patches[s.Name], err = json.Marshal(res.Patch); err != nil {

@@ -1,0 +1,68 @@
+package webhook
+
+import (
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/gpu-injector/gpu-injector"
+
+// TestPackageBoundaries keeps the arrows between the webhook's three rooms
+// one way (docs/webhook.md): the injection talks to no cluster, the node
+// index never reaches into the admission server, and the offline
+// `gpu-injector mutate` links neither the server nor what only it needs.
+func TestPackageBoundaries(t *testing.T) {
+	// Trees: a path and everything below it.
+	cluster := []string{"k8s.io/client-go", "sigs.k8s.io/controller-runtime", "k8s.io/apiserver", "net/http/httptest"}
+	tests := map[string]struct {
+		packages, trees []string
+	}{
+		module + "/webhook/inject":   {[]string{module + "/webhook", module + "/webhook/gpunodes"}, cluster},
+		module + "/webhook/gpunodes": {[]string{module + "/webhook"}, nil},
+		module + "/mutate":           {[]string{module + "/webhook"}, []string{"github.com/open-policy-agent/cert-controller", "sigs.k8s.io/controller-runtime/pkg/manager", "sigs.k8s.io/controller-runtime/pkg/webhook"}},
+	}
+	for pkg, tc := range tests {
+		t.Run(filepath.Base(pkg), func(t *testing.T) {
+			for _, dep := range deps(t, pkg) {
+				if forbidden(dep, tc.packages, tc.trees) {
+					t.Errorf("%s links %s", pkg, dep)
+				}
+			}
+		})
+	}
+}
+
+func forbidden(dep string, packages, trees []string) bool {
+	for _, p := range packages {
+		if dep == p {
+			return true
+		}
+	}
+	for _, tr := range trees {
+		if dep == tr || strings.HasPrefix(dep, tr+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+// deps lists what pkg links, itself included, as `go list -deps` does.
+func deps(t *testing.T, pkg string) []string {
+	t.Helper()
+	goCmd, err := exec.LookPath("go")
+	if err != nil {
+		goCmd = filepath.Join(runtime.GOROOT(), "bin", "go")
+	}
+	out, err := exec.Command(goCmd, "list", "-deps", pkg).Output()
+	if err != nil {
+		t.Fatalf("go list -deps %s: %v", pkg, err)
+	}
+	list := strings.Fields(string(out))
+	if len(list) == 0 {
+		t.Fatalf("go list -deps %s listed nothing", pkg)
+	}
+	return list
+}

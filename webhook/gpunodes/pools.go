@@ -1,0 +1,338 @@
+package gpunodes
+
+import (
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/gpu-injector/gpu-injector/layout"
+	"github.com/gpu-injector/gpu-injector/webhook/inject"
+)
+
+// PoolMemory is what is remembered of one pool: the layout its ready nodes
+// published, and the labels and taints every one of them had, so that a pod
+// for the pool at zero is matched against its next node as the scheduler and
+// the autoscaler will.
+type PoolMemory struct {
+	// Pool is the pool's key, PoolKey of Labels.
+	Pool string
+	// Labels are the pinning labels and their values.
+	Labels map[string]string
+	// NodeLabels are the labels every node of the pool had (the pinning labels
+	// among them), less the per-node ones.
+	NodeLabels map[string]string
+	// Taints are the NoSchedule and NoExecute taints every node of the pool had.
+	Taints   []corev1.Taint
+	Plan     layout.Plan
+	LastSeen time.Time
+}
+
+// poolState is the pool view of the index: each member node's fingerprint,
+// or a rejectedMember value when the node is ready but its layout is not.
+type poolState struct {
+	labels  map[string]string
+	members map[string]string
+	// counts is how many members have each value, so that uniformity is
+	// known without a scan.
+	counts map[string]int
+}
+
+func (ps *poolState) add(name, value string) {
+	ps.members[name] = value
+	ps.counts[value]++
+}
+
+func (ps *poolState) remove(name string) {
+	v, ok := ps.members[name]
+	if !ok {
+		return
+	}
+	delete(ps.members, name)
+	if ps.counts[v]--; ps.counts[v] == 0 {
+		delete(ps.counts, v)
+	}
+}
+
+// rejectedMember marks a ready node whose probe failed or whose layout was
+// rejected: a pod pinned by the pool could land there, so the pool is mixed.
+const rejectedMember = "!"
+
+// uniform returns the one fingerprint every member publishes.
+func (ps *poolState) uniform() (string, bool) {
+	if len(ps.counts) != 1 {
+		return "", false
+	}
+	for v := range ps.counts {
+		return v, v != rejectedMember
+	}
+	return "", false
+}
+
+// perNodeLabels differ from node to node by design, so they never describe a
+// pool; the project's own keys are the probe's, set after a node joined.
+var perNodeLabels = []string{corev1.LabelHostname, "kubernetes.io/hostname", "node.kubernetes.io/instance-id", "karpenter.sh/nodeclaim"}
+
+// PoolKey is the pool of a node with these labels: "k1=v1,k2=v2" in the order
+// of keys, or "" when a label is missing (the node is in no pool). A value
+// that is not a valid label value also leaves the node out of any pool: pods
+// are pinned to a pool by a nodeSelector of these values, which the API
+// server would refuse. It validates the labels of a Node, but not those of a
+// --nodes file of the offline command or of Nodes built in code.
+func PoolKey(labels map[string]string, keys []string) string {
+	if len(keys) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	for i, k := range keys {
+		v, ok := labels[k]
+		if !ok || len(validation.IsValidLabelValue(v)) != 0 {
+			return ""
+		}
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(k)
+		b.WriteByte('=')
+		b.WriteString(v)
+	}
+	return b.String()
+}
+
+// poolMember is a node's value in its pool, and whether it is a member.
+func poolMember(n *corev1.Node, st *nodeState) (string, bool) {
+	if !nodeReady(n) || n.Spec.Unschedulable {
+		return "", false
+	}
+	switch {
+	case n.Labels[layout.LabelState] == "":
+		// Not probed yet: a node that just joined. It says nothing either way.
+		return "", false
+	case st.fingerprint != "":
+		return st.fingerprint, true
+	default:
+		return rejectedMember, true
+	}
+}
+
+// setPoolMember records a node's place in the pool view; it reports whether
+// the view changed.
+func (idx *Index) setPoolMember(name string, old, st *nodeState, n *corev1.Node) bool {
+	if !idx.cfg.Pinning.ByPool() {
+		return false
+	}
+	if n != nil {
+		st.pool = st.info.Pool
+		st.member, st.isMember = poolMember(n, st)
+	}
+	if old != nil && st != nil && old.pool == st.pool && old.isMember == st.isMember && old.member == st.member {
+		return false
+	}
+	if old != nil && old.pool != "" && old.isMember {
+		ps := idx.pools[old.pool]
+		ps.remove(name)
+		if len(ps.members) == 0 {
+			delete(idx.pools, old.pool)
+		}
+	}
+	if st != nil && st.pool != "" && st.isMember {
+		ps := idx.pools[st.pool]
+		if ps == nil {
+			labels := make(map[string]string, len(idx.cfg.Pinning.NodeLabels))
+			for _, k := range idx.cfg.Pinning.NodeLabels {
+				labels[k] = n.Labels[k]
+			}
+			ps = &poolState{labels: labels, members: map[string]string{}, counts: map[string]int{}}
+			idx.pools[st.pool] = ps
+		}
+		ps.add(name, st.member)
+	}
+	return (old != nil && old.isMember) || (st != nil && st.isMember)
+}
+
+func nodeReady(n *corev1.Node) bool {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// SetMemory replaces the remembered pool layouts (already validated) and
+// publishes a new snapshot.
+func (idx *Index) SetMemory(mem []PoolMemory) {
+	m := make(map[string]PoolMemory, len(mem))
+	for _, e := range mem {
+		m[e.Pool] = e
+	}
+	idx.mu.Lock()
+	defer idx.mu.Unlock()
+	idx.memory = m
+	idx.publish(nil)
+}
+
+// withPools turns the fingerprint layouts into the pool view: the nodes of a
+// uniform pool become a layout pinned by the pool's labels, the others stay
+// pinned by fingerprint, and a pool with no member node is served from
+// memory until it expires. It returns the earliest expiry it relied on.
+func (idx *Index) withPools(byFP []*inject.Layout, now time.Time) ([]*inject.Layout, time.Time) {
+	uniform := map[string]string{}
+	mixed := map[string]bool{}
+	for key, ps := range idx.pools {
+		if fp, ok := ps.uniform(); ok {
+			uniform[key] = fp
+		} else {
+			mixed[key] = true
+		}
+	}
+	// The split of a fingerprint's nodes depends only on its Layout (a new
+	// one is published on every change of its nodes) and on the pools'
+	// states: reuse it while both are unchanged, so that one node's event
+	// rebuilds one layout's view, not every node's.
+	sig := poolSignature(uniform, mixed)
+	views := make(map[string]poolView, len(byFP))
+	out := make([]*inject.Layout, 0, len(byFP)+len(uniform)+len(idx.memory))
+	for _, l := range byFP {
+		if v, ok := idx.poolViews[l.Fingerprint]; ok && v.src == l && v.sig == sig {
+			views[l.Fingerprint] = v
+			out = append(out, v.out...)
+			continue
+		}
+		first := len(out)
+		byPool := map[string][]*inject.NodeInfo{}
+		var rest []*inject.NodeInfo
+		var restGPUs int64
+		var mixedHere []string
+		for _, n := range l.Nodes {
+			key := n.Pool
+			if key != "" && uniform[key] == l.Fingerprint {
+				byPool[key] = append(byPool[key], n)
+				continue
+			}
+			rest = append(rest, n)
+			restGPUs += n.AllocatableGPUs
+			if mixed[key] && !slices.Contains(mixedHere, key) {
+				mixedHere = append(mixedHere, key)
+			}
+		}
+		if len(rest) > 0 {
+			slices.Sort(mixedHere)
+			out = append(out, &inject.Layout{Fingerprint: l.Fingerprint, Plan: l.Plan, AllocatableGPUs: restGPUs, Nodes: rest, MixedPools: mixedHere})
+		}
+		for key, nodes := range byPool {
+			var gpus int64
+			for _, n := range nodes {
+				gpus += n.AllocatableGPUs
+			}
+			out = append(out, &inject.Layout{Fingerprint: l.Fingerprint, Plan: l.Plan, AllocatableGPUs: gpus, Nodes: nodes,
+				Pool: key, NodeSelector: idx.pools[key].labels})
+		}
+		views[l.Fingerprint] = poolView{src: l, sig: sig, out: slices.Clone(out[first:])}
+	}
+	idx.poolViews = views
+	var next time.Time
+	remember := idx.cfg.Pinning.Remember()
+	for key, m := range idx.memory {
+		if _, live := idx.pools[key]; live {
+			continue
+		}
+		until := m.LastSeen.Add(remember)
+		if !now.Before(until) {
+			continue
+		}
+		if next.IsZero() || until.Before(next) {
+			next = until
+		}
+		stand := &inject.NodeInfo{Labels: inject.NewLabels(m.NodeLabels), Taints: m.Taints}
+		out = append(out, &inject.Layout{Fingerprint: m.Plan.Fingerprint(), Plan: m.Plan, Nodes: []*inject.NodeInfo{stand},
+			Pool: key, NodeSelector: m.Labels, Remembered: &inject.Remembered{LastSeen: m.LastSeen, Until: until}})
+	}
+	poolLayouts.Reset()
+	for key := range idx.pools {
+		state := "live"
+		if mixed[key] {
+			state = "mixed"
+		}
+		poolLayouts.WithLabelValues(key, state).Set(1)
+	}
+	for _, l := range out {
+		if l.Remembered != nil {
+			poolLayouts.WithLabelValues(l.Pool, "remembered").Set(1)
+		}
+	}
+	slices.SortFunc(out, func(a, b *inject.Layout) int {
+		if c := strings.Compare(a.Fingerprint, b.Fingerprint); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Pool, b.Pool)
+	})
+	return out, next
+}
+
+// poolView is the pool view of one fingerprint's Layout, as last built.
+type poolView struct {
+	src *inject.Layout
+	sig string
+	out []*inject.Layout
+}
+
+// poolSignature sums up the pools' states: each uniform pool's layout and
+// each mixed pool.
+func poolSignature(uniform map[string]string, mixed map[string]bool) string {
+	keys := make([]string, 0, len(uniform)+len(mixed))
+	for k, fp := range uniform {
+		keys = append(keys, k+"\x00"+fp)
+	}
+	for k := range mixed {
+		keys = append(keys, k+"\x00!")
+	}
+	slices.Sort(keys)
+	return strings.Join(keys, "\x01")
+}
+
+// LivePools returns what the memory should hold of each pool whose ready
+// nodes all publish one layout now, as seen at now.
+func (idx *Index) LivePools(now time.Time) []PoolMemory {
+	idx.mu.Lock()
+	defer idx.mu.Unlock()
+	var out []PoolMemory
+	for key, ps := range idx.pools {
+		fp, ok := ps.uniform()
+		if !ok {
+			continue
+		}
+		ls := idx.layouts[fp]
+		if ls == nil {
+			continue
+		}
+		var common map[string]string
+		var taints []corev1.Taint
+		first := true
+		for name := range ps.members {
+			info := idx.nodes[name].info
+			if first {
+				common = info.Labels.Map()
+				taints = slices.Clone(info.Taints)
+				first = false
+				continue
+			}
+			maps.DeleteFunc(common, func(k, v string) bool { w, ok := info.Labels.Lookup(k); return !ok || w != v })
+			taints = slices.DeleteFunc(taints, func(t corev1.Taint) bool {
+				return !slices.ContainsFunc(info.Taints, func(u corev1.Taint) bool { return t.MatchTaint(&u) && t.Value == u.Value })
+			})
+		}
+		maps.DeleteFunc(common, func(k, _ string) bool {
+			return slices.Contains(perNodeLabels, k) || strings.HasPrefix(k, layout.Prefix)
+		})
+		for i := range taints {
+			taints[i].TimeAdded = nil
+		}
+		out = append(out, PoolMemory{Pool: key, Labels: maps.Clone(ps.labels), NodeLabels: common, Taints: taints, Plan: ls.plan, LastSeen: now})
+	}
+	slices.SortFunc(out, func(a, b PoolMemory) int { return strings.Compare(a.Pool, b.Pool) })
+	return out
+}
