@@ -12,6 +12,7 @@ import (
 	"path"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -410,4 +411,32 @@ func (i Injected) String() string {
 	enc.SetEscapeHTML(false)
 	_ = enc.Encode(i)
 	return strings.TrimSpace(b.String())
+}
+
+// CompareVersions compares dotted versions numerically (driver 535.104.05 <
+// 580.159.04, compute capability 8.6 < 9.0), falling back to text for parts
+// that are not numbers.
+func CompareVersions(a, b string) int {
+	as, bs := strings.Split(a, "."), strings.Split(b, ".")
+	for i := 0; i < len(as) || i < len(bs); i++ {
+		var x, y string
+		if i < len(as) {
+			x = as[i]
+		}
+		if i < len(bs) {
+			y = bs[i]
+		}
+		xi, errx := strconv.Atoi(x)
+		yi, erry := strconv.Atoi(y)
+		switch {
+		case errx == nil && erry == nil && xi != yi:
+			if xi < yi {
+				return -1
+			}
+			return 1
+		case (errx != nil || erry != nil) && x != y:
+			return strings.Compare(x, y)
+		}
+	}
+	return 0
 }

@@ -121,7 +121,7 @@ func Desired(r Result) (Published, error) {
 					product = "mixed"
 				}
 				mem = min(mem, g.MemoryMiB)
-				if versionLess(g.ComputeCapability, cc) {
+				if layout.CompareVersions(g.ComputeCapability, cc) < 0 {
 					cc = g.ComputeCapability
 				}
 				mig = mig || g.MIGEnabled
@@ -133,18 +133,6 @@ func Desired(r Result) (Published, error) {
 		}
 	}
 	return p, nil
-}
-
-func versionLess(a, b string) bool {
-	as, bs := strings.Split(a, "."), strings.Split(b, ".")
-	for i := 0; i < len(as) && i < len(bs); i++ {
-		x, _ := strconv.Atoi(as[i])
-		y, _ := strconv.Atoi(bs[i])
-		if x != y {
-			return x < y
-		}
-	}
-	return len(as) < len(bs)
 }
 
 // labelValue makes s a valid label value: runs of other characters become

@@ -515,15 +515,7 @@ func (idx *Index) publish(changed []string) {
 
 // nodeEligible: only a node that could run a pod now may lend its layout.
 func nodeEligible(n *corev1.Node) bool {
-	if n.Labels[layout.LabelState] != layout.StateReady || n.Spec.Unschedulable {
-		return false
-	}
-	for _, c := range n.Status.Conditions {
-		if c.Type == corev1.NodeReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
+	return n.Labels[layout.LabelState] == layout.StateReady && !n.Spec.Unschedulable && nodeReady(n)
 }
 
 // nodeInfo is what the index keeps of n; labels are n's labels interned,

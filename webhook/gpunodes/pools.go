@@ -74,7 +74,7 @@ func (ps *poolState) uniform() (string, bool) {
 
 // perNodeLabels differ from node to node by design, so they never describe a
 // pool; the project's own keys are the probe's, set after a node joined.
-var perNodeLabels = []string{corev1.LabelHostname, "kubernetes.io/hostname", "node.kubernetes.io/instance-id", "karpenter.sh/nodeclaim"}
+var perNodeLabels = []string{corev1.LabelHostname, "node.kubernetes.io/instance-id", "karpenter.sh/nodeclaim"}
 
 // PoolKey is the pool of a node with these labels: "k1=v1,k2=v2" in the order
 // of keys, or "" when a label is missing (the node is in no pool). A value

@@ -8,7 +8,6 @@ import (
 	"path"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"time"
 
@@ -682,7 +681,7 @@ func better(ra, rb rankedLayout, policy string) bool {
 	if (a.Remembered == nil) != (b.Remembered == nil) {
 		return a.Remembered == nil
 	}
-	dv := compareVersions(a.Plan.DriverVersion, b.Plan.DriverVersion)
+	dv := layout.CompareVersions(a.Plan.DriverVersion, b.Plan.DriverVersion)
 	if policy == config.LayoutPolicyNewestDriver && dv != 0 {
 		return dv > 0
 	}
@@ -693,33 +692,6 @@ func better(ra, rb rankedLayout, policy string) bool {
 		return dv > 0
 	}
 	return a.Fingerprint < b.Fingerprint
-}
-
-// compareVersions compares dotted driver versions numerically (535.104.05 <
-// 580.159.04), falling back to text for parts that are not numbers.
-func compareVersions(a, b string) int {
-	as, bs := strings.Split(a, "."), strings.Split(b, ".")
-	for i := 0; i < len(as) || i < len(bs); i++ {
-		var x, y string
-		if i < len(as) {
-			x = as[i]
-		}
-		if i < len(bs) {
-			y = bs[i]
-		}
-		xi, errx := strconv.Atoi(x)
-		yi, erry := strconv.Atoi(y)
-		switch {
-		case errx == nil && erry == nil && xi != yi:
-			if xi < yi {
-				return -1
-			}
-			return 1
-		case (errx != nil || erry != nil) && x != y:
-			return strings.Compare(x, y)
-		}
-	}
-	return 0
 }
 
 // volumeName is stable for a mount, so a second run finds its own volumes;
