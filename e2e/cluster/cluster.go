@@ -118,13 +118,16 @@ type Cluster struct {
 	apiProxy   *serviceProxy
 	apiArgs    []string
 
-	mu      sync.Mutex
-	procs   map[string]*process
-	order   []string
-	mntNS   string
-	failed  bool
-	stopped bool
-	stopErr error
+	mu    sync.Mutex
+	procs map[string]*process
+	order []string
+	mntNS string
+	// mntNSPin holds the namespace open until Stop's last sweep, so that
+	// its number is never another cluster's (see pinNamespace).
+	mntNSPin *os.File
+	failed   bool
+	stopped  bool
+	stopErr  error
 }
 
 // Start brings a cluster up and returns once it is usable: the API server is
@@ -469,12 +472,12 @@ func (c *Cluster) startNode(ctx context.Context) error {
 	}); err != nil {
 		return withLog(err, holder)
 	}
-	ns, err := mountNamespace(holder.pid())
+	pin, ns, err := pinNamespace(holder.pid())
 	if err != nil {
 		return err
 	}
 	c.mu.Lock()
-	c.mntNS = ns
+	c.mntNS, c.mntNSPin = ns, pin
 	c.mu.Unlock()
 	inNS := func(bin string, args ...string) (string, []string) {
 		return c.Binaries.Nsenter, append([]string{fmt.Sprintf("--mount=/proc/%d/ns/mnt", holder.pid()), "--", bin}, args...)
@@ -738,6 +741,13 @@ func (c *Cluster) Stop() error {
 			errs = append(errs, fmt.Errorf("failed to kill what containerd left: %w", err))
 		}
 	}
+	c.mu.Lock()
+	if c.mntNSPin != nil {
+		// Only now may the namespace go, and its number with it.
+		c.mntNSPin.Close()
+		c.mntNSPin = nil
+	}
+	c.mu.Unlock()
 	for _, f := range netns {
 		if err := os.Remove(f); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("failed to remove %s: %w", f, err))

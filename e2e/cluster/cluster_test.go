@@ -147,8 +147,13 @@ func TestClusterRunsPod(t *testing.T) {
 	}
 
 	// Stop must leave nothing behind: no process of the cluster's namespace,
-	// no folder.
-	ns := c.mntNS
+	// no folder. The test pins the namespace too, or a cluster started
+	// beside it could take its number once Stop lets it go.
+	pin, ns, err := pinNamespace(c.proc("namespace").pid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pin.Close()
 	var pids []int
 	for _, name := range c.order {
 		pids = append(pids, c.proc(name).pid())

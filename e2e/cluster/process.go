@@ -121,6 +121,26 @@ func mountNamespace(pid int) (string, error) {
 	return ns, nil
 }
 
+// pinNamespace opens pid's mount namespace and returns it with its identity.
+// While the file is open the namespace lives on, even once every process in
+// it is gone, and so does its number: the kernel hands a freed namespace's
+// number to the next namespace made (four unshares in a row get the same
+// one), so a sweep by number after the namespace is gone would kill the
+// processes of a cluster started meanwhile beside this one.
+func pinNamespace(pid int) (*os.File, string, error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/ns/mnt", pid))
+	if err != nil {
+		return nil, "", fmt.Errorf("failed to open the mount namespace of %d: %w", pid, err)
+	}
+	// The identity of what was opened, not of whatever pid is by now.
+	ns, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", f.Fd()))
+	if err != nil {
+		f.Close()
+		return nil, "", fmt.Errorf("failed to read the mount namespace of %d: %w", pid, err)
+	}
+	return f, ns, nil
+}
+
 // procEntry is what the cleanup needs to know of a running process.
 type procEntry struct {
 	pid, ppid int
