@@ -64,10 +64,13 @@ func helmBinary(t *testing.T) string {
 	return h
 }
 
-// renderOpts never carries --api-versions: helm template without a cluster knows no
-// served kinds, and the chart must render the same as it does for the user.
+// renderOpts carries --api-versions only where a test sets apiVersions: helm template
+// without a cluster knows few served kinds, and the chart must render as it does for
+// the user who runs it so.
 type renderOpts struct {
 	kubeVersion string
+	// apiVersions are served group/versions as helm install learns them from the cluster.
+	apiVersions []string
 	set         []string
 	// files are values files (-f), applied before set as helm does.
 	files []string
@@ -81,12 +84,27 @@ type rendered struct {
 func helmTemplate(t *testing.T, o renderOpts) ([]byte, error) {
 	t.Helper()
 	args := []string{"template", releaseName, chartDir, "--namespace", namespace, "--kube-version", o.kubeVersion}
+	args = append(args, o.flags()...)
+	return runHelm(t, args)
+}
+
+// flags are the helm arguments of o besides the release, chart and kube version.
+func (o renderOpts) flags() []string {
+	var args []string
+	for _, a := range o.apiVersions {
+		args = append(args, "--api-versions", a)
+	}
 	for _, f := range o.files {
 		args = append(args, "--values", f)
 	}
 	for _, s := range o.set {
 		args = append(args, "--set", s)
 	}
+	return args
+}
+
+func runHelm(t *testing.T, args []string) ([]byte, error) {
+	t.Helper()
 	cmd := exec.Command(helmBinary(t), args...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
@@ -95,6 +113,23 @@ func helmTemplate(t *testing.T, o renderOpts) ([]byte, error) {
 		return nil, fmt.Errorf("failed to run helm %s: %w: %s", strings.Join(args, " "), err, stderr.String())
 	}
 	return out, nil
+}
+
+// kubeFloor is Chart.yaml's kubeVersion: the oldest Kubernetes the project tests end
+// to end (1.33; no 1.32 release builds from the Go module proxy).
+const kubeFloor = ">=1.33.0-0"
+
+// checkRefused: helm itself refuses a Kubernetes version below the floor, before any
+// template runs, naming the floor and the version.
+func checkRefused(t *testing.T, out []byte, err error, kubeVersion string) {
+	t.Helper()
+	if err == nil {
+		t.Fatalf("helm rendered the chart for Kubernetes %s, below %s:\n%.400s", kubeVersion, kubeFloor, out)
+	}
+	want := "chart requires kubeVersion: " + kubeFloor + " which is incompatible with Kubernetes v" + strings.TrimPrefix(kubeVersion, "v")
+	if !strings.Contains(err.Error(), want) {
+		t.Errorf("helm refused Kubernetes %s, but not by the chart's kubeVersion:\n got %v\nwant %q", kubeVersion, err, want)
+	}
 }
 
 func render(t *testing.T, o renderOpts) rendered {
@@ -213,7 +248,8 @@ func mutatingWebhook(t *testing.T, r rendered) admissionregistrationv1.MutatingW
 
 var (
 	kube136 = renderOpts{kubeVersion: "1.36.3"}
-	kube129 = renderOpts{kubeVersion: "1.29.0"}
+	// kube133 is the floor: the oldest release the project builds and tests.
+	kube133 = renderOpts{kubeVersion: "1.33.13"}
 )
 
 func with(o renderOpts, set ...string) renderOpts {
@@ -434,28 +470,29 @@ func TestRender(t *testing.T) {
 				checkProbeRBAC(t, r)
 			},
 		},
-		"defaults on 1.29": {
-			opts: kube129,
+		// The floor: everything of 1.36 but the DRA rules (no resource.k8s.io/v1).
+		"defaults on 1.33": {
+			opts: kube133,
 			check: func(t *testing.T, r rendered) {
-				wh := mutatingWebhook(t, r)
-				if len(wh.MatchConditions) != 0 {
-					t.Errorf("matchConditions rendered for 1.29: %+v", wh.MatchConditions)
+				if wh := mutatingWebhook(t, r); len(wh.MatchConditions) != 2 {
+					t.Errorf("matchConditions = %d, want 2 on 1.33", len(wh.MatchConditions))
 				}
-				if len(r.all("ValidatingAdmissionPolicy")) != 0 || len(r.all("ValidatingAdmissionPolicyBinding")) != 0 {
-					t.Errorf("ValidatingAdmissionPolicy rendered for 1.29")
+				if r.get("ValidatingAdmissionPolicy", probeSA) == nil || r.get("ValidatingAdmissionPolicyBinding", probeSA) == nil {
+					t.Errorf("ValidatingAdmissionPolicy and its binding not rendered on 1.33; have %v", r.names())
 				}
 				checkNodeprobe(t, r)
 				checkWebhookRBAC(t, r, true, false)
 				checkProbeRBAC(t, r)
 			},
 		},
-		"defaults on 1.30": {
-			opts: renderOpts{kubeVersion: "1.30.0"},
+		"defaults on 1.34": {
+			opts: renderOpts{kubeVersion: "1.34.0"},
 			check: func(t *testing.T, r rendered) {
 				if wh := mutatingWebhook(t, r); len(wh.MatchConditions) != 2 {
-					t.Errorf("matchConditions = %d, want 2 on 1.30", len(wh.MatchConditions))
+					t.Errorf("matchConditions = %d, want 2 on 1.34", len(wh.MatchConditions))
 				}
 				checkNodeprobe(t, r)
+				checkWebhookRBAC(t, r, true, true)
 				checkProbeRBAC(t, r)
 			},
 		},
@@ -832,7 +869,7 @@ func checkProbeRBAC(t *testing.T, r rendered) {
 	want := []rbacv1.PolicyRule{
 		{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "patch"}},
 	}
-	// Status only where the policy narrows it (TestNodeRestrictionByVersion).
+	// Status only where the policy narrows it (TestNodeRestriction).
 	if r.get("ValidatingAdmissionPolicy", probeSA) != nil {
 		want = append(want, rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"nodes/status"}, Verbs: []string{"patch"}})
 	}
@@ -1009,20 +1046,74 @@ func TestConfigChecksum(t *testing.T) {
 	}
 }
 
-// TestNodeRestrictionByVersion: the policy follows the Kubernetes version alone, so
-// helm template, which knows no served kinds, renders it as helm install does.
-func TestNodeRestrictionByVersion(t *testing.T) {
+// TestKubeVersions: every supported minor renders with matchConditions and the probe's
+// policy, decided with no --api-versions as helm template renders for a user; the DRA
+// rules where resource.k8s.io/v1 is served (by version, or by the API versions helm
+// install learns from the cluster); below the floor helm refuses the chart.
+func TestKubeVersions(t *testing.T) {
+	tests := map[string]struct {
+		opts    renderOpts
+		wantDRA bool
+		refused bool
+	}{
+		"1.33 (the floor)":          {opts: kube133},
+		"1.33 with a vendor suffix": {opts: renderOpts{kubeVersion: "1.33.5-eks-1"}},
+		// A 1.33 cluster serves resource.k8s.io only as v1beta1 and v1beta2, which the
+		// webhook does not read.
+		"1.33 serving DRA in beta": {opts: renderOpts{kubeVersion: "1.33.13", apiVersions: []string{"resource.k8s.io/v1beta1", "resource.k8s.io/v1beta2"}}},
+		// helm install learns the served API versions from the cluster.
+		"1.33 serving resource.k8s.io/v1": {opts: renderOpts{kubeVersion: "1.33.13", apiVersions: []string{"resource.k8s.io/v1"}}, wantDRA: true},
+		"1.34":                            {opts: renderOpts{kubeVersion: "1.34.0"}, wantDRA: true},
+		"1.35":                            {opts: renderOpts{kubeVersion: "1.35.4"}, wantDRA: true},
+		"1.36":                            {opts: kube136, wantDRA: true},
+		"1.37":                            {opts: renderOpts{kubeVersion: "1.37.2"}, wantDRA: true},
+		"1.34 with a vendor suffix":       {opts: renderOpts{kubeVersion: "1.34.1-gke.1"}, wantDRA: true},
+		"1.32":                            {opts: renderOpts{kubeVersion: "1.32.9"}, refused: true},
+		"1.32 with a vendor suffix":       {opts: renderOpts{kubeVersion: "1.32.13-eks-1"}, refused: true},
+		"1.29":                            {opts: renderOpts{kubeVersion: "1.29.0"}, refused: true},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			out, err := helmTemplate(t, tc.opts)
+			if tc.refused {
+				checkRefused(t, out, err, tc.opts.kubeVersion)
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := parseRendered(t, out)
+			checkKnownTypes(t, r)
+			checkWebhookConfiguration(t, r)
+			wh := mutatingWebhook(t, r)
+			var conditions []string
+			for _, c := range wh.MatchConditions {
+				conditions = append(conditions, c.Name)
+			}
+			if !reflect.DeepEqual(conditions, []string{"not-opted-out", "requests-a-gpu"}) {
+				t.Errorf("matchConditions = %v, want not-opted-out and requests-a-gpu", conditions)
+			}
+			if r.get("ValidatingAdmissionPolicy", probeSA) == nil || r.get("ValidatingAdmissionPolicyBinding", probeSA) == nil {
+				t.Errorf("ValidatingAdmissionPolicy and its binding not rendered; have %v", r.names())
+			}
+			checkWebhookRBAC(t, r, true, tc.wantDRA)
+			checkProbeRBAC(t, r)
+		})
+	}
+}
+
+// TestNodeRestriction: the policy follows the values alone, so helm template, which
+// knows no served kinds, renders it as helm install does.
+func TestNodeRestriction(t *testing.T) {
 	tests := map[string]struct {
 		opts       renderOpts
 		wantPolicy bool
 	}{
-		"1.29":                      {opts: kube129},
-		"1.30":                      {opts: renderOpts{kubeVersion: "1.30.0"}, wantPolicy: true},
-		"1.36":                      {opts: kube136, wantPolicy: true},
-		"1.36 restriction off":      {opts: with(kube136, "nodeprobe.nodeRestriction.enabled=false")},
-		"1.36 probe disabled":       {opts: with(kube136, "nodeprobe.enabled=false")},
-		"1.30 with a vendor suffix": {opts: renderOpts{kubeVersion: "1.30.0-eks-1"}, wantPolicy: true},
-		"1.29 with a vendor suffix": {opts: renderOpts{kubeVersion: "1.29.9-gke.1"}},
+		"1.33":                 {opts: kube133, wantPolicy: true},
+		"1.36":                 {opts: kube136, wantPolicy: true},
+		"1.33 restriction off": {opts: with(kube133, "nodeprobe.nodeRestriction.enabled=false")},
+		"1.36 restriction off": {opts: with(kube136, "nodeprobe.nodeRestriction.enabled=false")},
+		"1.36 probe disabled":  {opts: with(kube136, "nodeprobe.enabled=false")},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -1048,8 +1139,9 @@ func TestNodeRestrictionByVersion(t *testing.T) {
 }
 
 // renderNotes renders templates/NOTES.txt, which helm template does not print: a copy
-// of the chart carries the notes as a named template inside a ConfigMap.
-func renderNotes(t *testing.T, o renderOpts) string {
+// of the chart carries the notes as a named template inside a ConfigMap. The error is
+// helm's, for a rendering it refuses.
+func renderNotes(t *testing.T, o renderOpts) (string, error) {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), chartDir)
 	if err := os.CopyFS(dir, os.DirFS(chartDir)); err != nil {
@@ -1069,15 +1161,9 @@ func renderNotes(t *testing.T, o renderOpts) string {
 		t.Fatalf("failed to write the notes template: %v", err)
 	}
 	args := []string{"template", releaseName, dir, "--namespace", namespace, "--kube-version", o.kubeVersion, "--show-only", "templates/test-notes.yaml"}
-	for _, s := range o.set {
-		args = append(args, "--set", s)
-	}
-	var stderr bytes.Buffer
-	cmd := exec.Command(helmBinary(t), args...)
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
+	out, err := runHelm(t, append(args, o.flags()...))
 	if err != nil {
-		t.Fatalf("failed to run helm %s: %v: %s", strings.Join(args, " "), err, stderr.String())
+		return "", err
 	}
 	var cm corev1.ConfigMap
 	if err := utilyaml.Unmarshal(out, &cm); err != nil {
@@ -1086,32 +1172,63 @@ func renderNotes(t *testing.T, o renderOpts) string {
 	if cm.Data["notes"] == "" {
 		t.Fatalf("notes rendered empty:\n%s", out)
 	}
-	return cm.Data["notes"]
+	return cm.Data["notes"], nil
 }
 
 func TestNotes(t *testing.T) {
-	const noRestriction = "WARNING: NO NODE RESTRICTION"
+	// What a cluster lacks, as NOTES.txt says it (compared with its line breaks as
+	// spaces).
+	const (
+		noDRA = "does not serve resource.k8s.io/v1 (DRA, served from 1.34): GPUs that come through DRA are not counted, " +
+			"and pods that claim a GPU DeviceClass are not recognised as GPU pods"
+		noExtended = "does not serve a DeviceClass's extendedResourceName (DRA extended resources: alpha in 1.34 and 1.35 " +
+			"behind the DRAExtendedResource feature gate, beta in 1.36, GA in 1.37): a pod that asks for a DeviceClass's extended resource name " +
+			"is not recognised through that class; it is a GPU pod only if the name is one of config.resources.names"
+		// The warnings of the clusters below 1.30 the chart no longer installs on.
+		noRestriction = "NO NODE RESTRICTION"
+		noConditions  = "no matchConditions"
+	)
 	tests := map[string]struct {
 		opts    renderOpts
+		refused bool
 		want    []string
 		notWant []string
 	}{
-		"1.29 warns that the probe can patch any node": {
-			opts:    kube129,
-			want:    []string{noRestriction, "patch EVERY Node"},
-			notWant: []string{"stay unready"},
+		"1.29 is refused": {
+			opts:    renderOpts{kubeVersion: "1.29.0"},
+			refused: true,
 		},
-		"1.29 without node restriction does not claim it": {
-			opts:    with(kube129, "nodeprobe.nodeRestriction.enabled=false"),
-			notWant: []string{noRestriction},
+		"1.32 is refused": {
+			opts:    renderOpts{kubeVersion: "1.32.9"},
+			refused: true,
 		},
-		"1.29 without the probe": {
-			opts:    with(kube129, "nodeprobe.enabled=false"),
-			notWant: []string{noRestriction},
+		"1.33 lacks DRA and DRA extended resources": {
+			opts:    kube133,
+			want:    []string{"This cluster (v1.33.13) " + noDRA, "This cluster (v1.33.13) is older than 1.36 and " + noExtended},
+			notWant: []string{noRestriction, noConditions},
 		},
-		"1.30 has the policy": {
-			opts:    renderOpts{kubeVersion: "1.30.0"},
-			notWant: []string{noRestriction, "older than 1.30"},
+		"1.33 serving resource.k8s.io/v1 lacks DRA extended resources only": {
+			opts:    renderOpts{kubeVersion: "1.33.13", apiVersions: []string{"resource.k8s.io/v1"}},
+			want:    []string{noExtended},
+			notWant: []string{noDRA},
+		},
+		"1.34 lacks DRA extended resources": {
+			opts:    renderOpts{kubeVersion: "1.34.0"},
+			want:    []string{"This cluster (v1.34.0) is older than 1.36 and " + noExtended},
+			notWant: []string{noDRA},
+		},
+		"1.35 with a vendor suffix lacks DRA extended resources": {
+			opts:    renderOpts{kubeVersion: "1.35.4-eks-1"},
+			want:    []string{"This cluster (v1.35.4-eks-1) is older than 1.36 and " + noExtended},
+			notWant: []string{noDRA},
+		},
+		"1.36 lacks nothing": {
+			opts:    kube136,
+			notWant: []string{noDRA, noExtended, noRestriction, noConditions},
+		},
+		"1.37 lacks nothing": {
+			opts:    renderOpts{kubeVersion: "1.37.2"},
+			notWant: []string{noDRA, noExtended},
 		},
 		"unprivileged probe points at the node's state": {
 			opts:    kube136,
@@ -1121,14 +1238,22 @@ func TestNotes(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			notes := renderNotes(t, tc.opts)
+			notes, err := renderNotes(t, tc.opts)
+			if tc.refused {
+				checkRefused(t, []byte(notes), err, tc.opts.kubeVersion)
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			flat := strings.Join(strings.Fields(notes), " ")
 			for _, w := range tc.want {
-				if !strings.Contains(notes, w) {
+				if !strings.Contains(flat, w) {
 					t.Errorf("notes lack %q:\n%s", w, notes)
 				}
 			}
 			for _, w := range tc.notWant {
-				if strings.Contains(notes, w) {
+				if strings.Contains(flat, w) {
 					t.Errorf("notes contain %q:\n%s", w, notes)
 				}
 			}

@@ -163,3 +163,12 @@ classes are GPUs.
 {{- $terms = append $terms "r.startsWith('deviceclass.resource.kubernetes.io/')" }}
 {{- join " || " $terms }}
 {{- end }}
+
+{{/*
+Does the cluster serve resource.k8s.io/v1 (DRA, GA in 1.34)? "true" or empty. helm install
+and upgrade know the cluster's API versions and answer from them; helm template without a
+cluster knows few, so the version decides there as well: 1.34 serves it by default.
+*/}}
+{{- define "gpu-injector.servesDRA" -}}
+{{- if or (.Capabilities.APIVersions.Has "resource.k8s.io/v1") (semverCompare ">=1.34-0" .Capabilities.KubeVersion.Version) }}true{{ end }}
+{{- end }}
