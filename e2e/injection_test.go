@@ -8,11 +8,13 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/util/retry"
 
 	"github.com/gpu-injector/gpu-injector/e2e/env"
@@ -133,11 +135,15 @@ func gpuJob(accelerator string) *batchv1.Job {
 	return j
 }
 
-// jobPod waits for the Job controller's pod of a Job and returns it.
+// jobPod waits for the Job controller's pod of a Job and returns it; when
+// none comes, the failure quotes the namespace's events (a refused create is
+// a FailedCreate event of the Job).
 func jobPod(t *testing.T, ns, job string) *corev1.Pod {
 	t.Helper()
 	var pod *corev1.Pod
-	waitFor(t, apiTimeout, "the pod of job "+ns+"/"+job, func(ctx context.Context) (bool, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), apiTimeout)
+	defer cancel()
+	err := wait.PollUntilContextCancel(ctx, 250*time.Millisecond, true, func(ctx context.Context) (bool, error) {
 		pods, err := client().CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "job-name=" + job})
 		if err != nil || len(pods.Items) == 0 {
 			return false, nil
@@ -145,7 +151,26 @@ func jobPod(t *testing.T, ns, job string) *corev1.Pod {
 		pod = &pods.Items[0]
 		return true, nil
 	})
+	if err != nil {
+		t.Fatalf("failed waiting %s for the pod of job %s/%s: %v; the namespace's events:\n%s", apiTimeout, ns, job, err, namespaceEvents(ns))
+	}
 	return pod
+}
+
+// namespaceEvents lists a namespace's events, one a line, oldest first.
+func namespaceEvents(ns string) string {
+	evs, err := client().CoreV1().Events(ns).List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		return "(failed to list events: " + err.Error() + ")"
+	}
+	var b strings.Builder
+	for _, e := range evs.Items {
+		fmt.Fprintf(&b, "%s %s %s/%s: %s: %s\n", e.LastTimestamp.Format(time.RFC3339), e.Type, e.InvolvedObject.Kind, e.InvolvedObject.Name, e.Reason, e.Message)
+	}
+	if b.Len() == 0 {
+		return "(none)"
+	}
+	return b.String()
 }
 
 // TestLegacyNvidiaSMIJob: the classic Job, created as a Job. The Job has no

@@ -90,6 +90,16 @@ func TestWedgedDriver(t *testing.T) {
 	}
 	node := waitNodeState(t, kn.Name, layout.StateWedged, chartNVMLTimeout+wedgeSlack)
 	t.Logf("node %s marked wedged %s after the SIGHUP (NVML limit %s)", kn.Name, time.Since(start).Round(time.Second), chartNVMLTimeout)
+	// The probe writes the state label first and the condition in a second
+	// write of Node status: the whole mark is there once the condition is.
+	waitFor(t, apiTimeout, "the "+string(nodeprobe.NodeConditionDriverWedged)+" condition on node "+kn.Name, func(ctx context.Context) (bool, error) {
+		n, err := client().CoreV1().Nodes().Get(ctx, kn.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		node = n
+		return wedgedCondition(n) != nil, nil
+	})
 	reason := node.Annotations[layout.AnnotationStateReason]
 	if want := "DriverWedged: NVML does not answer: nvmlInit has not returned within 30s (called at "; !strings.HasPrefix(reason, want) {
 		t.Errorf("state-reason %q, want it to start with %q", reason, want)
@@ -199,6 +209,15 @@ spec:
 	}
 	node = waitNodeState(t, kn.Name, layout.StateReady, wedgeSlack)
 	t.Logf("node %s ready again %s after the driver answered", kn.Name, time.Since(recovered).Round(time.Second))
+	waitFor(t, apiTimeout, "the "+string(nodeprobe.NodeConditionDriverWedged)+" condition of node "+kn.Name+" to clear", func(ctx context.Context) (bool, error) {
+		n, err := client().CoreV1().Nodes().Get(ctx, kn.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		node = n
+		c := wedgedCondition(n)
+		return c != nil && c.Status != corev1.ConditionTrue, nil
+	})
 	if got := node.Labels[layout.LabelFingerprint]; got != fp {
 		t.Errorf("fingerprint after recovery %q, want the one before, %s", got, fp)
 	}
