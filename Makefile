@@ -6,6 +6,12 @@ BIN      ?= bin
 VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS  := -X github.com/gpu-injector/gpu-injector/version.Version=$(VERSION)
 
+# K8S_VERSION=v1.X.Y runs the local cluster (make e2e, make test, make demo, make
+# tools) on that Kubernetes release instead of e2e/cluster/versions.env's.
+ifdef K8S_VERSION
+export KUBERNETES_VERSION := $(K8S_VERSION)
+endif
+
 .PHONY: help
 help: ## show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-10s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -27,7 +33,7 @@ unit: ## unit, golden and handler tests only (no cluster)
 	hack/test.sh unit
 
 .PHONY: e2e
-e2e: ## end-to-end tests on a real local cluster (builds the cluster binaries once)
+e2e: ## end-to-end tests on a real local cluster (builds the cluster binaries once); K8S_VERSION=v1.X.Y for another release
 	hack/test.sh e2e
 
 .PHONY: lint
@@ -55,5 +61,5 @@ demo: ## a local cluster with simulated GPU nodes, gpu-injector installed, class
 	hack/demo.sh
 
 .PHONY: tools
-tools: ## build and cache etcd, Kubernetes 1.36.3 and helm under bin/
+tools: ## build and cache etcd, Kubernetes, helm and NVIDIA's device plugin (e2e/cluster/versions.env) under ~/.cache/gpu-injector
 	hack/tools.sh all

@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpu-injector/gpu-injector/e2e/cluster"
+
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -49,15 +51,11 @@ func helmBinary(t *testing.T) string {
 	if h := os.Getenv("HELM"); h != "" {
 		return h
 	}
-	cache := os.Getenv("GPU_INJECTOR_CACHE")
-	if cache == "" {
-		root, err := filepath.Abs("..")
-		if err != nil {
-			t.Fatalf("failed to find the repository root: %v", err)
-		}
-		cache = filepath.Join(root, "bin")
+	cache, err := cluster.CacheDir()
+	if err != nil {
+		t.Fatal(err)
 	}
-	h := filepath.Join(cache, "helm-v3.16.3", "helm")
+	h := filepath.Join(cache, "helm-"+cluster.HelmVersion, "helm")
 	if _, err := os.Stat(h); err != nil {
 		t.Fatalf("helm not found at %s (%v): run hack/tools.sh helm, or set HELM", h, err)
 	}

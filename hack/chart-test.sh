@@ -4,13 +4,13 @@
 #
 #   hack/chart-test.sh
 #
-# helm comes from ${HELM}, or ${GPU_INJECTOR_CACHE:-<repo>/bin}/helm-v3.16.3/helm, built
-# by hack/tools.sh helm when missing.
+# helm comes from ${HELM}, or hack/tools.sh's cache (helm-<version>/helm, the version
+# e2e/cluster/versions.env sets), built by hack/tools.sh helm when missing.
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-CACHE="${GPU_INJECTOR_CACHE:-${REPO_ROOT}/bin}"
-HELM_VERSION=v3.16.3
+CACHE="${GPU_INJECTOR_CACHE:-${XDG_CACHE_HOME:-${HOME}/.cache}/gpu-injector}"
+HELM_VERSION="$(sed -n 's/^HELM_VERSION=//p' "${REPO_ROOT}/e2e/cluster/versions.env")"
 CHART="${REPO_ROOT}/charts/gpu-injector"
 
 log() { printf '[chart-test] %s\n' "$*" >&2; }
@@ -29,11 +29,12 @@ if [[ -z "${HELM:-}" ]]; then
 fi
 export HELM
 
-# Each mode: a name, then helm arguments. The ValidatingAdmissionPolicy follows the
-# Kubernetes version (1.30+); the Go tests check its content and its CEL.
+# Each mode: a name, then helm arguments. The chart refuses a Kubernetes below its
+# floor (kubeVersion >=1.33.0-0) in helm template and install, though not in helm lint,
+# so no mode names one; the Go tests check that refusal, the policy and its CEL.
 modes=(
   "defaults (1.36)|--kube-version 1.36.3"
-  "defaults (1.29: no matchConditions, no policy)|--kube-version 1.29.0"
+  "defaults (1.33, the floor: no DRA rules)|--kube-version 1.33.13"
   "cert-manager|--kube-version 1.36.3 --set certManager.enabled=true"
   "cert-manager with a ClusterIssuer|--kube-version 1.36.3 --set certManager.enabled=true --set certManager.issuerRef.name=ca --set certManager.issuerRef.kind=ClusterIssuer"
   "out-of-cluster webhook url|--kube-version 1.36.3 --set webhook.url=https://127.0.0.1:9443 --set webhook.caBundle=Zm9v --set webhook.enabled=false"

@@ -12,17 +12,20 @@ cd "$(dirname "$0")/.."
 
 log() { printf '[demo] %s\n' "$*" >&2; }
 
-CACHE="${GPU_INJECTOR_CACHE:-bin}"
-if [[ ! -f "${CACHE}/kubernetes-v1.36.3/.complete" || ! -f "${CACHE}/etcd-v3.5.21/.complete" ]]; then
-	log "first run: building etcd, Kubernetes v1.36.3 and helm from source into ${CACHE}/"
-	log "(15-40 minutes on 2 cores, most of it kube-apiserver; docs/local-cluster.md has the measurements; cached under bin/ after that)"
+CACHE="${GPU_INJECTOR_CACHE:-${XDG_CACHE_HOME:-${HOME}/.cache}/gpu-injector}"
+# shellcheck source=../e2e/cluster/versions.env
+source <(grep -E '^[A-Z_]+=' e2e/cluster/versions.env | sed -E 's/^([A-Z_]+)=(.*)$/\1="${\1:-\2}"/')
+if [[ ! -f "${CACHE}/kubernetes-${KUBERNETES_VERSION}/.complete" || ! -f "${CACHE}/etcd-${ETCD_VERSION}/.complete" ]]; then
+	log "first run: building etcd, Kubernetes ${KUBERNETES_VERSION} and helm from source into ${CACHE}/"
+	log "(15-40 minutes on 2 cores, most of it kube-apiserver; docs/local-cluster.md has the measurements; cached there for every clone after that)"
 fi
+export KUBERNETES_VERSION ETCD_VERSION HELM_VERSION
 hack/tools.sh all
 hack/install-runtime.sh
 
 # Built, then exec'ed rather than `go run`: a SIGTERM must reach the demo
 # itself (go run would leave it orphaned), so that it tears everything down.
 log "building the demo program (go build ./hack/demo)"
-mkdir -p "${CACHE}"
-go build -o "${CACHE}/gpu-injector-demo" ./hack/demo
-exec "${CACHE}/gpu-injector-demo" "$@"
+mkdir -p bin
+go build -o bin/gpu-injector-demo ./hack/demo
+exec bin/gpu-injector-demo "$@"

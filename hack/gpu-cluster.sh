@@ -50,8 +50,10 @@ repo=$(pwd)
 [[ -d $repo/charts/gpu-injector ]] || { echo "gpu-cluster: run from the repository (no charts/ in $repo)" >&2; exit 1; }
 
 STAGE=/tmp/gpu-cluster-payload
-K8S_VERSION=v1.36.3
-ETCD_VERSION=v3.5.21
+# The versions the local cluster runs (KUBERNETES_VERSION=... in the environment wins).
+# shellcheck source=../e2e/cluster/versions.env
+source <(grep -E '^[A-Z_]+=' "$repo/e2e/cluster/versions.env" | sed -E 's/^([A-Z_]+)=(.*)$/\1="${\1:-\2}"/')
+K8S_VERSION=$KUBERNETES_VERSION
 KUBE_COMPONENTS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
 DRIVERLESS_IMAGE=gpu-injector.local/driverless-cuda:gpu
 # The gpu-injector image as `make image` builds it, under the name a user of a
@@ -104,8 +106,8 @@ if [[ $mode == build ]]; then
 	set -e
 	mkdir -p "$build_dir/part1" "$build_dir/part2"
 	b=$(cd "$build_dir" && pwd)
-	cache=${GPU_INJECTOR_CACHE:-$repo/bin}
-	hack/tools.sh all
+	cache=${GPU_INJECTOR_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-injector}
+	KUBERNETES_VERSION=$K8S_VERSION hack/tools.sh all
 	xzf() { # xzf SRC DEST.xz: compress unless DEST is newer than SRC
 		if [[ ! -f $2 || $1 -nt $2 ]]; then
 			echo "xz $1 -> $2" >&2
@@ -141,7 +143,7 @@ if [[ $mode == build ]]; then
 		cp "$cache/etcd-$ETCD_VERSION/etcd" "$tmp/etcd" && strip "$tmp/etcd"
 		xzf "$tmp/etcd" "$b/part1/etcd.xz"
 	fi
-	xzf "$(ls "$cache"/helm-*/helm | head -1)" "$b/part1/helm.xz"
+	xzf "$cache/helm-$HELM_VERSION/helm" "$b/part1/helm.xz"
 	# containerd 1.6, runc 1.1 and the CNI plugins from Debian's packages, as
 	# hack/install-runtime.sh installs them here.
 	if [[ ! -f $b/part2/runtime.tar.xz ]]; then

@@ -6,18 +6,20 @@
 #
 #   hack/tools.sh [etcd|kubernetes|helm|nvidia-device-plugin|all]...     (default: all)
 #
-# Binaries land in ${GPU_INJECTOR_CACHE:-<repo>/bin}/<tool>-<version>/. A tool whose
-# folder holds a .complete stamp is "cached" and returns at once.
+# Versions come from e2e/cluster/versions.env; KUBERNETES_VERSION=v1.X.Y (and the
+# others) in the environment win. Binaries land in
+# ${GPU_INJECTOR_CACHE:-${XDG_CACHE_HOME:-~/.cache}/gpu-injector}/<tool>-<version>/,
+# outside the clone, so a fresh clone on a machine that built them once reuses them,
+# as Go's own build cache does. A folder whose .complete stamp names the Go that
+# built it (go env GOVERSION) is "cached" and returns at once; another Go rebuilds.
 set -euo pipefail
 
-ETCD_VERSION="${ETCD_VERSION:-v3.5.21}"
-KUBERNETES_VERSION="${KUBERNETES_VERSION:-v1.36.3}"
-HELM_VERSION="${HELM_VERSION:-v3.16.3}"
-NVIDIA_DEVICE_PLUGIN_VERSION="${NVIDIA_DEVICE_PLUGIN_VERSION:-v0.19.1}"
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=../e2e/cluster/versions.env
+source <(grep -E '^[A-Z_]+=' "${REPO_ROOT}/e2e/cluster/versions.env" | sed -E 's/^([A-Z_]+)=(.*)$/\1="${\1:-\2}"/')
 KUBERNETES_BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
 
-REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-CACHE="${GPU_INJECTOR_CACHE:-${REPO_ROOT}/bin}"
+CACHE="${GPU_INJECTOR_CACHE:-${XDG_CACHE_HOME:-${HOME}/.cache}/gpu-injector}"
 mkdir -p "${CACHE}"
 CACHE="$(cd "${CACHE}" && pwd)"
 
@@ -30,6 +32,7 @@ die() { log "error: $*"; exit 1; }
 
 command -v go >/dev/null || die "go is not on PATH"
 
+
 # with_lock DIR CMD...: a second run of this script (another terminal, a parallel
 # test) waits for the first instead of racing it on the same folder.
 with_lock() {
@@ -41,12 +44,17 @@ with_lock() {
   ) 9>"${CACHE}/.locks/$(basename "${dir}").lock"
 }
 
+GO_VERSION="$(go env GOVERSION)"
+
 is_cached() {
   local dir="$1"; shift
-  [[ -f "${dir}/.complete" ]] || return 1
+  [[ -f "${dir}/.complete" && "$(cat "${dir}/.complete")" == "${GO_VERSION}" ]] || return 1
   local b
   for b in "$@"; do [[ -x "${dir}/${b}" ]] || return 1; done
 }
+
+# complete DIR: stamps DIR as built by this Go.
+complete() { echo "${GO_VERSION}" >"$1/.complete"; }
 
 # elapsed SECONDS_START: human duration since then.
 elapsed() { local s=$(( SECONDS - $1 )); printf '%dm%02ds' $((s / 60)) $((s % 60)); }
@@ -82,7 +90,7 @@ GO
   mv -f "${dir}/.etcd.tmp" "${dir}/etcd"
   # Whole output: `| head -1` would SIGPIPE etcd and fail the script under pipefail.
   "${dir}/etcd" --version >&2
-  touch "${dir}/.complete"
+  complete "${dir}"
   log "etcd ${ETCD_VERSION}: built in $(elapsed "${start}") -> ${dir}/etcd"
 }
 
@@ -144,6 +152,8 @@ build_kubernetes_locked() {
     } > tools.go
     go mod tidy >tidy.log 2>&1 || { cat tidy.log >&2; die "go mod tidy failed"; }
     mkdir -p "${dir}"
+    # Binaries left by an earlier, interrupted build count only if this Go built them.
+    [[ -f "${dir}/.go-${GO_VERSION}" ]] || { rm -f "${dir}"/kube* "${dir}"/.go-*; touch "${dir}/.go-${GO_VERSION}"; }
     local ldflags="-s -w"
     ldflags+=" -X k8s.io/component-base/version.gitVersion=${KUBERNETES_VERSION}"
     ldflags+=" -X k8s.io/component-base/version.gitMajor=1"
@@ -152,7 +162,7 @@ build_kubernetes_locked() {
     ldflags+=" -X k8s.io/component-base/version.buildDate=1970-01-01T00:00:00Z"
     local first=" (first time, ~6 min on 2 cores)"
     for b in "${KUBERNETES_BINARIES[@]}"; do
-      if [[ -x "${dir}/${b}" ]]; then log "${b}: already built"; continue; fi
+      if [[ -x "${dir}/${b}" && -f "${dir}/.go-${GO_VERSION}" ]]; then log "${b}: already built"; continue; fi
       local bstart=${SECONDS}
       log "building ${b}${first}..."
       first=""
@@ -162,7 +172,7 @@ build_kubernetes_locked() {
     done
   )
   "${dir}/kube-apiserver" --version >&2
-  touch "${dir}/.complete"
+  complete "${dir}"
   log "kubernetes ${KUBERNETES_VERSION}: built in $(elapsed "${start}") -> ${dir}"
 }
 
@@ -190,7 +200,7 @@ build_helm_locked() {
   mkdir -p "${dir}"
   mv -f "${tmp}/helm" "${dir}/helm"
   "${dir}/helm" version --short >&2
-  touch "${dir}/.complete"
+  complete "${dir}"
   log "helm ${HELM_VERSION}: built in $(elapsed "${start}") -> ${dir}/helm"
 }
 
@@ -219,7 +229,7 @@ build_nvidia_device_plugin_locked() {
     -o "${tmp}/nvidia-device-plugin" ./cmd/nvidia-device-plugin)
   mkdir -p "${dir}"
   mv -f "${tmp}/nvidia-device-plugin" "${dir}/nvidia-device-plugin"
-  touch "${dir}/.complete"
+  complete "${dir}"
   log "nvidia-device-plugin ${NVIDIA_DEVICE_PLUGIN_VERSION}: built in $(elapsed "${start}") -> ${dir}/nvidia-device-plugin"
 }
 

@@ -282,8 +282,8 @@ func publishCondition(ctx context.Context, c kubernetes.Interface, node *corev1.
 }
 
 // ErrConditionForbidden is a refused GPUDriverWedged condition: the chart
-// grants Node status only where its admission policy narrows it (Kubernetes
-// 1.30+, nodeRestriction on). The state label, written first, still marks
+// grants Node status only where its admission policy narrows it
+// (nodeRestriction on). The state label, written first, still marks
 // the node, which is what keeps GPU pods away.
 var ErrConditionForbidden = errors.New("the probe may not write Node status")
 

@@ -21,6 +21,8 @@ import (
 	"go.uber.org/zap/zapcore"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	utilversion "k8s.io/apimachinery/pkg/util/version"
+	"k8s.io/client-go/discovery"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -239,8 +241,13 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if err := dra.Watch(mgrCtx, mgr.GetCache()); err != nil {
 			return err
 		}
+		// The field that names a DeviceClass's extended resource arrived with
+		// DRA extended resources (1.36); an older API server drops it.
+		if v, err := serverVersion(restCfg); err == nil && v.LessThan(utilversion.MajorMinor(1, 36)) {
+			log.Info("the API server predates DRA extended resources (Kubernetes 1.36): no DeviceClass names an extended resource, so only resources.names make a container a GPU container", "serverVersion", v.String())
+		}
 	} else {
-		log.Info("the API server does not serve resource.k8s.io/v1; GPUs are counted from Node allocatable only")
+		log.Info("the API server does not serve resource.k8s.io/v1 (Kubernetes 1.34+): GPUs are counted from Node allocatable only, and a pod that claims a GPU DeviceClass is not seen as a GPU pod")
 	}
 	namespaces, err := WatchNamespaces(mgrCtx, mgr.GetCache())
 	if err != nil {
@@ -317,6 +324,19 @@ func restConfig(kubeconfig string) (*rest.Config, error) {
 		return nil, fmt.Errorf("failed to load kubeconfig %q: %w", kubeconfig, err)
 	}
 	return c, nil
+}
+
+// serverVersion is the API server's Kubernetes version.
+func serverVersion(cfg *rest.Config) (*utilversion.Version, error) {
+	dc, err := discovery.NewDiscoveryClientForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("failed to create the discovery client: %w", err)
+	}
+	info, err := dc.ServerVersion()
+	if err != nil {
+		return nil, fmt.Errorf("failed to read the API server's version: %w", err)
+	}
+	return utilversion.ParseGeneric(info.GitVersion)
 }
 
 // closeWhileDraining asks each client to move to another connection once

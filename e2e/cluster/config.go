@@ -1,7 +1,7 @@
 package cluster
 
 import (
-	"bufio"
+	_ "embed"
 	"errors"
 	"fmt"
 	"net"
@@ -14,15 +14,32 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// Versions the launcher runs; hack/tools.sh builds the same ones.
-const (
-	EtcdVersion       = "v3.5.21"
-	KubernetesVersion = "v1.36.3"
-	HelmVersion       = "v3.16.3"
+// versionsFile is the one place the tools' versions are set; hack/tools.sh
+// builds from it too.
+//
+//go:embed versions.env
+var versionsFile string
+
+// Versions the launcher runs: versions.env's, or the environment's
+// (KUBERNETES_VERSION=v1.33.13 runs the e2e suite on that release, as
+// `make e2e K8S_VERSION=v1.33.13` does).
+var (
+	EtcdVersion       = version("ETCD_VERSION")
+	KubernetesVersion = version("KUBERNETES_VERSION")
+	HelmVersion       = version("HELM_VERSION")
 )
 
-// modulePath identifies this repository's go.mod when looking for the default cache.
-const modulePath = "github.com/gpu-injector/gpu-injector"
+func version(name string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	for line := range strings.SplitSeq(versionsFile, "\n") {
+		if k, v, ok := strings.Cut(strings.TrimSpace(line), "="); ok && k == name {
+			return v
+		}
+	}
+	panic("versions.env sets no " + name)
+}
 
 // Binaries are the paths of every program the cluster runs.
 type Binaries struct {
@@ -30,39 +47,18 @@ type Binaries struct {
 	Containerd, Ctr, Runc, Unshare, Nsenter                         string
 }
 
-// CacheDir is where hack/tools.sh puts binaries: $GPU_INJECTOR_CACHE, else the
-// bin/ folder of the repository that holds the working directory.
+// CacheDir is where hack/tools.sh puts binaries: $GPU_INJECTOR_CACHE, else
+// gpu-injector/ in the user's cache folder ($XDG_CACHE_HOME, else ~/.cache),
+// outside any clone.
 func CacheDir() (string, error) {
 	if d := os.Getenv("GPU_INJECTOR_CACHE"); d != "" {
 		return filepath.Abs(d)
 	}
-	wd, err := os.Getwd()
+	d, err := os.UserCacheDir()
 	if err != nil {
-		return "", fmt.Errorf("failed to get working directory: %w", err)
+		return "", fmt.Errorf("failed to find the cache folder of hack/tools.sh (set GPU_INJECTOR_CACHE): %w", err)
 	}
-	for dir := wd; ; dir = filepath.Dir(dir) {
-		if isRepoRoot(dir) {
-			return filepath.Join(dir, "bin"), nil
-		}
-		if filepath.Dir(dir) == dir {
-			return "", fmt.Errorf("failed to find the %s repository above %s; set GPU_INJECTOR_CACHE", modulePath, wd)
-		}
-	}
-}
-
-func isRepoRoot(dir string) bool {
-	f, err := os.Open(filepath.Join(dir, "go.mod"))
-	if err != nil {
-		return false
-	}
-	defer f.Close()
-	s := bufio.NewScanner(f)
-	for s.Scan() {
-		if strings.TrimSpace(s.Text()) == "module "+modulePath {
-			return true
-		}
-	}
-	return false
+	return filepath.Join(d, "gpu-injector"), nil
 }
 
 // FindBinaries locates every program, with an error that says how to get the

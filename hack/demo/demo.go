@@ -23,8 +23,6 @@ import (
 	"github.com/gpu-injector/gpu-injector/e2e/workloads"
 )
 
-const kubernetesVersion = cluster.KubernetesVersion
-
 // image is the one image of the demo's manifests: cuda-check, standin-server,
 // glibc and the loader, and no driver file.
 const image = "gpu-injector.local/driverless:demo"

@@ -21,6 +21,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/gpu-injector/gpu-injector/e2e/cluster"
 	"github.com/gpu-injector/gpu-injector/e2e/env"
 )
 
@@ -59,7 +60,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	defer stop()
 
 	d := &demo{out: stdout, log: stderr, start: time.Now(), waitFor: *waitFor, exit: *exit}
-	d.progress("bringing up the environment: a local Kubernetes %s cluster with one real kubelet, simulated GPU nodes, gpu-injector", kubernetesVersion)
+	d.progress("bringing up the environment: a local Kubernetes %s cluster with one real kubelet, simulated GPU nodes, gpu-injector", cluster.KubernetesVersion)
 	e, err := env.Up(ctx, env.Options{Progress: stderr, KeepOnFailure: *keep, HostLockWait: *waitOther})
 	if err != nil {
 		d.failUp(ctx, err)
