@@ -14,6 +14,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	utilversion "k8s.io/apimachinery/pkg/util/version"
 	"k8s.io/client-go/util/retry"
 
 	"github.com/gpu-injector/gpu-injector/e2e/env"
@@ -27,6 +28,35 @@ import (
 var taintE2E = corev1.Taint{Key: "gpu-injector.io/e2e-node", Value: "dra-and-runtime", Effect: corev1.TaintEffectNoSchedule}
 
 var tolerateE2E = corev1.Toleration{Key: taintE2E.Key, Operator: corev1.TolerationOpEqual, Value: taintE2E.Value, Effect: taintE2E.Effect}
+
+// serverVersion is the API server's Kubernetes version.
+func serverVersion(t *testing.T) *utilversion.Version {
+	t.Helper()
+	info, err := client().Discovery().ServerVersion()
+	if err != nil {
+		t.Fatalf("failed to read the API server's version: %v", err)
+	}
+	v, err := utilversion.ParseGeneric(info.GitVersion)
+	if err != nil {
+		t.Fatalf("failed to parse the API server's version %q: %v", info.GitVersion, err)
+	}
+	return v
+}
+
+// assertWebhookLogged checks that every webhook replica logged a line that
+// holds want: what the webhook tells an operator about the cluster.
+func assertWebhookLogged(t *testing.T, want string) {
+	t.Helper()
+	pods, err := testEnv.WebhookPods(testContext(t))
+	if err != nil || len(pods) == 0 {
+		t.Fatalf("no webhook pods: %v", err)
+	}
+	for i := range pods {
+		if log := testEnv.PodLog(testContext(t), &pods[i], "webhook", false, 0); !strings.Contains(log, want) {
+			t.Errorf("webhook pod %s did not log %q", pods[i].Name, want)
+		}
+	}
+}
 
 // looseDriver is a distribution's packaged driver (Ubuntu's
 // nvidia-driver-580): libraries file by file in the shared folder, nvidia-smi
@@ -164,6 +194,21 @@ func waitBoundTo(t *testing.T, ns, name, node string) *corev1.Pod {
 func TestDRANode(t *testing.T) {
 	ctx := testContext(t)
 	const nodeName, driver = "dra-h100", "580.95.05"
+	version := serverVersion(t)
+
+	if version.LessThan(utilversion.MajorMinor(1, 34)) {
+		// resource.k8s.io/v1 is served from 1.34: the webhook counts GPUs
+		// from Node allocatable only, and says so when it starts.
+		if _, err := client().Discovery().ServerResourcesForGroupVersion(resourcev1.SchemeGroupVersion.String()); !apierrors.IsNotFound(err) {
+			t.Fatalf("a %s API server answers for %s: %v", version, resourcev1.SchemeGroupVersion, err)
+		}
+		assertWebhookLogged(t, "the API server does not serve resource.k8s.io/v1 (Kubernetes 1.34+)")
+		return
+	}
+	// DRA extended resources (a DeviceClass's extendedResourceName, which the
+	// scheduler satisfies a plain nvidia.com/gpu limit from) are beta, on by
+	// default, from 1.36; before that the API server drops the field.
+	extended := !version.LessThan(utilversion.MajorMinor(1, 36))
 
 	class := &resourcev1.DeviceClass{
 		ObjectMeta: metav1.ObjectMeta{Name: "gpu.nvidia.com"},
@@ -174,13 +219,16 @@ func TestDRANode(t *testing.T) {
 	}
 	created, err := client().ResourceV1().DeviceClasses().Create(ctx, class, metav1.CreateOptions{})
 	if err != nil {
-		t.Fatalf("failed to create DeviceClass %s (the API server must serve resource.k8s.io/v1, Kubernetes 1.34+): %v", class.Name, err)
+		t.Fatalf("failed to create DeviceClass %s: %v", class.Name, err)
 	}
 	t.Cleanup(func() {
 		_ = client().ResourceV1().DeviceClasses().Delete(context.Background(), class.Name, metav1.DeleteOptions{})
 	})
-	if created.Spec.ExtendedResourceName == nil {
-		t.Fatalf("the API server dropped spec.extendedResourceName of DeviceClass %s: the DRAExtendedResource feature gate is off", class.Name)
+	if kept := created.Spec.ExtendedResourceName != nil; kept != extended {
+		t.Fatalf("a %s API server kept spec.extendedResourceName of DeviceClass %s: %v, want %v (DRAExtendedResource is on by default from 1.36)", version, class.Name, kept, extended)
+	}
+	if !extended {
+		assertWebhookLogged(t, "the API server predates DRA extended resources (Kubernetes 1.36)")
 	}
 
 	fp := apiGPUNode(t, nodeName, "nvidia-h100", looseDriver(driver), 0)
@@ -212,46 +260,48 @@ func TestDRANode(t *testing.T) {
 	}
 	ns := newNamespace(t, true)
 
-	t.Run("a GPU limit with no node constraint goes to the DRA node", func(t *testing.T) {
-		p := gpuPod("cuda-check", podOpts{resource: gpu})
-		p.Spec.Tolerations = []corev1.Toleration{tolerateE2E}
-		// The slice may reach the webhook's cache a moment after the node:
-		// until it does, the DRA node weighs nothing and another layout wins.
-		var got *corev1.Pod
-		waitFor(t, apiTimeout, "the webhook to weigh the DRA node by its ResourceSlice", func(ctx context.Context) (bool, error) {
-			if got != nil {
-				_ = client().CoreV1().Pods(ns).Delete(ctx, got.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr(int64(0))})
-				waitGone(t, ns, got.Name)
+	if extended {
+		t.Run("a GPU limit with no node constraint goes to the DRA node", func(t *testing.T) {
+			p := gpuPod("cuda-check", podOpts{resource: gpu})
+			p.Spec.Tolerations = []corev1.Toleration{tolerateE2E}
+			// The slice may reach the webhook's cache a moment after the node:
+			// until it does, the DRA node weighs nothing and another layout wins.
+			var got *corev1.Pod
+			waitFor(t, apiTimeout, "the webhook to weigh the DRA node by its ResourceSlice", func(ctx context.Context) (bool, error) {
+				if got != nil {
+					_ = client().CoreV1().Pods(ns).Delete(ctx, got.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr(int64(0))})
+					waitGone(t, ns, got.Name)
+				}
+				got = createPod(t, ns, p.DeepCopy())
+				return got.Spec.NodeSelector[layout.LabelFingerprint] == fp, nil
+			})
+			rec := assertPinned(t, got, fp, driver)
+			if len(rec.Volumes) != 3 || len(hostPaths(got)) != 3 {
+				t.Errorf("pod %s: injected volumes %v (hostPaths %v), want the layout's 3", got.Name, rec.Volumes, hostPaths(got))
 			}
-			got = createPod(t, ns, p.DeepCopy())
-			return got.Spec.NodeSelector[layout.LabelFingerprint] == fp, nil
-		})
-		rec := assertPinned(t, got, fp, driver)
-		if len(rec.Volumes) != 3 || len(hostPaths(got)) != 3 {
-			t.Errorf("pod %s: injected volumes %v (hostPaths %v), want the layout's 3", got.Name, rec.Volumes, hostPaths(got))
-		}
-		if v, _ := envValue(got.Spec.Containers[0], "LD_LIBRARY_PATH"); v != "/usr/local/nvidia/lib64" {
-			t.Errorf("LD_LIBRARY_PATH=%q, want /usr/local/nvidia/lib64", v)
-		}
-		bound := waitBoundTo(t, ns, got.Name, nodeName)
-		// The scheduler satisfied nvidia.com/gpu from the DeviceClass: it
-		// made a claim for the pod and allocated a device of the slice.
-		waitFor(t, apiTimeout, "the scheduler's extended-resource claim of "+got.Name, func(ctx context.Context) (bool, error) {
-			p, err := client().CoreV1().Pods(ns).Get(ctx, got.Name, metav1.GetOptions{})
+			if v, _ := envValue(got.Spec.Containers[0], "LD_LIBRARY_PATH"); v != "/usr/local/nvidia/lib64" {
+				t.Errorf("LD_LIBRARY_PATH=%q, want /usr/local/nvidia/lib64", v)
+			}
+			bound := waitBoundTo(t, ns, got.Name, nodeName)
+			// The scheduler satisfied nvidia.com/gpu from the DeviceClass: it
+			// made a claim for the pod and allocated a device of the slice.
+			waitFor(t, apiTimeout, "the scheduler's extended-resource claim of "+got.Name, func(ctx context.Context) (bool, error) {
+				p, err := client().CoreV1().Pods(ns).Get(ctx, got.Name, metav1.GetOptions{})
+				if err != nil {
+					return false, nil
+				}
+				bound = p
+				return p.Status.ExtendedResourceClaimStatus != nil, nil
+			})
+			claim, err := client().ResourceV1().ResourceClaims(ns).Get(testContext(t), bound.Status.ExtendedResourceClaimStatus.ResourceClaimName, metav1.GetOptions{})
 			if err != nil {
-				return false, nil
+				t.Fatalf("failed to get the scheduler's claim: %v", err)
 			}
-			bound = p
-			return p.Status.ExtendedResourceClaimStatus != nil, nil
+			if claim.Status.Allocation == nil || len(claim.Status.Allocation.Devices.Results) != 1 || claim.Status.Allocation.Devices.Results[0].Pool != nodeName {
+				t.Errorf("claim %s allocation %+v, want one device of pool %s", claim.Name, claim.Status.Allocation, nodeName)
+			}
 		})
-		claim, err := client().ResourceV1().ResourceClaims(ns).Get(testContext(t), bound.Status.ExtendedResourceClaimStatus.ResourceClaimName, metav1.GetOptions{})
-		if err != nil {
-			t.Fatalf("failed to get the scheduler's claim: %v", err)
-		}
-		if claim.Status.Allocation == nil || len(claim.Status.Allocation.Devices.Results) != 1 || claim.Status.Allocation.Devices.Results[0].Pool != nodeName {
-			t.Errorf("claim %s allocation %+v, want one device of pool %s", claim.Name, claim.Status.Allocation, nodeName)
-		}
-	})
+	}
 
 	t.Run("a pod that claims a GPU only through a ResourceClaimTemplate is a GPU pod", func(t *testing.T) {
 		tmpl := &resourcev1.ResourceClaimTemplate{
@@ -281,6 +331,18 @@ func TestDRANode(t *testing.T) {
 		}
 		waitBoundTo(t, ns, got.Name, nodeName)
 	})
+
+	if !extended {
+		// After the claim above: the webhook has the slice by now.
+		t.Run("a GPU limit does not go to the DRA node, whose GPUs no DeviceClass offers as nvidia.com/gpu", func(t *testing.T) {
+			p := gpuPod("cuda-check", podOpts{resource: gpu})
+			p.Spec.Tolerations = []corev1.Toleration{tolerateE2E}
+			got := createPod(t, ns, p)
+			if fpGot := got.Spec.NodeSelector[layout.LabelFingerprint]; fpGot == fp {
+				t.Errorf("pod %s pinned to the DRA node's layout %s, where the scheduler cannot give it nvidia.com/gpu", got.Name, fp)
+			}
+		})
+	}
 
 	t.Run("a claim of a device that is no GPU is left alone", func(t *testing.T) {
 		nic := &resourcev1.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: "e2e-nic.example.com"},

@@ -10,6 +10,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"slices"
@@ -28,6 +29,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrlconfig "sigs.k8s.io/controller-runtime/pkg/client/config"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
@@ -153,7 +155,21 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		"pinningNodeLabels", cfg.Pinning.NodeLabels, "rememberFor", cfg.Pinning.Remember().String())
 
 	idx := gpunodes.NewIndex(cfg, log.WithName("nodes"))
-	byObject := gpunodes.DRACacheByObject()
+	dc, err := discovery.NewDiscoveryClientForConfig(restCfg)
+	if err != nil {
+		return fmt.Errorf("failed to create the discovery client: %w", err)
+	}
+	// Kubernetes 1.34+ serves resource.k8s.io/v1: GPUs may come through DRA,
+	// counted from ResourceSlices and claimed through DeviceClasses. An older
+	// API server gets no DRA kinds in the cache, which would fail its start.
+	draServed, err := gpunodes.DRAServed(dc)
+	if err != nil {
+		return err
+	}
+	byObject := map[client.Object]cache.ByObject{}
+	if draServed {
+		maps.Copy(byObject, gpunodes.DRACacheByObject())
+	}
 	if o.certs.mode == CertModeSelf && o.certs.namespace != "" {
 		// Only the one Secret, only to copy it into --cert-dir.
 		byObject[&corev1.Secret{}] = cache.ByObject{
@@ -232,18 +248,15 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	// Started with the caches, not after them as a manager runnable would
 	// be: the pool memory's writer waits for the index.
 	go idx.Watch(mgrCtx, nodeLW)
-	// Kubernetes 1.34+ serves resource.k8s.io/v1: GPUs may come through DRA,
-	// counted from ResourceSlices and claimed through DeviceClasses. An older
-	// API server gets no informer that could never sync.
 	var dra *gpunodes.DRA
-	if gpunodes.DRAServed(mgr.GetRESTMapper()) {
+	if draServed {
 		dra = gpunodes.NewDRA(cfg, idx, mgr.GetAPIReader(), log.WithName("dra"))
 		if err := dra.Watch(mgrCtx, mgr.GetCache()); err != nil {
 			return err
 		}
 		// The field that names a DeviceClass's extended resource arrived with
 		// DRA extended resources (1.36); an older API server drops it.
-		if v, err := serverVersion(restCfg); err == nil && v.LessThan(utilversion.MajorMinor(1, 36)) {
+		if v, err := serverVersion(dc); err == nil && v.LessThan(utilversion.MajorMinor(1, 36)) {
 			log.Info("the API server predates DRA extended resources (Kubernetes 1.36): no DeviceClass names an extended resource, so only resources.names make a container a GPU container", "serverVersion", v.String())
 		}
 	} else {
@@ -327,11 +340,7 @@ func restConfig(kubeconfig string) (*rest.Config, error) {
 }
 
 // serverVersion is the API server's Kubernetes version.
-func serverVersion(cfg *rest.Config) (*utilversion.Version, error) {
-	dc, err := discovery.NewDiscoveryClientForConfig(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("failed to create the discovery client: %w", err)
-	}
+func serverVersion(dc discovery.DiscoveryInterface) (*utilversion.Version, error) {
 	info, err := dc.ServerVersion()
 	if err != nil {
 		return nil, fmt.Errorf("failed to read the API server's version: %w", err)

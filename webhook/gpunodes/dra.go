@@ -14,9 +14,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/discovery"
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -95,13 +94,25 @@ func NewDRA(cfg *config.Configuration, idx *Index, reader client.Reader, log log
 
 // DRAServed reports whether the API server serves resource.k8s.io/v1, which
 // Kubernetes 1.34 and later do; older clusters get no DRA informers.
-func DRAServed(mapper meta.RESTMapper) bool {
-	_, err := mapper.RESTMapping(schema.GroupKind{Group: resourcev1.GroupName, Kind: "ResourceSlice"}, "v1")
-	return err == nil
+func DRAServed(dc discovery.DiscoveryInterface) (bool, error) {
+	list, err := dc.ServerResourcesForGroupVersion(resourcev1.SchemeGroupVersion.String())
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("failed to discover %s: %w", resourcev1.SchemeGroupVersion, err)
+	}
+	for _, r := range list.APIResources {
+		if r.Kind == "ResourceSlice" {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
-// DRACacheByObject lists the stripped DRA kinds for the manager's cache; an
-// entry makes no informer by itself, so it is harmless where DRA is not served.
+// DRACacheByObject lists the stripped DRA kinds for the manager's cache. Only
+// where DRAServed: the cache maps every entry to its API when it is made, and
+// a kind the API server does not serve fails the manager's start.
 func DRACacheByObject() map[client.Object]cache.ByObject {
 	return map[client.Object]cache.ByObject{
 		&resourcev1.ResourceSlice{}:         {Transform: stripSlice},

@@ -2,6 +2,7 @@ package gpunodes
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"testing"
@@ -12,7 +13,9 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	fakediscovery "k8s.io/client-go/discovery/fake"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	clienttesting "k8s.io/client-go/testing"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
@@ -194,4 +197,35 @@ func TestDRAGPUClaims(t *testing.T) {
 	if slices.Contains(d.GPUResources(), "example.com/mig-1g") {
 		t.Errorf("a deleted class's resource still counts")
 	}
+}
+
+// TestDRAServed: resource.k8s.io/v1 is asked of discovery before the manager
+// is made, whose cache cannot start with a kind the API server lacks (1.33).
+func TestDRAServed(t *testing.T) {
+	tests := map[string]struct {
+		resources []*metav1.APIResourceList
+		want      bool
+	}{
+		"1.34 and later":  {resources: []*metav1.APIResourceList{{GroupVersion: "resource.k8s.io/v1", APIResources: []metav1.APIResource{{Name: "resourceslices", Kind: "ResourceSlice"}}}}, want: true},
+		"1.33: beta only": {resources: []*metav1.APIResourceList{{GroupVersion: "resource.k8s.io/v1beta2", APIResources: []metav1.APIResource{{Name: "resourceslices", Kind: "ResourceSlice"}}}}},
+		"no DRA at all":   {},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			dc := &fakediscovery.FakeDiscovery{Fake: &clienttesting.Fake{Resources: tc.resources}}
+			got, err := DRAServed(dc)
+			if err != nil || got != tc.want {
+				t.Errorf("DRAServed = %v, %v; want %v", got, err, tc.want)
+			}
+		})
+	}
+	t.Run("a discovery error is not taken for no DRA", func(t *testing.T) {
+		fake := &clienttesting.Fake{}
+		fake.AddReactor("get", "resource", func(clienttesting.Action) (bool, runtime.Object, error) {
+			return true, nil, errors.New("connection refused")
+		})
+		if _, err := DRAServed(&fakediscovery.FakeDiscovery{Fake: fake}); err == nil {
+			t.Error("DRAServed hid a discovery error")
+		}
+	})
 }
