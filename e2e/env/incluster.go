@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -148,7 +149,10 @@ func (e *Env) readRelease(ctx context.Context) error {
 
 // WebhookPods are the webhook's pods now, ready or not, sorted by name.
 func (e *Env) WebhookPods(ctx context.Context) ([]corev1.Pod, error) {
-	return e.pods(ctx, WebhookSelector)
+	pods, err := e.pods(ctx, WebhookSelector)
+	// The local webhook's stand-in Pod carries the selector's labels but is
+	// no replica of the chart's.
+	return slices.DeleteFunc(pods, func(p corev1.Pod) bool { return p.Name == localWebhookPod }), err
 }
 
 // ProbePod is the chart's probe pod on the kubelet node.
@@ -512,6 +516,92 @@ func (e *Env) UpgradeChart(ctx context.Context, sets ...string) error {
 	return e.WaitWebhookSees(ctx, fps)
 }
 
+// localWebhookPod names the Pod object that stands for the local webhook.
+const localWebhookPod = WebhookDeployment + "-local"
+
+// publishLocalWebhook makes the local webhook an endpoint of the chart's
+// Service the way a replica is one: a Pod with the Service's selector labels,
+// bound to an API-only node (no kubelet runs it, nor rewrites its status),
+// Running and Ready at the bridge's address with the Service's target port.
+// The controllers then list it in the Endpoints and the EndpointSlices, so
+// the API server reaches it whichever it resolves a Service through:
+// Endpoints before 1.34, EndpointSlices since. A hand-made EndpointSlice
+// served only the latter, and a hand-made Endpoints of a Service with a
+// selector is the endpoints controller's to overwrite.
+func (e *Env) publishLocalWebhook(ctx context.Context, port int) error {
+	var node string
+	for _, n := range e.Nodes {
+		if !n.Kubelet {
+			node = n.Name
+			break
+		}
+	}
+	if node == "" {
+		return errors.New("no API-only node to bind the local webhook's Pod to")
+	}
+	svc, err := e.Clientset.CoreV1().Services(Namespace).Get(ctx, WebhookDeployment, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("failed to get the webhook Service: %w", err)
+	}
+	var target string
+	for _, sp := range svc.Spec.Ports {
+		target = sp.TargetPort.String()
+	}
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: localWebhookPod, Namespace: Namespace, Labels: svc.Spec.Selector},
+		Spec: corev1.PodSpec{
+			NodeName: node,
+			// Tolerates what an API-only node carries; never pulled or run.
+			Tolerations: []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
+			Containers: []corev1.Container{{
+				Name: "webhook", Image: "gpu-injector.local/local-webhook:none", ImagePullPolicy: corev1.PullNever,
+				Ports: []corev1.ContainerPort{{Name: target, ContainerPort: int32(port), Protocol: corev1.ProtocolTCP}},
+			}},
+		},
+	}
+	if _, err := e.Clientset.CoreV1().Pods(Namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("failed to create the local webhook's Pod: %w", err)
+	}
+	now := metav1.Now()
+	pod.Status = corev1.PodStatus{
+		Phase:     corev1.PodRunning,
+		PodIP:     e.Cluster.BridgeIP,
+		PodIPs:    []corev1.PodIP{{IP: e.Cluster.BridgeIP}},
+		StartTime: &now,
+		Conditions: []corev1.PodCondition{
+			{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: now},
+			{Type: corev1.ContainersReady, Status: corev1.ConditionTrue, LastTransitionTime: now},
+		},
+	}
+	if _, err := e.Clientset.CoreV1().Pods(Namespace).UpdateStatus(ctx, pod, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("failed to mark the local webhook's Pod ready: %w", err)
+	}
+	// Ready once the endpoint is listed where this API server looks.
+	return e.poll(ctx, "the local webhook as an endpoint of Service "+WebhookDeployment, func(ctx context.Context) (bool, error) {
+		list, err := e.Clientset.DiscoveryV1().EndpointSlices(Namespace).List(ctx, metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=" + WebhookDeployment})
+		if err != nil {
+			return false, nil
+		}
+		inSlice := false
+		for _, sl := range list.Items {
+			for _, ep := range sl.Endpoints {
+				inSlice = inSlice || slices.Contains(ep.Addresses, e.Cluster.BridgeIP)
+			}
+		}
+		eps, err := e.Clientset.CoreV1().Endpoints(Namespace).Get(ctx, WebhookDeployment, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		inEndpoints := false
+		for _, ss := range eps.Subsets {
+			for _, a := range ss.Addresses {
+				inEndpoints = inEndpoints || a.IP == e.Cluster.BridgeIP
+			}
+		}
+		return inSlice && inEndpoints, nil
+	})
+}
+
 // StartLocalWebhook runs one more webhook replica as a local process of the
 // same binary, with a token of the chart's webhook service account, in self
 // certificate mode (it serves the pair in the chart's Secret), behind the
@@ -559,7 +649,7 @@ func (e *Env) StartLocalWebhook(ctx context.Context) (func() error, error) {
 	stop := func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		err := e.Clientset.DiscoveryV1().EndpointSlices(Namespace).Delete(ctx, WebhookDeployment+"-local", metav1.DeleteOptions{})
+		err := e.Clientset.CoreV1().Pods(Namespace).Delete(ctx, localWebhookPod, metav1.DeleteOptions{GracePeriodSeconds: ptr(int64(0))})
 		if apierrors.IsNotFound(err) {
 			err = nil
 		}
@@ -578,18 +668,9 @@ func (e *Env) StartLocalWebhook(ctx context.Context) (func() error, error) {
 		_ = stop()
 		return nil, withLog(err, p)
 	}
-	slice := &discoveryv1.EndpointSlice{
-		ObjectMeta: metav1.ObjectMeta{Name: WebhookDeployment + "-local", Namespace: Namespace, Labels: map[string]string{
-			discoveryv1.LabelServiceName: WebhookDeployment,
-			discoveryv1.LabelManagedBy:   "e2e.gpu-injector.io",
-		}},
-		AddressType: discoveryv1.AddressTypeIPv4,
-		Ports:       []discoveryv1.EndpointPort{{Name: ptr("https"), Port: ptr(int32(ports[0])), Protocol: ptr(corev1.ProtocolTCP)}},
-		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{e.Cluster.BridgeIP}, Conditions: discoveryv1.EndpointConditions{Ready: ptr(true)}}},
-	}
-	if _, err := e.Clientset.DiscoveryV1().EndpointSlices(Namespace).Create(ctx, slice, metav1.CreateOptions{}); err != nil {
+	if err := e.publishLocalWebhook(ctx, ports[0]); err != nil {
 		_ = stop()
-		return nil, fmt.Errorf("failed to create the local webhook's EndpointSlice: %w", err)
+		return nil, err
 	}
 	e.mu.Lock()
 	e.localMetrics = fmt.Sprintf("http://127.0.0.1:%d/metrics", ports[2])
