@@ -163,8 +163,10 @@ func namespaceEvents(ns string) string {
 	if err != nil {
 		return "(failed to list events: " + err.Error() + ")"
 	}
+	items := evs.Items
+	slices.SortStableFunc(items, func(a, b corev1.Event) int { return a.LastTimestamp.Compare(b.LastTimestamp.Time) })
 	var b strings.Builder
-	for _, e := range evs.Items {
+	for _, e := range items {
 		fmt.Fprintf(&b, "%s %s %s/%s: %s: %s\n", e.LastTimestamp.Format(time.RFC3339), e.Type, e.InvolvedObject.Kind, e.InvolvedObject.Name, e.Reason, e.Message)
 	}
 	if b.Len() == 0 {

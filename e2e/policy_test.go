@@ -178,7 +178,7 @@ func TestProbeNodeRestrictionStatus(t *testing.T) {
 // TestChartServerDryRun: every object the chart renders with its defaults
 // (in-cluster webhook Deployment, Service, PDB, probe DaemonSet, certificate
 // Secret, RBAC, webhook configuration, policy) passes a server-side dry-run
-// apply on this 1.36 API server: schema, defaulting, validation and admission.
+// apply on the suite's API server: schema, defaulting, validation and admission.
 func TestChartServerDryRun(t *testing.T) {
 	objs, err := env.RenderChart(testContext(t), testEnv.RepoRoot, testEnv.Helm)
 	if err != nil {

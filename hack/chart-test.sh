@@ -9,8 +9,9 @@
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-CACHE="${GPU_INJECTOR_CACHE:-${XDG_CACHE_HOME:-${HOME}/.cache}/gpu-injector}"
-HELM_VERSION="$(sed -n 's/^HELM_VERSION=//p' "${REPO_ROOT}/e2e/cluster/versions.env")"
+# shellcheck source=versions.sh
+source "${REPO_ROOT}/hack/versions.sh"
+CACHE="${GPU_INJECTOR_CACHE_DIR}"
 CHART="${REPO_ROOT}/charts/gpu-injector"
 
 log() { printf '[chart-test] %s\n' "$*" >&2; }

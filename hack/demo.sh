@@ -12,14 +12,13 @@ cd "$(dirname "$0")/.."
 
 log() { printf '[demo] %s\n' "$*" >&2; }
 
-CACHE="${GPU_INJECTOR_CACHE:-${XDG_CACHE_HOME:-${HOME}/.cache}/gpu-injector}"
-# shellcheck source=../e2e/cluster/versions.env
-source <(grep -E '^[A-Z_]+=' e2e/cluster/versions.env | sed -E 's/^([A-Z_]+)=(.*)$/\1="${\1:-\2}"/')
+# shellcheck source=versions.sh
+source hack/versions.sh
+CACHE="${GPU_INJECTOR_CACHE_DIR}"
 if [[ ! -f "${CACHE}/kubernetes-${KUBERNETES_VERSION}/.complete" || ! -f "${CACHE}/etcd-${ETCD_VERSION}/.complete" ]]; then
 	log "first run: building etcd, Kubernetes ${KUBERNETES_VERSION} and helm from source into ${CACHE}/"
 	log "(15-40 minutes on 2 cores, most of it kube-apiserver; docs/local-cluster.md has the measurements; cached there for every clone after that)"
 fi
-export KUBERNETES_VERSION ETCD_VERSION HELM_VERSION
 hack/tools.sh all
 hack/install-runtime.sh
 

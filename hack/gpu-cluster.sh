@@ -51,8 +51,8 @@ repo=$(pwd)
 
 STAGE=/tmp/gpu-cluster-payload
 # The versions the local cluster runs (KUBERNETES_VERSION=... in the environment wins).
-# shellcheck source=../e2e/cluster/versions.env
-source <(grep -E '^[A-Z_]+=' "$repo/e2e/cluster/versions.env" | sed -E 's/^([A-Z_]+)=(.*)$/\1="${\1:-\2}"/')
+# shellcheck source=versions.sh
+source "$repo/hack/versions.sh"
 K8S_VERSION=$KUBERNETES_VERSION
 KUBE_COMPONENTS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
 DRIVERLESS_IMAGE=gpu-injector.local/driverless-cuda:gpu
@@ -106,8 +106,8 @@ if [[ $mode == build ]]; then
 	set -e
 	mkdir -p "$build_dir/part1" "$build_dir/part2"
 	b=$(cd "$build_dir" && pwd)
-	cache=${GPU_INJECTOR_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-injector}
-	KUBERNETES_VERSION=$K8S_VERSION hack/tools.sh all
+	cache=$GPU_INJECTOR_CACHE_DIR
+	hack/tools.sh all
 	xzf() { # xzf SRC DEST.xz: compress unless DEST is newer than SRC
 		if [[ ! -f $2 || $1 -nt $2 ]]; then
 			echo "xz $1 -> $2" >&2
@@ -119,7 +119,10 @@ if [[ $mode == build ]]; then
 	# The five Kubernetes components as one binary (they share most of their
 	# code: 137 MB against 417 MB for five), built from the same module
 	# versions as hack/tools.sh, so the build cache has every package.
-	if [[ ! -f $b/part1/kube.xz ]]; then
+	# Each binary's version beside it: a payload built for another release is
+	# rebuilt here, and refused by the run.
+	if [[ ! -f $b/part1/kube.xz || $(cat "$b/part1/kube.version" 2>/dev/null) != "$K8S_VERSION" ]]; then
+		rm -f "$b/part1/kube.xz"
 		mkdir "$tmp/kube"
 		(
 			cd "$tmp/kube"
@@ -138,10 +141,13 @@ if [[ $mode == build ]]; then
 			CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean -X k8s.io/component-base/version.buildDate=1970-01-01T00:00:00Z" -o kube .
 		)
 		xzf "$tmp/kube/kube" "$b/part1/kube.xz"
+		echo "$K8S_VERSION" >"$b/part1/kube.version"
 	fi
-	if [[ ! -f $b/part1/etcd.xz ]]; then
+	if [[ ! -f $b/part1/etcd.xz || $(cat "$b/part1/etcd.version" 2>/dev/null) != "$ETCD_VERSION" ]]; then
+		rm -f "$b/part1/etcd.xz"
 		cp "$cache/etcd-$ETCD_VERSION/etcd" "$tmp/etcd" && strip "$tmp/etcd"
 		xzf "$tmp/etcd" "$b/part1/etcd.xz"
+		echo "$ETCD_VERSION" >"$b/part1/etcd.version"
 	fi
 	xzf "$cache/helm-$HELM_VERSION/helm" "$b/part1/helm.xz"
 	# containerd 1.6, runc 1.1 and the CNI plugins from Debian's packages, as
@@ -278,6 +284,13 @@ if [[ ${#missing[@]} -gt 0 ]]; then
 	record "payload" FAIL "missing ${missing[*]} in ${payloads[*]}: run hack/gpu-cluster.sh --build on a machine with Go and copy .device/gpu-cluster here"
 	exit 1
 fi
+for v in "kube.version:$K8S_VERSION" "etcd.version:$ETCD_VERSION"; do
+	f=${v%%:*} want=${v#*:}
+	if ! got=$(cat "$(find_payload "$f")" 2>/dev/null) || [[ $got != "$want" ]]; then
+		record "payload" FAIL "the payload's ${f%.version} is ${got:-of no recorded version}, this run wants $want: run hack/gpu-cluster.sh --build again"
+		exit 1
+	fi
+done
 cache=$work/cache
 bin=$work/bin
 mkdir -p "$cache/kubernetes-$K8S_VERSION" "$cache/etcd-$ETCD_VERSION" "$bin" "$work/rt" "$work/images"

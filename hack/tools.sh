@@ -6,20 +6,22 @@
 #
 #   hack/tools.sh [etcd|kubernetes|helm|nvidia-device-plugin|all]...     (default: all)
 #
-# Versions come from e2e/cluster/versions.env; KUBERNETES_VERSION=v1.X.Y (and the
-# others) in the environment win. Binaries land in
-# ${GPU_INJECTOR_CACHE:-${XDG_CACHE_HOME:-~/.cache}/gpu-injector}/<tool>-<version>/,
-# outside the clone, so a fresh clone on a machine that built them once reuses them,
-# as Go's own build cache does. A folder whose .complete stamp names the Go that
-# built it (go env GOVERSION) is "cached" and returns at once; another Go rebuilds.
+# Versions come from e2e/cluster/versions.env (hack/versions.sh); KUBERNETES_VERSION=v1.X.Y
+# (and the others) in the environment win. Each tool is built into
+# ${GPU_INJECTOR_CACHE:-${XDG_CACHE_HOME:-~/.cache}/gpu-injector}/<tool>-<version>-<go version>/,
+# outside the clone, so a fresh clone on a machine that built it once reuses it, as Go's
+# own build cache does; <tool>-<version> is a link to the folder of the Go in use, which
+# is where the e2e suite and the demo look. A folder with a .complete stamp is "cached"
+# and returns at once. Another Go builds a folder of its own and moves the link: no
+# binary another clone may be running is ever replaced.
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-# shellcheck source=../e2e/cluster/versions.env
-source <(grep -E '^[A-Z_]+=' "${REPO_ROOT}/e2e/cluster/versions.env" | sed -E 's/^([A-Z_]+)=(.*)$/\1="${\1:-\2}"/')
+# shellcheck source=versions.sh
+source "${REPO_ROOT}/hack/versions.sh"
 KUBERNETES_BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
 
-CACHE="${GPU_INJECTOR_CACHE:-${XDG_CACHE_HOME:-${HOME}/.cache}/gpu-injector}"
+CACHE="${GPU_INJECTOR_CACHE_DIR}"
 mkdir -p "${CACHE}"
 CACHE="$(cd "${CACHE}" && pwd)"
 
@@ -32,7 +34,6 @@ die() { log "error: $*"; exit 1; }
 
 command -v go >/dev/null || die "go is not on PATH"
 
-
 # with_lock DIR CMD...: a second run of this script (another terminal, a parallel
 # test) waits for the first instead of racing it on the same folder.
 with_lock() {
@@ -44,30 +45,45 @@ with_lock() {
   ) 9>"${CACHE}/.locks/$(basename "${dir}").lock"
 }
 
-GO_VERSION="$(go env GOVERSION)"
+# The Go that builds: asked outside any module, where the builds run, so that no
+# go.mod's toolchain line picks another one.
+GO_VERSION="$(cd "${CACHE}" && go env GOVERSION)"
+
+# tool_dir NAME VERSION: the folder this Go builds NAME at VERSION into.
+tool_dir() { echo "${CACHE}/$1-$2-${GO_VERSION}"; }
 
 is_cached() {
   local dir="$1"; shift
-  [[ -f "${dir}/.complete" && "$(cat "${dir}/.complete")" == "${GO_VERSION}" ]] || return 1
+  [[ -f "${dir}/.complete" ]] || return 1
   local b
   for b in "$@"; do [[ -x "${dir}/${b}" ]] || return 1; done
 }
 
-# complete DIR: stamps DIR as built by this Go.
-complete() { echo "${GO_VERSION}" >"$1/.complete"; }
+# mark_built DIR: stamps DIR done and points its <tool>-<version> link at it,
+# atomically (a link renamed over the old one).
+mark_built() {
+  local dir="$1" link="${1%-"${GO_VERSION}"}"
+  touch "${dir}/.complete"
+  if [[ -d ${link} && ! -L ${link} ]]; then
+    # A folder of this script's earlier layout: kept aside, never deleted under a user.
+    mv "${link}" "${link}.unversioned.$$"
+  fi
+  ln -sfn "$(basename "${dir}")" "${link}.link.$$"
+  mv -T "${link}.link.$$" "${link}"
+}
 
 # elapsed SECONDS_START: human duration since then.
 elapsed() { local s=$(( SECONDS - $1 )); printf '%dm%02ds' $((s / 60)) $((s % 60)); }
 
 build_etcd() {
-  local dir="${CACHE}/etcd-${ETCD_VERSION}"
-  if is_cached "${dir}" etcd; then log "etcd ${ETCD_VERSION}: cached (${dir}/etcd)"; return; fi
+  local dir; dir="$(tool_dir etcd "${ETCD_VERSION}")"
+  if is_cached "${dir}" etcd; then mark_built "${dir}"; log "etcd ${ETCD_VERSION}: cached (${dir}/etcd)"; return; fi
   with_lock "${dir}" build_etcd_locked "${dir}"
 }
 
 build_etcd_locked() {
   local dir="$1"
-  if is_cached "${dir}" etcd; then log "etcd ${ETCD_VERSION}: cached (${dir}/etcd)"; return; fi
+  if is_cached "${dir}" etcd; then mark_built "${dir}"; log "etcd ${ETCD_VERSION}: cached (${dir}/etcd)"; return; fi
   local work start=${SECONDS}
   work="$(mktemp -d)"
   trap 'rm -rf "${work}"' RETURN
@@ -90,7 +106,7 @@ GO
   mv -f "${dir}/.etcd.tmp" "${dir}/etcd"
   # Whole output: `| head -1` would SIGPIPE etcd and fail the script under pipefail.
   "${dir}/etcd" --version >&2
-  complete "${dir}"
+  mark_built "${dir}"
   log "etcd ${ETCD_VERSION}: built in $(elapsed "${start}") -> ${dir}/etcd"
 }
 
@@ -104,9 +120,9 @@ staging_modules() {
 }
 
 build_kubernetes() {
-  local dir="${CACHE}/kubernetes-${KUBERNETES_VERSION}"
+  local dir; dir="$(tool_dir kubernetes "${KUBERNETES_VERSION}")"
   if is_cached "${dir}" "${KUBERNETES_BINARIES[@]}"; then
-    log "kubernetes ${KUBERNETES_VERSION}: cached (${dir})"; return
+    mark_built "${dir}"; log "kubernetes ${KUBERNETES_VERSION}: cached (${dir})"; return
   fi
   with_lock "${dir}" build_kubernetes_locked "${dir}"
 }
@@ -114,7 +130,7 @@ build_kubernetes() {
 build_kubernetes_locked() {
   local dir="$1"
   if is_cached "${dir}" "${KUBERNETES_BINARIES[@]}"; then
-    log "kubernetes ${KUBERNETES_VERSION}: cached (${dir})"; return
+    mark_built "${dir}"; log "kubernetes ${KUBERNETES_VERSION}: cached (${dir})"; return
   fi
   local work start=${SECONDS}
   work="$(mktemp -d)"
@@ -152,8 +168,6 @@ build_kubernetes_locked() {
     } > tools.go
     go mod tidy >tidy.log 2>&1 || { cat tidy.log >&2; die "go mod tidy failed"; }
     mkdir -p "${dir}"
-    # Binaries left by an earlier, interrupted build count only if this Go built them.
-    [[ -f "${dir}/.go-${GO_VERSION}" ]] || { rm -f "${dir}"/kube* "${dir}"/.go-*; touch "${dir}/.go-${GO_VERSION}"; }
     local ldflags="-s -w"
     ldflags+=" -X k8s.io/component-base/version.gitVersion=${KUBERNETES_VERSION}"
     ldflags+=" -X k8s.io/component-base/version.gitMajor=1"
@@ -162,7 +176,7 @@ build_kubernetes_locked() {
     ldflags+=" -X k8s.io/component-base/version.buildDate=1970-01-01T00:00:00Z"
     local first=" (first time, ~6 min on 2 cores)"
     for b in "${KUBERNETES_BINARIES[@]}"; do
-      if [[ -x "${dir}/${b}" && -f "${dir}/.go-${GO_VERSION}" ]]; then log "${b}: already built"; continue; fi
+      if [[ -x "${dir}/${b}" ]]; then log "${b}: already built"; continue; fi
       local bstart=${SECONDS}
       log "building ${b}${first}..."
       first=""
@@ -172,19 +186,19 @@ build_kubernetes_locked() {
     done
   )
   "${dir}/kube-apiserver" --version >&2
-  complete "${dir}"
+  mark_built "${dir}"
   log "kubernetes ${KUBERNETES_VERSION}: built in $(elapsed "${start}") -> ${dir}"
 }
 
 build_helm() {
-  local dir="${CACHE}/helm-${HELM_VERSION}"
-  if is_cached "${dir}" helm; then log "helm ${HELM_VERSION}: cached (${dir}/helm)"; return; fi
+  local dir; dir="$(tool_dir helm "${HELM_VERSION}")"
+  if is_cached "${dir}" helm; then mark_built "${dir}"; log "helm ${HELM_VERSION}: cached (${dir}/helm)"; return; fi
   with_lock "${dir}" build_helm_locked "${dir}"
 }
 
 build_helm_locked() {
   local dir="$1"
-  if is_cached "${dir}" helm; then log "helm ${HELM_VERSION}: cached (${dir}/helm)"; return; fi
+  if is_cached "${dir}" helm; then mark_built "${dir}"; log "helm ${HELM_VERSION}: cached (${dir}/helm)"; return; fi
   local tmp start=${SECONDS}
   tmp="$(mktemp -d "${CACHE}/.helm.XXXXXX")"
   trap 'rm -rf "${tmp}"' RETURN
@@ -200,13 +214,13 @@ build_helm_locked() {
   mkdir -p "${dir}"
   mv -f "${tmp}/helm" "${dir}/helm"
   "${dir}/helm" version --short >&2
-  complete "${dir}"
+  mark_built "${dir}"
   log "helm ${HELM_VERSION}: built in $(elapsed "${start}") -> ${dir}/helm"
 }
 
 build_nvidia_device_plugin() {
-  local dir="${CACHE}/nvidia-device-plugin-${NVIDIA_DEVICE_PLUGIN_VERSION}"
-  if is_cached "${dir}" nvidia-device-plugin; then log "nvidia-device-plugin ${NVIDIA_DEVICE_PLUGIN_VERSION}: cached (${dir}/nvidia-device-plugin)"; return; fi
+  local dir; dir="$(tool_dir nvidia-device-plugin "${NVIDIA_DEVICE_PLUGIN_VERSION}")"
+  if is_cached "${dir}" nvidia-device-plugin; then mark_built "${dir}"; log "nvidia-device-plugin ${NVIDIA_DEVICE_PLUGIN_VERSION}: cached (${dir}/nvidia-device-plugin)"; return; fi
   with_lock "${dir}" build_nvidia_device_plugin_locked "${dir}"
 }
 
@@ -217,7 +231,7 @@ build_nvidia_device_plugin() {
 # own folder of the module cache. cgo: go-nvml loads libnvidia-ml with dlopen.
 build_nvidia_device_plugin_locked() {
   local dir="$1"
-  if is_cached "${dir}" nvidia-device-plugin; then log "nvidia-device-plugin ${NVIDIA_DEVICE_PLUGIN_VERSION}: cached (${dir}/nvidia-device-plugin)"; return; fi
+  if is_cached "${dir}" nvidia-device-plugin; then mark_built "${dir}"; log "nvidia-device-plugin ${NVIDIA_DEVICE_PLUGIN_VERSION}: cached (${dir}/nvidia-device-plugin)"; return; fi
   local tmp src start=${SECONDS}
   tmp="$(mktemp -d "${CACHE}/.nvidia-device-plugin.XXXXXX")"
   trap 'rm -rf "${tmp}"' RETURN
@@ -229,7 +243,7 @@ build_nvidia_device_plugin_locked() {
     -o "${tmp}/nvidia-device-plugin" ./cmd/nvidia-device-plugin)
   mkdir -p "${dir}"
   mv -f "${tmp}/nvidia-device-plugin" "${dir}/nvidia-device-plugin"
-  complete "${dir}"
+  mark_built "${dir}"
   log "nvidia-device-plugin ${NVIDIA_DEVICE_PLUGIN_VERSION}: built in $(elapsed "${start}") -> ${dir}/nvidia-device-plugin"
 }
 

@@ -256,8 +256,11 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		// The field that names a DeviceClass's extended resource arrived with
 		// DRA extended resources (1.36); an older API server drops it.
-		if v, err := serverVersion(dc); err == nil && v.LessThan(utilversion.MajorMinor(1, 36)) {
-			log.Info("the API server predates DRA extended resources (Kubernetes 1.36): no DeviceClass names an extended resource, so only resources.names make a container a GPU container", "serverVersion", v.String())
+		switch v, err := serverVersion(dc); {
+		case err != nil:
+			log.Error(err, "failed to read the API server's version; DeviceClasses are read as the API server serves them")
+		case v.LessThan(utilversion.MajorMinor(1, 36)):
+			log.Info("the API server predates DRA extended resources (Kubernetes 1.36): it keeps a DeviceClass's extendedResourceName only with the DRAExtendedResource feature gate on, so a pod's extended resource counts as a GPU through a class only there; resources.names always do", "serverVersion", v.String())
 		}
 	} else {
 		log.Info("the API server does not serve resource.k8s.io/v1 (Kubernetes 1.34+): GPUs are counted from Node allocatable only, and a pod that claims a GPU DeviceClass is not seen as a GPU pod")

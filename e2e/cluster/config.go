@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 
 	"k8s.io/client-go/tools/clientcmd"
@@ -24,21 +25,28 @@ var versionsFile string
 // (KUBERNETES_VERSION=v1.33.13 runs the e2e suite on that release, as
 // `make e2e K8S_VERSION=v1.33.13` does).
 var (
-	EtcdVersion       = version("ETCD_VERSION")
-	KubernetesVersion = version("KUBERNETES_VERSION")
-	HelmVersion       = version("HELM_VERSION")
+	EtcdVersion               = version("ETCD_VERSION")
+	KubernetesVersion         = version("KUBERNETES_VERSION")
+	HelmVersion               = version("HELM_VERSION")
+	NvidiaDevicePluginVersion = version("NVIDIA_DEVICE_PLUGIN_VERSION")
 )
 
+// releaseVersion is how every tool names a release: v1.37.2, never 1.37.2.
+var releaseVersion = regexp.MustCompile(`^v[0-9]+\.[0-9]+\.[0-9]+$`)
+
 func version(name string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	for line := range strings.SplitSeq(versionsFile, "\n") {
-		if k, v, ok := strings.Cut(strings.TrimSpace(line), "="); ok && k == name {
-			return v
+	v := os.Getenv(name)
+	if v == "" {
+		for line := range strings.SplitSeq(versionsFile, "\n") {
+			if k, fv, ok := strings.Cut(strings.TrimSpace(line), "="); ok && k == name {
+				v = fv
+			}
 		}
 	}
-	panic("versions.env sets no " + name)
+	if !releaseVersion.MatchString(v) {
+		panic(fmt.Sprintf("%s=%q (the environment's, else versions.env's) is not a release such as v1.37.2", name, v))
+	}
+	return v
 }
 
 // Binaries are the paths of every program the cluster runs.

@@ -22,14 +22,16 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/gpu-injector/gpu-injector/e2e/cluster"
 	"github.com/gpu-injector/gpu-injector/e2e/workloads"
 )
 
-// Version is the release of NVIDIA's plugin that hack/tools.sh builds.
-const Version = "v0.19.1"
+// Version is the release of NVIDIA's plugin that hack/tools.sh builds
+// (e2e/cluster/versions.env); nvidia-device-plugin.yaml names the same one.
+var Version = cluster.NvidiaDevicePluginVersion
 
 // Image is the local name of the plugin's image, which ImageFiles builds.
-const Image = "gpu-injector.local/nvidia-device-plugin:" + Version
+var Image = "gpu-injector.local/nvidia-device-plugin:" + Version
 
 // Name is the DaemonSet's name and its pods' app.kubernetes.io/name label.
 const Name = "nvidia-device-plugin"
@@ -41,10 +43,9 @@ const Namespace = "kube-system"
 var manifest string
 
 // The values of the manifest that Manifest replaces.
-const (
-	manifestImage      = "image: nvcr.io/nvidia/k8s-device-plugin:" + Version
-	manifestDriverRoot = "path: /usr/local/nvidia\n"
-)
+var manifestImage = "image: nvcr.io/nvidia/k8s-device-plugin:" + Version
+
+const manifestDriverRoot = "path: /usr/local/nvidia\n"
 
 // Manifest returns the DaemonSet with the image and the node's driver folder
 // (the one whose lib64/ holds libnvidia-ml.so.1) replaced.

@@ -19,6 +19,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
 )
 
 // ImageRepository and ImageTag name the gpu-injector image that `make image`
@@ -543,10 +544,11 @@ func (e *Env) publishLocalWebhook(ctx context.Context, port int) error {
 	if err != nil {
 		return fmt.Errorf("failed to get the webhook Service: %w", err)
 	}
-	var target string
-	for _, sp := range svc.Spec.Ports {
-		target = sp.TargetPort.String()
+	// The chart's Service has one port, whose target is the webhook's named port.
+	if len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].TargetPort.Type != intstr.String {
+		return fmt.Errorf("the webhook Service has ports %+v, want one whose targetPort names a container port", svc.Spec.Ports)
 	}
+	target := svc.Spec.Ports[0].TargetPort.StrVal
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: localWebhookPod, Namespace: Namespace, Labels: svc.Spec.Selector},
 		Spec: corev1.PodSpec{

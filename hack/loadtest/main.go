@@ -1,6 +1,6 @@
 // Command loadtest measures the webhook side by side with the floors of
 // what any webhook costs, through a real kube-apiserver on loopback: the
-// API server and etcd from bin/, N GPU nodes of several layouts, the
+// API server and etcd that hack/tools.sh built, N GPU nodes of several layouts, the
 // gpu-injector webhook with the chart's webhook configuration, a no-op
 // webhook, a webhook that answers at once with a patch the size of ours, and
 // the in-tree MutatingAdmissionPolicy with the same static patch. It sends
@@ -75,9 +75,9 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&sizes, "sizes", "small,medium,large", "pod sizes")
 	fs.StringVar(&conc, "concurrency", "1,16", "client concurrencies")
 	fs.StringVar(&variants, "variants", strings.Join(allVariants, ","), "what admits the pods")
-	fs.StringVar(&o.chartObjects, "chart-objects", "", "output of helm template for the chart (default: run bin/helm-*/helm)")
+	fs.StringVar(&o.chartObjects, "chart-objects", "", "output of helm template for the chart (default: run hack/tools.sh's helm)")
 	fs.StringVar(&o.binary, "gpu-injector", "", "gpu-injector binary (default: go build one)")
-	fs.StringVar(&o.cacheDir, "bin", "", "folder of the cluster binaries (default: the repository's bin/)")
+	fs.StringVar(&o.cacheDir, "bin", "", "folder of the cluster binaries (default: hack/tools.sh's cache, ~/.cache/gpu-injector)")
 	fs.BoolVar(&o.keep, "keep", false, "keep the run's folder (logs, certificates, etcd)")
 	fs.StringVar(&o.out, "o", "", "also write the table to this file")
 	fs.IntVar(&o.nodeWorkers, "node-workers", 32, "concurrent requests while creating nodes")

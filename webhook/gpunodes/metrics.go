@@ -12,7 +12,8 @@ const (
 )
 
 // The index's metrics; the admission server registers them (Collectors)
-// next to its own, so the offline `gpu-injector mutate` registers nothing.
+// next to its own, so a program that links the index without the server
+// registers nothing.
 var (
 	layoutsRejected = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "gpu_injector_layouts_rejected_total",
