@@ -17,8 +17,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpu-injector/gpu-injector/e2e/cluster"
-
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -31,6 +29,7 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 
 	"github.com/gpu-injector/gpu-injector/config"
+	"github.com/gpu-injector/gpu-injector/e2e/cluster"
 )
 
 const (

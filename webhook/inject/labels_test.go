@@ -6,12 +6,12 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/gpu-injector/gpu-injector/hack/loadtest/workload"
-
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
+
+	"github.com/gpu-injector/gpu-injector/hack/loadtest/workload"
 )
 
 func TestLabels(t *testing.T) {
