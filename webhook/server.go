@@ -183,10 +183,9 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if cfg.Pinning.ByPool() && !elect {
 		log.Info("pinning by pool without --namespace or --pool-memory-name: no memory of pools at zero and no mismatch Events")
 	}
-	var memory *gpunodes.Memory
-	if elect && cfg.Pinning.Remember() > 0 {
-		memory = gpunodes.NewMemory(cfg, idx, nil, o.certs.namespace, o.poolMemory, log.WithName("pools"))
-		byObject[&corev1.ConfigMap{}] = memory.CacheByObject()
+	remember := elect && cfg.Pinning.Remember() > 0
+	if remember {
+		byObject[&corev1.ConfigMap{}] = gpunodes.MemoryCacheByObject(o.certs.namespace, o.poolMemory)
 	}
 	if elect {
 		byObject[&corev1.Pod{}] = gpunodes.PodCacheByObject()
@@ -260,7 +259,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		case err != nil:
 			log.Error(err, "failed to read the API server's version; DeviceClasses are read as the API server serves them")
 		case v.LessThan(utilversion.MajorMinor(1, 36)):
-			log.Info("the API server predates DRA extended resources (Kubernetes 1.36): it keeps a DeviceClass's extendedResourceName only with the DRAExtendedResource feature gate on, so a pod's extended resource counts as a GPU through a class only there; resources.names always do", "serverVersion", v.String())
+			log.Info("the API server predates DRA extended resources (Kubernetes 1.36): it keeps a DeviceClass's extendedResourceName only with the DRAExtendedResource feature gate on; the names in resources.names are GPU resources either way", "serverVersion", v.String())
 		}
 	} else {
 		log.Info("the API server does not serve resource.k8s.io/v1 (Kubernetes 1.34+): GPUs are counted from Node allocatable only, and a pod that claims a GPU DeviceClass is not seen as a GPU pod")
@@ -269,8 +268,8 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if memory != nil {
-		memory.SetClient(mgr.GetClient())
+	if remember {
+		memory := gpunodes.NewMemory(cfg, idx, mgr.GetClient(), o.certs.namespace, o.poolMemory, log.WithName("pools"))
 		if err := memory.Watch(mgrCtx, mgr.GetCache()); err != nil {
 			return err
 		}

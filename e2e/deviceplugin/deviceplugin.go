@@ -50,8 +50,11 @@ const manifestDriverRoot = "path: /usr/local/nvidia\n"
 // Manifest returns the DaemonSet with the image and the node's driver folder
 // (the one whose lib64/ holds libnvidia-ml.so.1) replaced.
 func Manifest(image, driverRoot string) ([]byte, error) {
-	if strings.Count(manifest, manifestImage) != 1 || strings.Count(manifest, manifestDriverRoot) != 1 {
-		return nil, errors.New("nvidia-device-plugin.yaml no longer holds the image and driver folder Manifest replaces")
+	if strings.Count(manifest, manifestImage) != 1 {
+		return nil, fmt.Errorf("nvidia-device-plugin.yaml does not name the image of NVIDIA's device plugin %s (NVIDIA_DEVICE_PLUGIN_VERSION, from e2e/cluster/versions.env or the environment): the manifest and the version must name the same release", Version)
+	}
+	if strings.Count(manifest, manifestDriverRoot) != 1 {
+		return nil, errors.New("nvidia-device-plugin.yaml no longer holds the driver folder Manifest replaces")
 	}
 	m := strings.Replace(manifest, manifestImage, "image: "+image, 1)
 	return []byte(strings.Replace(m, manifestDriverRoot, "path: "+driverRoot+"\n", 1)), nil

@@ -246,12 +246,12 @@ func NewMemory(cfg *config.Configuration, idx *Index, c client.Client, namespace
 	return &Memory{cfg: cfg, idx: idx, client: c, namespace: namespace, name: name, log: log, Interval: 30 * time.Second, now: time.Now}
 }
 
-// CacheByObject restricts the ConfigMap informer to the memory's one object,
+// MemoryCacheByObject restricts the ConfigMap informer to the memory's one object,
 // which the Role's resourceNames also allow.
-func (m *Memory) CacheByObject() cache.ByObject {
+func MemoryCacheByObject(namespace, name string) cache.ByObject {
 	return cache.ByObject{
-		Namespaces: map[string]cache.Config{m.namespace: {}},
-		Field:      fields.OneTermEqualSelector("metadata.name", m.name),
+		Namespaces: map[string]cache.Config{namespace: {}},
+		Field:      fields.OneTermEqualSelector("metadata.name", name),
 	}
 }
 
@@ -308,10 +308,6 @@ func (m *Memory) Start(ctx context.Context) error {
 		}
 	}
 }
-
-// SetClient gives the writer its client, which the manager made after the
-// cache options that CacheByObject went into.
-func (m *Memory) SetClient(c client.Client) { m.client = c }
 
 // NeedLeaderElection: one writer, so that replicas do not race.
 func (m *Memory) NeedLeaderElection() bool { return true }
