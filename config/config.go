@@ -89,6 +89,20 @@ const (
 	RuntimeInjectionSkip = "Skip"
 )
 
+// How the driver reaches a GPU container (driverDelivery).
+const (
+	// DeliveryPreferRuntime injects at the runtime (gpu-injector's NRI plugin)
+	// when every layout the pod can use is served by nodes whose plugin is
+	// registered; hostPath volumes otherwise, except in a namespace whose Pod
+	// Security level forbids them, where nodes with the plugin are chosen.
+	DeliveryPreferRuntime = "PreferRuntime"
+	// DeliveryHostPath always uses hostPath volumes, as before NRI.
+	DeliveryHostPath = "HostPath"
+	// DeliveryRuntime only injects at the runtime: a pod no node with the
+	// plugin can take gets the noLayout action.
+	DeliveryRuntime = "Runtime"
+)
+
 // What to do for the toleration a renamed pod would have had.
 const (
 	// RenameTolerationAdd gives a pod whose legacy resource is renamed the
@@ -124,7 +138,10 @@ type Configuration struct {
 	LegacyMounts string `json:"legacyMounts"`
 	// RuntimeInjection is RuntimeInjectionPin or RuntimeInjectionSkip.
 	RuntimeInjection string `json:"runtimeInjection"`
-	DRA              DRA    `json:"dra"`
+	// DriverDelivery is DeliveryPreferRuntime, DeliveryHostPath or
+	// DeliveryRuntime.
+	DriverDelivery string `json:"driverDelivery"`
+	DRA            DRA    `json:"dra"`
 }
 
 // DRA says which Dynamic Resource Allocation objects are NVIDIA GPUs.
@@ -291,6 +308,9 @@ func SetDefaults(c *Configuration) {
 	if c.RuntimeInjection == "" {
 		c.RuntimeInjection = RuntimeInjectionPin
 	}
+	if c.DriverDelivery == "" {
+		c.DriverDelivery = DeliveryPreferRuntime
+	}
 	if c.DRA.DeviceClasses == nil {
 		// The classes NVIDIA's DRA driver (k8s-dra-driver-gpu) installs for
 		// whole GPUs and MIG devices.
@@ -444,6 +464,7 @@ func (c *Configuration) Validate() field.ErrorList {
 	errs = append(errs, oneOf(field.NewPath("podSecurity"), c.PodSecurity, PodSecurityWarn, PodSecurityDeny)...)
 	errs = append(errs, oneOf(field.NewPath("legacyMounts"), c.LegacyMounts, LegacyMountsReplace, LegacyMountsKeep)...)
 	errs = append(errs, oneOf(field.NewPath("runtimeInjection"), c.RuntimeInjection, RuntimeInjectionPin, RuntimeInjectionSkip)...)
+	errs = append(errs, oneOf(field.NewPath("driverDelivery"), c.DriverDelivery, DeliveryPreferRuntime, DeliveryHostPath, DeliveryRuntime)...)
 	dp := field.NewPath("dra")
 	for i, n := range c.DRA.DeviceClasses {
 		// A class name is a DNS subdomain; a pattern may hold * ? [ as well.

@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 )
 
@@ -86,6 +87,70 @@ const (
 	// /usr/local/nvidia); the kubelet adds those mounts, not the runtime.
 	RuntimeDevicePlugin = "device-plugin"
 )
+
+// Runtime injection by gpu-injector's own NRI plugin: the webhook marks
+// which containers want the driver, and the plugin, running beside the probe
+// on every GPU node, adds the node's own mounts when the runtime creates them.
+// The marker never says what to mount: host paths come only from the node's
+// discovery.
+const (
+	// LabelNRIPlugin on a Node says its probe's NRI plugin is registered with
+	// the container runtime, so the node injects the driver at container
+	// creation. Its value is the marker protocol the plugin serves
+	// (NRIProtocol); absent means no plugin, or one that is not registered.
+	LabelNRIPlugin = Prefix + "nri-plugin"
+	// NRIProtocol is the version of AnnotationRuntimeInject this code reads
+	// and writes.
+	NRIProtocol = "v1"
+	// AnnotationRuntimeInject on a Pod lists, comma-separated, the containers
+	// the plugin gives the node's driver (FormatRuntimeMarker). Only the
+	// webhook should write it; the plugin still requires that the kubelet gave
+	// the container a GPU.
+	AnnotationRuntimeInject = Prefix + "runtime-inject"
+	// NRIPluginName is the name the plugin registers with the runtime, and the
+	// name the webhook lists in NRI's required-plugins annotation.
+	NRIPluginName = "gpu-injector"
+	// AnnotationNRIRequiredPlugins is the NRI default validator's annotation
+	// (containerd 2.2+ with the validator enabled): a container it names (the
+	// key's "/container.<name>" form) is not created unless every listed
+	// plugin is registered, so a pod admitted for runtime injection never
+	// starts without its driver where the runtime supports it.
+	AnnotationNRIRequiredPlugins = "required-plugins.noderesource.dev"
+)
+
+// MaxRuntimeMarkerBytes bounds a marker: a pod has at most a few hundred
+// containers, each named by a DNS label.
+const MaxRuntimeMarkerBytes = 16 << 10
+
+// FormatRuntimeMarker is the AnnotationRuntimeInject value for containers.
+func FormatRuntimeMarker(containers []string) string {
+	return strings.Join(containers, ",")
+}
+
+// ParseRuntimeMarker reads an AnnotationRuntimeInject value. The value is the
+// pod's, so anyone who writes the pod may have written it: every name must be
+// a container name (a DNS label), none twice, the whole within
+// MaxRuntimeMarkerBytes.
+func ParseRuntimeMarker(s string) ([]string, error) {
+	if len(s) > MaxRuntimeMarkerBytes {
+		return nil, fmt.Errorf("failed to read the runtime injection marker: %d bytes exceeds the limit of %d", len(s), MaxRuntimeMarkerBytes)
+	}
+	if s == "" {
+		return nil, fmt.Errorf("failed to read the runtime injection marker: it names no container")
+	}
+	names := strings.Split(s, ",")
+	seen := make(map[string]bool, len(names))
+	for _, n := range names {
+		if errs := validation.IsDNS1123Label(n); len(errs) > 0 {
+			return nil, fmt.Errorf("failed to read the runtime injection marker: %q is not a container name: %s", Truncate(n, 64), strings.Join(errs, "; "))
+		}
+		if seen[n] {
+			return nil, fmt.Errorf("failed to read the runtime injection marker: container %q is listed twice", n)
+		}
+		seen[n] = true
+	}
+	return names, nil
+}
 
 // RuntimeInjections are the values of Plan.RuntimeInjection a node may publish,
 // besides "" for a plan of mounts.
@@ -380,7 +445,15 @@ type Injected struct {
 	// memory.
 	Pool       string `json:"pool,omitempty"`
 	Remembered bool   `json:"remembered,omitempty"`
+
+	// Runtime is InjectedByNRI for a pod whose driver the node's NRI plugin
+	// adds at container creation: no volumes, no pin, no driver version (the
+	// node the pod lands on decides).
+	Runtime string `json:"runtime,omitempty"`
 }
+
+// InjectedByNRI is Injected.Runtime for runtime injection.
+const InjectedByNRI = "nri"
 
 // ParseInjected reads an AnnotationInjected value. The value is the pod's, so
 // anyone who writes the pod may have written it: an error says what is wrong
@@ -398,8 +471,17 @@ func ParseInjected(s string) (Injected, error) {
 	if dec.More() {
 		return Injected{}, fmt.Errorf("failed to read the injection record: trailing data after the JSON object")
 	}
-	if (i.Fingerprint == "") == (i.StaticLayout == "") {
-		return Injected{}, fmt.Errorf("failed to read the injection record: it must name exactly one of fingerprint and staticLayout")
+	named := 0
+	for _, v := range []string{i.Fingerprint, i.StaticLayout, i.Runtime} {
+		if v != "" {
+			named++
+		}
+	}
+	if named != 1 {
+		return Injected{}, fmt.Errorf("failed to read the injection record: it must name exactly one of fingerprint, staticLayout and runtime")
+	}
+	if i.Runtime != "" && i.Runtime != InjectedByNRI {
+		return Injected{}, fmt.Errorf("failed to read the injection record: runtime %q is not %q", Truncate(i.Runtime, 64), InjectedByNRI)
 	}
 	return i, nil
 }
