@@ -10,10 +10,13 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 
 	"github.com/gpu-injector/gpu-injector/mutate"
 	"github.com/gpu-injector/gpu-injector/nodeprobe"
+	"github.com/gpu-injector/gpu-injector/nriplugin"
+	"github.com/gpu-injector/gpu-injector/status"
 	"github.com/gpu-injector/gpu-injector/version"
 	"github.com/gpu-injector/gpu-injector/webhook"
 )
@@ -23,15 +26,27 @@ const usage = `gpu-injector: users write only a GPU limit; the cluster injects t
 Usage:
   gpu-injector webhook   [flags]   run the mutating admission webhook
   gpu-injector nodeprobe [flags]   find this node's driver and publish its layout on the Node
+  gpu-injector nri-plugin [flags]  add the node's driver mounts to marked GPU containers (NRI)
   gpu-injector mutate -f FILE --nodes NODES [--config CFG]
                                    the webhook's mutation, offline, for review and GitOps
+  gpu-injector status [flags]      what gpu-injector does in your cluster; exit 3 when something needs attention
   gpu-injector version             print the version
 
 Run "gpu-injector COMMAND -h" for a command's flags.
 `
 
+// kubectlPlugin is the name under which kubectl finds the binary as its
+// plugin "kubectl gpu-injector" (a link of that name on PATH will do).
+const kubectlPlugin = "kubectl-gpu_injector"
+
 func main() {
-	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+	args := os.Args[1:]
+	// kubectl passes a plugin only the arguments after its name, and what a
+	// kubectl user asks of gpu-injector is its status.
+	if filepath.Base(os.Args[0]) == kubectlPlugin && (len(args) == 0 || args[0] != "status") {
+		args = append([]string{"status"}, args...)
+	}
+	os.Exit(run(args, os.Stdin, os.Stdout, os.Stderr))
 }
 
 func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
@@ -48,8 +63,12 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		err = webhook.Run(ctx, args[1:], stdout, stderr)
 	case "nodeprobe":
 		err = nodeprobe.Run(ctx, args[1:], stdout, stderr)
+	case "nri-plugin":
+		err = nriplugin.Run(ctx, args[1:], stderr)
 	case "mutate":
 		err = mutate.Run(args[1:], stdin, stdout, stderr)
+	case "status":
+		return status.Main(ctx, args[1:], stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintln(stdout, version.String())
 	case "help", "-h", "--help":

@@ -1,0 +1,398 @@
+package nriplugin
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/containerd/nri/pkg/api"
+	nrilog "github.com/containerd/nri/pkg/log"
+	"github.com/containerd/nri/pkg/stub"
+	"github.com/go-logr/logr"
+	"github.com/go-logr/zapr"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/gpu-injector/gpu-injector/config"
+	"github.com/gpu-injector/gpu-injector/layout"
+	"github.com/gpu-injector/gpu-injector/nriplugin/statedir"
+)
+
+// ErrUsage marks a bad command line; the caller should exit with status 2.
+var ErrUsage = errors.New("usage error")
+
+// DefaultSocket is where containerd and CRI-O listen for NRI plugins.
+const DefaultSocket = "/var/run/nri/nri.sock"
+
+// Reconnection backoff: the runtime restarts in seconds, and a node whose
+// runtime has NRI off should not fill the log.
+const (
+	minBackoff = time.Second
+	maxBackoff = 30 * time.Second
+)
+
+type options struct {
+	socket      string
+	stateDir    string
+	configFile  string
+	pluginIndex string
+	healthAddr  string
+	metricsAddr string
+	verbosity   int
+}
+
+func parseFlags(args []string, stderr io.Writer) (*options, error) {
+	o := &options{}
+	fs := flag.NewFlagSet("nri-plugin", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.socket, "socket", DefaultSocket, "the container runtime's NRI socket")
+	fs.StringVar(&o.stateDir, "state-dir", "/run/gpu-injector", "folder shared with the node probe: its layout.json is read, nri-plugin.json written while registered")
+	fs.StringVar(&o.configFile, "config", "", "configuration file (InjectorConfiguration) whose host path rules a plan must pass; empty means defaults")
+	fs.StringVar(&o.pluginIndex, "plugin-index", "50", "the plugin's index among the runtime's NRI plugins (two digits): the order in which plugins see a container")
+	fs.StringVar(&o.healthAddr, "health-probe-bind-address", ":8084", "address of /healthz and /readyz (ready while registered); 0 disables")
+	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8085", "address of /metrics; 0 disables")
+	fs.IntVar(&o.verbosity, "v", 0, "log verbosity; 1 logs every injection")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("%w: %v", ErrUsage, err)
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("%w: unexpected arguments %q", ErrUsage, fs.Args())
+	}
+	if o.stateDir == "" {
+		return nil, fmt.Errorf("%w: --state-dir is required: the plugin reads the probe's plan there", ErrUsage)
+	}
+	if o.socket == "" {
+		return nil, fmt.Errorf("%w: --socket is required", ErrUsage)
+	}
+	if len(o.pluginIndex) != 2 || o.pluginIndex[0] < '0' || o.pluginIndex[0] > '9' || o.pluginIndex[1] < '0' || o.pluginIndex[1] > '9' {
+		return nil, fmt.Errorf("%w: --plugin-index must be two digits, not %q", ErrUsage, o.pluginIndex)
+	}
+	return o, nil
+}
+
+func newLogger(w io.Writer, verbosity int) logr.Logger {
+	enc := zap.NewProductionEncoderConfig()
+	enc.EncodeTime = zapcore.ISO8601TimeEncoder
+	core := zapcore.NewCore(zapcore.NewJSONEncoder(enc), zapcore.AddSync(w), zapcore.Level(-verbosity))
+	return zapr.NewLogger(zap.New(core))
+}
+
+type metrics struct {
+	registry   *prometheus.Registry
+	containers *prometheus.CounterVec
+	registered prometheus.Gauge
+	// byResult are the counter's children, looked up once: CreateContainer
+	// then costs one atomic add.
+	byResult map[string]prometheus.Counter
+}
+
+func newMetrics() *metrics {
+	m := &metrics{
+		registry: prometheus.NewRegistry(),
+		containers: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpu_injector_nri_containers_total",
+			Help: "Containers the runtime created while the plugin was registered, by what the plugin did: injected, or why not.",
+		}, []string{"result"}),
+		registered: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "gpu_injector_nri_registered", Help: "1 while the container runtime has the plugin registered, else 0.",
+		}),
+		byResult: map[string]prometheus.Counter{},
+	}
+	for _, r := range Results {
+		m.byResult[r] = m.containers.WithLabelValues(r)
+	}
+	m.registry.MustRegister(m.containers, m.registered, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+func (m *metrics) count(result string) {
+	if c, ok := m.byResult[result]; ok {
+		c.Inc()
+		return
+	}
+	m.containers.WithLabelValues(result).Inc()
+}
+
+// Run is the nri-plugin subcommand.
+func Run(ctx context.Context, args []string, stderr io.Writer) error {
+	o, err := parseFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	log := newLogger(stderr, o.verbosity)
+	cfg, err := config.Load(o.configFile)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(o.stateDir, 0o755); err != nil {
+		return fmt.Errorf("failed to create the state folder %q: %w", o.stateDir, err)
+	}
+	m := newMetrics()
+	s := &server{opts: o, log: log, metrics: m,
+		plugin: &Plugin{StateDir: o.stateDir, Rules: cfg.Rules(), Log: log, Count: m.count}}
+	return s.run(ctx)
+}
+
+// server keeps the plugin connected to the runtime and says so.
+type server struct {
+	opts    *options
+	log     logr.Logger
+	metrics *metrics
+	plugin  *Plugin
+	// now is the heartbeat's clock; nil means time.Now.
+	now func() time.Time
+
+	registered atomic.Bool
+	// mu orders the writes and the removal of the plugin file, which the
+	// heartbeat, the runtime's calls and the connection's end all make.
+	mu     sync.Mutex
+	record *statedir.Plugin
+}
+
+func (s *server) clock() time.Time {
+	if s.now != nil {
+		return s.now()
+	}
+	return time.Now()
+}
+
+func (s *server) run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, 2)
+	if err := serve(ctx, s.opts.healthAddr, s.healthMux(), errc); err != nil {
+		return err
+	}
+	if err := serve(ctx, s.opts.metricsAddr, promhttp.HandlerFor(s.metrics.registry, promhttp.HandlerOpts{}), errc); err != nil {
+		return err
+	}
+	// A file left by a plugin that was killed must not keep the label up.
+	s.unregister("starting")
+	defer s.unregister("stopping")
+	s.log.Info("nri plugin started", "socket", s.opts.socket, "stateDir", s.opts.stateDir, "pluginName", layout.NRIPluginName, "pluginIndex", s.opts.pluginIndex)
+	go s.heartbeat(ctx)
+
+	backoff := minBackoff
+	lastErr := ""
+	for {
+		start := time.Now()
+		err := s.connectOnce(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		select {
+		case err := <-errc:
+			return err
+		default:
+		}
+		// A connection that lasted is a runtime that restarted: come back fast.
+		if time.Since(start) > maxBackoff {
+			backoff = minBackoff
+		}
+		msg := "connection to the runtime closed"
+		if err != nil {
+			msg = err.Error()
+		}
+		// The same failure again (NRI off, socket absent) is said once.
+		if msg != lastErr {
+			s.log.Info("not connected to the container runtime's NRI; retrying", "socket", s.opts.socket, "reason", msg, "retryIn", backoff.String())
+			lastErr = msg
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-errc:
+			return err
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, maxBackoff)
+	}
+}
+
+// connectOnce registers with the runtime and serves it until the connection
+// closes or ctx ends. A stub serves one connection, so each try makes one.
+func (s *server) connectOnce(ctx context.Context) error {
+	h := &handler{s: s}
+	st, err := stub.New(h,
+		stub.WithPluginName(layout.NRIPluginName),
+		stub.WithPluginIdx(s.opts.pluginIndex),
+		stub.WithSocketPath(s.opts.socket),
+		stub.WithLogger(nriLogger{s.log.WithName("nri")}),
+		stub.WithOnClose(func() { s.unregister("the runtime closed the connection") }),
+	)
+	if err != nil {
+		return fmt.Errorf("failed to create the NRI stub: %w", err)
+	}
+	err = st.Run(ctx)
+	s.unregister("the connection ended")
+	if err != nil && !errors.Is(err, context.Canceled) {
+		return fmt.Errorf("failed to serve the runtime: %w", err)
+	}
+	return nil
+}
+
+// handler is what the stub calls; one per connection.
+type handler struct {
+	s                           *server
+	runtimeName, runtimeVersion string
+}
+
+// Configure subscribes to container creation only: the one event the plugin
+// acts on.
+func (h *handler) Configure(_ context.Context, _, runtime, version string) (api.EventMask, error) {
+	h.runtimeName, h.runtimeVersion = runtime, version
+	return api.MustParseEventMask("CreateContainer"), nil
+}
+
+// Synchronize is the runtime's last step of registration: from here on it
+// calls the plugin for every container it creates.
+func (h *handler) Synchronize(_ context.Context, _ []*api.PodSandbox, _ []*api.Container) ([]*api.ContainerUpdate, error) {
+	h.s.register(h.runtimeName, h.runtimeVersion)
+	return nil, nil
+}
+
+func (h *handler) Shutdown(context.Context) {
+	h.s.unregister("the runtime is shutting down")
+}
+
+func (h *handler) CreateContainer(ctx context.Context, pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
+	return h.s.plugin.CreateContainer(ctx, pod, ctr)
+}
+
+func (s *server) register(runtime, version string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.clock().UTC()
+	s.record = &statedir.Plugin{Protocol: layout.NRIProtocol, RuntimeName: runtime, RuntimeVersion: version, RegisteredAt: now, Heartbeat: now}
+	if err := statedir.WritePlugin(s.opts.stateDir, *s.record); err != nil {
+		// Not fatal: the node keeps no label, so pods get hostPath volumes;
+		// the heartbeat tries again.
+		s.log.Error(err, "failed to tell the probe that the plugin is registered")
+	}
+	s.registered.Store(true)
+	s.metrics.registered.Set(1)
+	s.log.Info("registered with the container runtime", "runtime", runtime, "runtimeVersion", version)
+}
+
+func (s *server) unregister(why string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	was := s.record != nil
+	s.record = nil
+	s.registered.Store(false)
+	s.metrics.registered.Set(0)
+	if err := statedir.RemovePlugin(s.opts.stateDir); err != nil {
+		s.log.Error(err, "failed to tell the probe that the plugin is not registered")
+	}
+	if was {
+		s.log.Info("no longer registered with the container runtime", "reason", why)
+	}
+}
+
+// heartbeat refreshes the plugin file while registered, so the probe can
+// tell a live plugin from a file left by one that was killed.
+func (s *server) heartbeat(ctx context.Context) {
+	t := time.NewTicker(statedir.HeartbeatInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			s.beat()
+		}
+	}
+}
+
+func (s *server) beat() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.record == nil {
+		return
+	}
+	s.record.Heartbeat = s.clock().UTC()
+	if err := statedir.WritePlugin(s.opts.stateDir, *s.record); err != nil {
+		s.log.Error(err, "failed to refresh the plugin's heartbeat")
+	}
+}
+
+func (s *server) healthMux() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, "ok")
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !s.registered.Load() {
+			http.Error(w, "not registered with the container runtime", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = io.WriteString(w, "ok")
+	})
+	return mux
+}
+
+// serve listens now, so a bad address fails Run at once, and serves until ctx ends.
+func serve(ctx context.Context, addr string, h http.Handler, errc chan<- error) error {
+	if addr == "" || addr == "0" {
+		return nil
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("failed to listen on %q: %w", addr, err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		<-ctx.Done()
+		_ = srv.Close()
+	}()
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			errc <- fmt.Errorf("failed to serve on %q: %w", addr, err)
+		}
+	}()
+	return nil
+}
+
+// nriLogger sends the NRI library's messages to the plugin's log: its
+// routine chatter at V(1), its warnings and errors as they are.
+type nriLogger struct{ log logr.Logger }
+
+var _ nrilog.Logger = nriLogger{}
+
+func (l nriLogger) Debugf(_ context.Context, format string, args ...any) {
+	l.log.V(2).Info(lowerFirst(fmt.Sprintf(format, args...)))
+}
+
+func (l nriLogger) Infof(_ context.Context, format string, args ...any) {
+	l.log.V(1).Info(lowerFirst(fmt.Sprintf(format, args...)))
+}
+
+func (l nriLogger) Warnf(_ context.Context, format string, args ...any) {
+	l.log.Info(lowerFirst(fmt.Sprintf(format, args...)))
+}
+
+func (l nriLogger) Errorf(_ context.Context, format string, args ...any) {
+	l.log.Error(errors.New(lowerFirst(fmt.Sprintf(format, args...))), "nri library error")
+}
+
+func lowerFirst(s string) string {
+	if s == "" || s[0] < 'A' || s[0] > 'Z' {
+		return s
+	}
+	return strings.ToLower(s[:1]) + s[1:]
+}
