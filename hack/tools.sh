@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Builds and caches, by version, the binaries the local cluster needs: etcd, the
-# Kubernetes components, helm and NVIDIA's device plugin. Nothing is downloaded but
-# Go modules: no Docker, no release tarballs, so the same script works wherever Go
-# and its module proxy do.
+# Kubernetes components, helm, NVIDIA's device plugin, and the NRI runtime
+# (containerd 2.x with its runc shim and ctr, and runc). Nothing is downloaded but
+# Go modules (and, for the runtime's cgo builds, Debian's headers when missing):
+# no Docker, no release tarballs, so the same script works wherever Go and its
+# module proxy do.
 #
-#   hack/tools.sh [etcd|kubernetes|helm|nvidia-device-plugin|all]...     (default: all)
+#   hack/tools.sh [etcd|kubernetes|helm|nvidia-device-plugin|containerd|runc|all]...  (default: all)
 #
 # Versions come from e2e/cluster/versions.env (hack/versions.sh); KUBERNETES_VERSION=v1.X.Y
 # (and the others) in the environment win. Each tool is built into
@@ -247,6 +249,123 @@ build_nvidia_device_plugin_locked() {
   log "nvidia-device-plugin ${NVIDIA_DEVICE_PLUGIN_VERSION}: built in $(elapsed "${start}") -> ${dir}/nvidia-device-plugin"
 }
 
+# need_packages PKG...: installs the Debian packages the cgo builds below need
+# (headers, libseccomp's static library, pkg-config) when dpkg lacks them, as
+# hack/install-runtime.sh installs the runtime: only what is missing, apt-get
+# update only when the package lists cannot name them.
+need_packages() {
+  local missing=() p
+  # Not Debian: the build says what it lacks itself.
+  command -v dpkg-query >/dev/null || return 0
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "${p}" 2>/dev/null | grep -q 'install ok installed' || missing+=("${p}")
+  done
+  [[ ${#missing[@]} -eq 0 ]] && return
+  if [[ ${EUID} -ne 0 ]] || ! command -v apt-get >/dev/null; then
+    die "missing Debian packages ${missing[*]}; run as root or: sudo apt-get install -y ${missing[*]}"
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  if ! apt-cache show "${missing[@]}" >/dev/null 2>&1; then
+    log "refreshing package lists (apt-get update)..."
+    apt-get update -qq
+  fi
+  log "installing ${missing[*]} (apt-get install)..."
+  if ! apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; then
+    # Stale lists name versions the mirror no longer has: refresh, try once more.
+    log "install failed; refreshing package lists (apt-get update) and retrying..."
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+}
+
+# module_dir MODULE VERSION: the module's folder in Go's module cache,
+# downloaded when missing. The builds run there, as the module's own CI does,
+# so its go.mod and go.sum pick every dependency.
+module_dir() {
+  local src
+  src="$(cd "${CACHE}" && GOFLAGS=-mod=mod go mod download -json "$1@$2" |
+    sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+  [[ -d ${src} ]] || die "failed to download $1@$2"
+  echo "${src}"
+}
+
+CONTAINERD_BINARIES=(containerd containerd-shim-runc-v2 ctr)
+
+build_containerd() {
+  local dir; dir="$(tool_dir containerd "${CONTAINERD_VERSION}")"
+  if is_cached "${dir}" "${CONTAINERD_BINARIES[@]}"; then mark_built "${dir}"; log "containerd ${CONTAINERD_VERSION}: cached (${dir})"; return; fi
+  with_lock "${dir}" build_containerd_locked "${dir}"
+}
+
+# containerd 2.x for the local cluster's NRI runtime (cluster.RuntimeNRI):
+# Debian bookworm's containerd 1.6 has no NRI, which 2.0 turned on by default.
+# Built as containerd's Makefile does with STATIC=1 (the binaries then run on
+# any Linux, the GPU machines' included): containerd and ctr with cgo and
+# static_build, the shim without cgo and without gRPC. no_btrfs unless btrfs's
+# headers are there, as the Makefile's BUILDTAGS suggest for hosts without them.
+# The version is stamped without its v: the kubelet shows the CRI's
+# RuntimeVersion as is, and containerd://2.4.2 is how nodes name a release.
+build_containerd_locked() {
+  local dir="$1"
+  if is_cached "${dir}" "${CONTAINERD_BINARIES[@]}"; then mark_built "${dir}"; log "containerd ${CONTAINERD_VERSION}: cached (${dir})"; return; fi
+  need_packages gcc libc6-dev linux-libc-dev
+  local tmp src start=${SECONDS} tags="urfave_cli_no_docs osusergo netgo static_build"
+  [[ -f /usr/include/btrfs/ioctl.h ]] || tags+=" no_btrfs"
+  tmp="$(mktemp -d "${CACHE}/.containerd.XXXXXX")"
+  trap 'rm -rf "${tmp}"' RETURN
+  log "containerd ${CONTAINERD_VERSION}: downloading github.com/containerd/containerd/v2..."
+  src="$(module_dir github.com/containerd/containerd/v2 "${CONTAINERD_VERSION}")"
+  local pkg=github.com/containerd/containerd/v2
+  local stamp="-X ${pkg}/version.Version=${CONTAINERD_VERSION#v} -X ${pkg}/version.Package=${pkg}"
+  local b
+  for b in containerd ctr; do
+    local bstart=${SECONDS}
+    log "building ${b} ${CONTAINERD_VERSION} (cgo, static, tags: ${tags}; first time, ~3 min on 2 cores)..."
+    (cd "${src}" && GOFLAGS=-mod=mod CGO_ENABLED=1 go build -trimpath -tags "${tags}" \
+      -ldflags "-s -w ${stamp} -extldflags -static" -o "${tmp}/${b}" "./cmd/${b}")
+    log "${b}: built in $(elapsed "${bstart}")"
+  done
+  local bstart=${SECONDS}
+  log "building containerd-shim-runc-v2 ${CONTAINERD_VERSION} (no cgo, tags: urfave_cli_no_docs no_grpc)..."
+  (cd "${src}" && GOFLAGS=-mod=mod CGO_ENABLED=0 go build -trimpath -tags "urfave_cli_no_docs no_grpc" \
+    -ldflags "-s -w ${stamp}" -o "${tmp}/containerd-shim-runc-v2" ./cmd/containerd-shim-runc-v2)
+  log "containerd-shim-runc-v2: built in $(elapsed "${bstart}")"
+  mkdir -p "${dir}"
+  for b in "${CONTAINERD_BINARIES[@]}"; do mv -f "${tmp}/${b}" "${dir}/${b}"; done
+  "${dir}/containerd" --version >&2
+  mark_built "${dir}"
+  log "containerd ${CONTAINERD_VERSION}: built in $(elapsed "${start}") -> ${dir}"
+}
+
+build_runc() {
+  local dir; dir="$(tool_dir runc "${RUNC_VERSION}")"
+  if is_cached "${dir}" runc; then mark_built "${dir}"; log "runc ${RUNC_VERSION}: cached (${dir}/runc)"; return; fi
+  with_lock "${dir}" build_runc_locked "${dir}"
+}
+
+# runc for the NRI runtime, with seccomp (what every Kubernetes node's runc
+# has: pods ask for RuntimeDefault). Static against Debian's libseccomp.a, as
+# runc's own release builds are, so it runs where libseccomp is absent. runc
+# takes its version from the module's VERSION file.
+build_runc_locked() {
+  local dir="$1"
+  if is_cached "${dir}" runc; then mark_built "${dir}"; log "runc ${RUNC_VERSION}: cached (${dir}/runc)"; return; fi
+  need_packages gcc libc6-dev linux-libc-dev pkg-config libseccomp-dev
+  local tmp src start=${SECONDS}
+  tmp="$(mktemp -d "${CACHE}/.runc.XXXXXX")"
+  trap 'rm -rf "${tmp}"' RETURN
+  log "runc ${RUNC_VERSION}: downloading github.com/opencontainers/runc..."
+  src="$(module_dir github.com/opencontainers/runc "${RUNC_VERSION}")"
+  log "building runc ${RUNC_VERSION} (cgo, static, tags: seccomp; first time, ~15 s)..."
+  (cd "${src}" && GOFLAGS=-mod=mod CGO_ENABLED=1 go build -trimpath -tags "seccomp urfave_cli_no_docs osusergo netgo" \
+    -ldflags "-s -w -extldflags -static" -o "${tmp}/runc" .)
+  mkdir -p "${dir}"
+  mv -f "${tmp}/runc" "${dir}/runc"
+  "${dir}/runc" --version >&2
+  mark_built "${dir}"
+  log "runc ${RUNC_VERSION}: built in $(elapsed "${start}") -> ${dir}/runc"
+}
+
 main() {
   local targets=("$@")
   [[ ${#targets[@]} -gt 0 ]] || targets=(all)
@@ -257,9 +376,11 @@ main() {
       kubernetes|k8s) build_kubernetes ;;
       helm) build_helm ;;
       nvidia-device-plugin) build_nvidia_device_plugin ;;
-      all) build_etcd; build_kubernetes; build_helm; build_nvidia_device_plugin ;;
-      -h|--help) sed -n '2,9p' "${BASH_SOURCE[0]}"; return ;;
-      *) die "unknown tool ${t} (want etcd, kubernetes, helm, nvidia-device-plugin or all)" ;;
+      containerd) build_containerd ;;
+      runc) build_runc ;;
+      all) build_etcd; build_kubernetes; build_helm; build_nvidia_device_plugin; build_containerd; build_runc ;;
+      -h|--help) sed -n '2,11p' "${BASH_SOURCE[0]}"; return ;;
+      *) die "unknown tool ${t} (want etcd, kubernetes, helm, nvidia-device-plugin, containerd, runc or all)" ;;
     esac
   done
 }

@@ -47,6 +47,9 @@ type Options struct {
 	NodeName string
 	// NodeLabels are registered with the Node (kubelet --node-labels).
 	NodeLabels map[string]string
+	// Runtime is the node's container runtime: RuntimeDebian when empty,
+	// RuntimeNRI for containerd 2.x with NRI (Cluster.NRISocket).
+	Runtime Runtime
 	// CacheDir holds the built binaries; CacheDir() when empty.
 	CacheDir string
 	// ParentDir is where the cluster's temporary folder is made; os.TempDir() when empty.
@@ -89,6 +92,13 @@ type Cluster struct {
 	NodeIP string
 	// ContainerdSocket is the node runtime's socket.
 	ContainerdSocket string
+	// Runtime is the node's container runtime (Options.Runtime, defaulted).
+	Runtime Runtime
+	// NRISocket is where NRI plugins connect to the node's containerd, as
+	// seen from this host (outside the cluster's mount namespace; inside it,
+	// and so in pods that mount it as a hostPath, it is /var/run/nri/nri.sock).
+	// Empty unless Runtime is RuntimeNRI.
+	NRISocket string
 	// DevicePluginDir is where a device plugin finds kubelet.sock and puts its
 	// own socket (register the socket's base name as the endpoint).
 	DevicePluginDir string
@@ -153,7 +163,10 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 			return nil, err
 		}
 	}
-	bins, err := FindBinaries(cacheDir)
+	if opts.Runtime == "" {
+		opts.Runtime = RuntimeDebian
+	}
+	bins, err := FindRuntimeBinaries(cacheDir, opts.Runtime)
 	if err != nil {
 		return nil, err
 	}
@@ -183,6 +196,7 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		NodeName:         opts.NodeName,
 		NodeIP:           ip,
 		ContainerdSocket: filepath.Join(runDir, "containerd.sock"),
+		Runtime:          opts.Runtime,
 		DevicePluginDir:  filepath.Join(runDir, "device-plugins"),
 		Binaries:         bins,
 		CacheDir:         cacheDir,
@@ -192,6 +206,10 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	}
 	if c.LogsDir == "" {
 		c.LogsDir = filepath.Join(dir, "logs")
+	}
+	if c.Runtime == RuntimeNRI {
+		// In the short socket folder: a plugin dials this path from the host.
+		c.NRISocket = filepath.Join(runDir, "nri", "nri.sock")
 	}
 	defer func() {
 		if err != nil {
@@ -208,7 +226,7 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	ctx, cancel := context.WithTimeout(ctx, opts.Timeout)
 	defer cancel()
 	start := time.Now()
-	c.log.Info("starting local cluster", "node", c.NodeName, "nodeIP", ip)
+	c.log.Info("starting local cluster", "node", c.NodeName, "nodeIP", ip, "runtime", c.Runtime)
 	for _, step := range []struct {
 		name string
 		fn   func(context.Context) error
@@ -245,7 +263,11 @@ func (c *Cluster) LogPath(component string) string {
 }
 
 func (c *Cluster) prepare(ctx context.Context) error {
-	for _, d := range []string{c.LogsDir, c.DevicePluginDir, filepath.Join(c.Dir, "containerd"), filepath.Join(c.Dir, "kubelet"), filepath.Join(c.Dir, "pod-logs"), filepath.Join(c.Dir, "cni", "net.d")} {
+	dirs := []string{c.LogsDir, c.DevicePluginDir, filepath.Join(c.Dir, "containerd"), filepath.Join(c.Dir, "kubelet"), filepath.Join(c.Dir, "pod-logs"), filepath.Join(c.Dir, "cni", "net.d")}
+	if c.NRISocket != "" {
+		dirs = append(dirs, filepath.Dir(c.NRISocket))
+	}
+	for _, d := range dirs {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return fmt.Errorf("failed to create %s: %w", d, err)
 		}
@@ -458,10 +480,16 @@ func (c *Cluster) startNode(ctx context.Context) error {
 	// The mount namespace that containerd, its shims and the kubelet share:
 	// it gives the kubelet a private device-plugin folder, and every mount they
 	// make (rootfs overlays, projected volumes, netns files) vanishes with it.
-	// Slave propagation still shows them the host's later mounts.
+	// Slave propagation still shows them the host's later mounts. With
+	// RuntimeNRI, NRI's socket folder is the cluster's own too: plugins
+	// (and pods mounting /var/run/nri/nri.sock) reach this cluster's
+	// containerd, never another's.
 	ready := filepath.Join(c.Dir, "namespace.ready")
-	script := fmt.Sprintf("set -e; mkdir -p %[1]s; mount --bind %[2]q %[1]s; touch %[3]q; exec sleep infinity",
-		kubeletDevicePluginDir, c.DevicePluginDir, ready)
+	binds := fmt.Sprintf("mkdir -p %[1]s; mount --bind %[2]q %[1]s; ", kubeletDevicePluginDir, c.DevicePluginDir)
+	if c.NRISocket != "" {
+		binds += fmt.Sprintf("mkdir -p %[1]s; mount --bind %[2]q %[1]s; ", nriDirInNamespace, filepath.Dir(c.NRISocket))
+	}
+	script := fmt.Sprintf("set -e; %s touch %q; exec sleep infinity", binds, ready)
 	holder, err := c.start("namespace", c.Binaries.Unshare, []string{"--mount", "--propagation", "slave", "--", "/bin/sh", "-c", script})
 	if err != nil {
 		return err
@@ -508,11 +536,19 @@ func (c *Cluster) startNode(ctx context.Context) error {
 	}
 	ctrdDir := filepath.Join(c.Dir, "containerd")
 	ctrdConf := filepath.Join(ctrdDir, "config.toml")
-	if err := os.WriteFile(ctrdConf, []byte(containerdConfig(ctrdDir, c.ContainerdSocket, filepath.Join(cniDir, "net.d"))), 0o644); err != nil {
+	ctrdConfig := containerdConfig(ctrdDir, c.ContainerdSocket, filepath.Join(cniDir, "net.d"))
+	var ctrdEnv []string
+	if c.Runtime == RuntimeNRI {
+		ctrdConfig = containerdNRIConfig(ctrdDir, c.ContainerdSocket, filepath.Join(cniDir, "net.d"), c.Binaries)
+		// The config names the shim and runc; PATH says the same to anything
+		// that looks them up by name, so Debian's never mix in.
+		ctrdEnv = []string{"PATH=" + filepath.Dir(c.Binaries.ContainerdShim) + ":" + filepath.Dir(c.Binaries.Runc) + ":" + os.Getenv("PATH")}
+	}
+	if err := os.WriteFile(ctrdConf, []byte(ctrdConfig), 0o644); err != nil {
 		return fmt.Errorf("failed to write containerd config: %w", err)
 	}
 	bin, args := inNS(c.Binaries.Containerd, "--config", ctrdConf, "--log-level", "info")
-	containerd, err := c.start("containerd", bin, args)
+	containerd, err := c.startWithEnv("containerd", bin, args, ctrdEnv)
 	if err != nil {
 		return err
 	}
@@ -630,8 +666,14 @@ func (c *Cluster) BuildImageWithConfig(ref string, files map[string]string, cfg 
 
 // start runs one component and records it for Stop.
 func (c *Cluster) start(name, bin string, args []string) (*process, error) {
+	return c.startWithEnv(name, bin, args, nil)
+}
+
+// startWithEnv is start with env added to this process's environment (a
+// later entry wins).
+func (c *Cluster) startWithEnv(name, bin string, args, env []string) (*process, error) {
 	c.log.V(1).Info("starting component", "component", name)
-	p, err := startProcess(c.LogsDir, name, bin, args, nil)
+	p, err := startProcess(c.LogsDir, name, bin, args, env)
 	if err != nil {
 		return nil, err
 	}

@@ -29,6 +29,9 @@ var (
 	KubernetesVersion         = version("KUBERNETES_VERSION")
 	HelmVersion               = version("HELM_VERSION")
 	NvidiaDevicePluginVersion = version("NVIDIA_DEVICE_PLUGIN_VERSION")
+	// ContainerdVersion and RuncVersion are RuntimeNRI's runtime.
+	ContainerdVersion = version("CONTAINERD_VERSION")
+	RuncVersion       = version("RUNC_VERSION")
 )
 
 // releaseVersion is how every tool names a release: v1.37.2, never 1.37.2.
@@ -53,6 +56,9 @@ func version(name string) string {
 type Binaries struct {
 	Etcd, APIServer, ControllerManager, Scheduler, Kubelet, Kubectl string
 	Containerd, Ctr, Runc, Unshare, Nsenter                         string
+	// ContainerdShim is RuntimeNRI's containerd-shim-runc-v2; empty for
+	// RuntimeDebian, whose containerd finds its own on PATH.
+	ContainerdShim string
 }
 
 // CacheDir is where hack/tools.sh puts binaries: $GPU_INJECTOR_CACHE, else
@@ -69,9 +75,23 @@ func CacheDir() (string, error) {
 	return filepath.Join(d, "gpu-injector"), nil
 }
 
-// FindBinaries locates every program, with an error that says how to get the
-// missing ones.
+// FindBinaries locates every program of a RuntimeDebian cluster, with an
+// error that says how to get the missing ones.
 func FindBinaries(cacheDir string) (Binaries, error) {
+	return FindRuntimeBinaries(cacheDir, RuntimeDebian)
+}
+
+// FindRuntimeBinaries is FindBinaries for a cluster whose node runs runtime
+// ("" is RuntimeDebian). For RuntimeNRI, containerd, its shim, ctr and runc
+// are the ones hack/tools.sh built; the CNI plugins, unshare and nsenter are
+// the host's either way.
+func FindRuntimeBinaries(cacheDir string, runtime Runtime) (Binaries, error) {
+	if runtime == "" {
+		runtime = RuntimeDebian
+	}
+	if err := runtime.valid(); err != nil {
+		return Binaries{}, err
+	}
 	k8s := filepath.Join(cacheDir, "kubernetes-"+KubernetesVersion)
 	b := Binaries{
 		Etcd:              filepath.Join(cacheDir, "etcd-"+EtcdVersion, "etcd"),
@@ -90,10 +110,13 @@ func FindBinaries(cacheDir string) (Binaries, error) {
 	if !executable(b.Etcd) {
 		errs = append(errs, fmt.Errorf("%s is missing: run hack/tools.sh etcd first", b.Etcd))
 	}
-	for name, dst := range map[string]*string{
-		"containerd": &b.Containerd, "ctr": &b.Ctr, "runc": &b.Runc,
-		"unshare": &b.Unshare, "nsenter": &b.Nsenter,
-	} {
+	hostPrograms := map[string]*string{"unshare": &b.Unshare, "nsenter": &b.Nsenter}
+	if runtime == RuntimeNRI {
+		errs = append(errs, findNRIRuntime(cacheDir, &b)...)
+	} else {
+		hostPrograms["containerd"], hostPrograms["ctr"], hostPrograms["runc"] = &b.Containerd, &b.Ctr, &b.Runc
+	}
+	for name, dst := range hostPrograms {
 		p, err := lookPath(name)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s is not installed: run hack/install-runtime.sh first", name))
