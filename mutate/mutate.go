@@ -381,7 +381,9 @@ func (m *mutator) pod(what string, pod *corev1.Pod) ([]jsonpatch.Operation, bool
 		fmt.Fprintf(m.stderr, "denied: %s: %s\n", what, res.Reason)
 		return nil, false
 	case inject.DecisionInjected:
-		if res.Layout != nil {
+		if res.Layout != nil && res.Layout.Runtime {
+			fmt.Fprintf(m.stderr, "injected: %s: at the runtime, by the nodes' gpu-injector NRI plugin\n", what)
+		} else if res.Layout != nil {
 			fmt.Fprintf(m.stderr, "injected: %s: layout %s%s (driver %s)\n", what, res.Layout.Fingerprint, res.Layout.Static, res.Layout.Plan.DriverVersion)
 		}
 		return res.Patch, true

@@ -157,6 +157,9 @@ func podName(p *corev1.Pod) string {
 }
 
 func layoutName(l *inject.Layout) string {
+	if l.Runtime {
+		return "runtime/nri"
+	}
 	if l.Static != "" {
 		return "static/" + l.Static
 	}

@@ -220,6 +220,9 @@ func describeLegacy(legacy []legacyMount) string {
 // mounts at, above or below its container path, else all of them; more than
 // two are summed up by folder.
 func replacement(l *Layout, mountPath string) string {
+	if l.Runtime {
+		return "the driver that the node's gpu-injector NRI plugin mounts when the container is created"
+	}
 	if l.Plan.RuntimeInjection != "" {
 		return fmt.Sprintf("the driver %s that %s injects (%s)", l.Plan.DriverVersion, injectedBy(l.Plan.RuntimeInjection), l.Plan.RuntimeInjection)
 	}

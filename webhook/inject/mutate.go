@@ -71,14 +71,6 @@ func Mutate(in Input, cfg *config.Configuration) Result {
 		return done(ReasonNoGPU)
 	}
 
-	if level := in.NamespaceLabels[labelPodSecurityEnforce]; level == "baseline" || level == "restricted" {
-		msg := fmt.Sprintf("namespace %q enforces Pod Security level %q, which forbids the hostPath volumes that carry the NVIDIA driver", pod.Namespace, level)
-		if cfg.PodSecurity == config.PodSecurityDeny {
-			return Result{Decision: DecisionDenied, Reason: WarnPrefix + msg + "; label the namespace pod-security.kubernetes.io/enforce=privileged or opt the pod out with annotation " + layout.AnnotationInject + `: "false"`, Warnings: res.Warnings}
-		}
-		warn("%s: the API server will reject this pod", msg)
-	}
-
 	prev, err := PreviousInjection(pod)
 	if err != nil {
 		// Without the record, which volumes, mounts and selector are ours is
@@ -97,6 +89,31 @@ func Mutate(in Input, cfg *config.Configuration) Result {
 		layouts, keepWhy = keepsLegacy(layouts, legacy)
 	}
 	need := m.requestedGPUResources(pod)
+
+	level := in.NamespaceLabels[labelPodSecurityEnforce]
+	forbidsHostPath := level == "baseline" || level == "restricted"
+	rt := m.runtimeChoice(pod, in.Layouts, prev, forbidsHostPath, legacy, renamed, &need)
+	if rt.use {
+		m.injectRuntime(ed, targets, rt, legacy, warn)
+		res = done(ReasonAlreadyInjected)
+		if res.Decision == DecisionInjected {
+			res.Reason = ""
+		}
+		res.Layout = rt.layout
+		return res
+	}
+	if _, ok := pod.Annotations[layout.AnnotationRuntimeInject]; ok {
+		ed.do(removeAnnotation{key: layout.AnnotationRuntimeInject})
+		warn("the pod's annotation %s was removed: only gpu-injector writes it, on pods whose driver the node's NRI plugin mounts (%s)", layout.AnnotationRuntimeInject, rt.why)
+	}
+	if forbidsHostPath {
+		msg := fmt.Sprintf("namespace %q enforces Pod Security level %q, which forbids the hostPath volumes that carry the NVIDIA driver, and the driver cannot be injected at the runtime instead (%s)", pod.Namespace, level, rt.why)
+		if cfg.PodSecurity == config.PodSecurityDeny {
+			return Result{Decision: DecisionDenied, Reason: WarnPrefix + msg + "; turn on runtime injection (docs/runtime-injection.md), label the namespace pod-security.kubernetes.io/enforce=privileged, or opt the pod out with annotation " + layout.AnnotationInject + `: "false"`, Warnings: res.Warnings}
+		}
+		warn("%s: the API server will reject this pod", msg)
+	}
+
 	chosen, whyNot := chooseLayout(pod, layouts, cfg, prev, in.Seed, renamed, &need)
 	// stale is an earlier injection whose layout no longer fits the pod (its
 	// nodes are gone, or changed their driver, or a static layout changed):
@@ -106,6 +123,10 @@ func Mutate(in Input, cfg *config.Configuration) Result {
 	if prev != nil && (chosen == nil || !injectionFits(prev, chosen)) {
 		stale = prev
 		chosen, whyNot = chooseLayout(unpinned(pod, prev), layouts, cfg, nil, in.Seed, renamed, &need)
+	}
+	if cfg.DriverDelivery == config.DeliveryRuntime && chosen != nil && chosen.Static == "" {
+		// Only the noLayout action's static layout may still carry hostPath.
+		chosen, whyNot = nil, rt.why
 	}
 	if keepWhy != "" {
 		whyNot = keepWhy
@@ -426,7 +447,6 @@ func chooseLayout(pod *corev1.Pod, layouts []*Layout, cfg *config.Configuration,
 	var reasons []string
 	var fits []rankedLayout
 	var weight uint64
-layouts:
 	for _, r := range order {
 		l := r.layout
 		if prev != nil && (l.Fingerprint != prev.Fingerprint || (l.Pool != "" && l.Pool != prev.Pool)) {
@@ -435,40 +455,14 @@ layouts:
 		if spread && l.Remembered != nil && len(fits) > 0 {
 			break
 		}
-		// A remembered layout has no node to ask, and its memory records no
-		// resources: it stays a candidate, as its pool's next node is
-		// expected to offer what its nodes did.
-		nodeNeed := need
-		if l.Remembered != nil {
-			nodeNeed = nil
-		}
-		nodes, why := candidateNodes(pod, l)
-		if nodeNeed != nil && why == "" {
-			// Most layouts that lack a resource lack it on every node: say so
-			// without a scan of thousands of nodes that cannot fit. After
-			// nodeName and nodeSelector, as nodeMismatch checks them first.
-			if missing := nodeNeed.layoutLacks(l); len(missing) > 0 {
-				nodes, why = nil, "no node offers "+describeResources(missing)
-			}
-		}
-		for _, n := range nodes {
-			nodeWhy := nodeMismatch(pod, affinity, match, n, renamed, nodeNeed)
-			if nodeWhy == "" {
-				if !spread {
-					return l, ""
-				}
-				fits = append(fits, r)
-				weight += uint64(max(r.gpus, 1))
-				continue layouts
-			}
-			// A node the pod selects says more than one it does not: what
-			// keeps the pod off the nodes it asked for.
-			if why == "" || why == whySelector || nodeWhy != whySelector {
-				why = nodeWhy
-			}
-		}
+		why := layoutFit(pod, l, affinity, match, renamed, need)
 		if why == "" {
-			why = "no ready nodes"
+			if !spread {
+				return l, ""
+			}
+			fits = append(fits, r)
+			weight += uint64(max(r.gpus, 1))
+			continue
 		}
 		if len(reasons) < 5 {
 			reasons = append(reasons, layoutDescription(l)+": "+why)
@@ -493,6 +487,41 @@ layouts:
 		reasons = append(reasons, fmt.Sprintf("and %d more layouts", len(order)-len(reasons)))
 	}
 	return nil, strings.Join(reasons, "; ")
+}
+
+// layoutFit says why no node of l can take the pod, or "" if one can.
+func layoutFit(pod *corev1.Pod, l *Layout, affinity nodeaffinity.RequiredNodeAffinity, match *affinityNode, renamed []corev1.ResourceName, need *gpuNeed) string {
+	// A remembered layout has no node to ask, and its memory records no
+	// resources: it stays a candidate, as its pool's next node is
+	// expected to offer what its nodes did.
+	nodeNeed := need
+	if l.Remembered != nil {
+		nodeNeed = nil
+	}
+	nodes, why := candidateNodes(pod, l)
+	if nodeNeed != nil && why == "" {
+		// Most layouts that lack a resource lack it on every node: say so
+		// without a scan of thousands of nodes that cannot fit. After
+		// nodeName and nodeSelector, as nodeMismatch checks them first.
+		if missing := nodeNeed.layoutLacks(l); len(missing) > 0 {
+			nodes, why = nil, "no node offers "+describeResources(missing)
+		}
+	}
+	for _, n := range nodes {
+		nodeWhy := nodeMismatch(pod, affinity, match, n, renamed, nodeNeed)
+		if nodeWhy == "" {
+			return ""
+		}
+		// A node the pod selects says more than one it does not: what
+		// keeps the pod off the nodes it asked for.
+		if why == "" || why == whySelector || nodeWhy != whySelector {
+			why = nodeWhy
+		}
+	}
+	if why == "" {
+		why = "no ready nodes"
+	}
+	return why
 }
 
 // maxWedgedNamed is how many wedged nodes a message names with their reason.

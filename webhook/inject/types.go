@@ -69,6 +69,11 @@ type Layout struct {
 	// upgrade under way): their nodes of this layout are pinned by fingerprint.
 	MixedPools []string
 
+	// Runtime marks the Result.Layout of a pod injected at the runtime: no
+	// plan of its own (each node's NRI plugin mounts that node's), only the
+	// library folders of the layouts the pod may land on.
+	Runtime bool
+
 	// lookup is built on first use from Nodes, which never change once a
 	// Layout is published: the index publishes a new Layout instead.
 	lookupOnce sync.Once
@@ -80,6 +85,30 @@ type Layout struct {
 	// offeredGPUs sums Nodes' GPUs per resource name, built on first use.
 	offeredOnce sync.Once
 	offeredGPUs map[string]int64
+	// nriReady: every node of Nodes has its NRI plugin registered, counted
+	// on first use.
+	nriOnce  sync.Once
+	nriReady bool
+}
+
+// NRIReady reports whether every node of the layout injects at the runtime
+// through gpu-injector's NRI plugin (layout.LabelNRIPlugin), so a pod may
+// land on any of them with no hostPath volume. A layout that some other
+// runtime injection serves (Plan.RuntimeInjection) is not: the plugin leaves
+// those nodes' containers to it.
+func (l *Layout) NRIReady() bool {
+	l.nriOnce.Do(func() {
+		if l.Plan.RuntimeInjection != "" || len(l.Nodes) == 0 {
+			return
+		}
+		for _, n := range l.Nodes {
+			if n.Labels.Get(layout.LabelNRIPlugin) != layout.NRIProtocol {
+				return
+			}
+		}
+		l.nriReady = true
+	})
+	return l.nriReady
 }
 
 // preparedMount is what every pod of a layout gets for one of the plan's

@@ -90,9 +90,38 @@ func modern() []corev1.Node {
 	}
 }
 
+// nri is a cluster moving to runtime injection: the classic-folder and
+// loose-file nodes run gpu-injector's NRI plugin, the GKE-folder ones
+// (containerd 1.6, no NRI) do not, and a toolkit node's runtime injects by
+// itself, plugin or not.
+func nri() []corev1.Node {
+	ubuntu := layout.Plan{SchemaVersion: "v1", DriverVersion: "384.130", CUDADriverVersion: "9.0", LibraryPaths: []string{lib},
+		Mounts: []layout.Mount{{"/usr/lib/nvidia-384", lib, layout.KindDirectory}, {"/usr/lib/nvidia-384/bin", bin, layout.KindDirectory}}}
+	rhel := loose("570.133.20", "12.8", "/usr/lib64")
+	gke := layout.Plan{SchemaVersion: "v1", DriverVersion: "535.230.02", CUDADriverVersion: "12.2", LibraryPaths: []string{lib},
+		Mounts: []layout.Mount{{"/home/kubernetes/bin/nvidia/lib64", lib, layout.KindDirectory}, {"/home/kubernetes/bin/nvidia/bin", bin, layout.KindDirectory}}}
+	toolkit := layout.Plan{SchemaVersion: "v1", DriverVersion: "560.35.03", CUDADriverVersion: "12.6", RuntimeInjection: layout.RuntimeToolkit}
+	plugin := func(n *corev1.Node) { n.Labels[layout.LabelNRIPlugin] = layout.NRIProtocol }
+	return []corev1.Node{
+		node("gpu-ubuntu-1", ubuntu, 8, map[string]string{"accelerator": "nvidia-tesla-k80"}, nil, true, plugin),
+		node("gpu-ubuntu-2", ubuntu, 8, map[string]string{"accelerator": "nvidia-tesla-k80"}, nil, true, plugin),
+		node("gpu-rhel-1", rhel, 4, map[string]string{"accelerator": "nvidia-l4"}, nil, true, plugin),
+		node("gpu-rhel-2", rhel, 4, map[string]string{"accelerator": "nvidia-l4"}, nil, true, plugin),
+		node("gpu-gke-1", gke, 4, map[string]string{"accelerator": "nvidia-tesla-t4"}, nil, true, nil),
+		// One node of the layout without the plugin: the layout is not
+		// runtime-ready, as a pod may land on that node.
+		node("gpu-gke-2", gke, 4, map[string]string{"accelerator": "nvidia-tesla-t4"}, nil, true, plugin),
+		node("gpu-toolkit-1", toolkit, 4, map[string]string{"accelerator": "nvidia-a10g"}, nil, true, plugin),
+	}
+}
+
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == "modern" {
 		write(modern(), "nodes-modern.yaml", "A cluster of today's nodes, where the classic tutorials' driver folders do not exist")
+		return
+	}
+	if len(os.Args) > 1 && os.Args[1] == "nri" {
+		write(nri(), "nodes-nri.yaml", "A cluster where some nodes inject the driver at the runtime (gpu-injector's NRI plugin)")
 		return
 	}
 	ubuntu := layout.Plan{SchemaVersion: "v1", DriverVersion: "384.130", CUDADriverVersion: "9.0", LibraryPaths: []string{lib},
@@ -175,8 +204,11 @@ func write(nodes []corev1.Node, file, title string) {
 		docs = append(docs, strings.TrimSpace(string(b)))
 	}
 	arg := ""
-	if file != "nodes.yaml" {
+	switch file {
+	case "nodes-modern.yaml":
 		arg = " modern"
+	case "nodes-nri.yaml":
+		arg = " nri"
 	}
 	fmt.Fprintf(os.Stdout, "# %s. Generated, fingerprints real:\n#   go run ./webhook/inject/testdata/gen%s > webhook/inject/testdata/%s\n---\n%s\n", title, arg, file, strings.Join(docs, "\n---\n"))
 }
