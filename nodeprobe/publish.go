@@ -174,6 +174,7 @@ var owned = map[string]bool{
 	layout.LabelGPUProduct: true, layout.LabelGPUCount: true, layout.LabelGPUMemoryMiB: true,
 	layout.LabelComputeCapability: true, layout.LabelMIGEnabled: true,
 	AnnotationVersionSource: true, AnnotationNVMLState: true,
+	layout.LabelNRIPlugin: true,
 }
 
 // ours returns the entries of m that the probe owns.

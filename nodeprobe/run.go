@@ -63,6 +63,7 @@ type options struct {
 	verbosity   int
 	ignoreRI    bool
 	nvmlTimeout time.Duration
+	stateDir    string
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
@@ -81,6 +82,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8083", "address of /metrics; 0 disables")
 	fs.IntVar(&o.verbosity, "v", 0, "log verbosity; 1 logs every probe's notes")
 	fs.DurationVar(&o.nvmlTimeout, "nvml-timeout", DefaultNVMLTimeout, "longest wait for NVML (nvmlInit to nvmlShutdown) before the node is marked wedged")
+	fs.StringVar(&o.stateDir, "state-dir", "", "folder shared with the NRI plugin: the probe writes layout.json there after every probe, and publishes the "+layout.LabelNRIPlugin+" label while the plugin's nri-plugin.json there says it is registered; empty is off")
 	fs.BoolVar(&o.ignoreRI, "ignore-runtime-injection", false, "plan mounts even where the container runtime or the device plugin injects the driver itself (NVIDIA toolkit as the default runtime, CDI specs, GKE's device plugin)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -269,6 +271,15 @@ type daemon struct {
 
 	// wake probes at once: a stuck NVML reading returned (NVMLWatch.Returned).
 	wake chan struct{}
+
+	// pluginUp is what the NRI plugin's file said last (statedir); relabel
+	// asks the loop to republish when that changes; lastPub is the last
+	// probe's publication, which a relabel writes again. pluginPoll is the
+	// file's poll interval; 0 means pluginPoll.
+	pluginUp   atomic.Bool
+	relabel    chan struct{}
+	lastPub    *Published
+	pluginPoll time.Duration
 }
 
 // wakeUp asks the loop for a probe now, without blocking: one pending
@@ -311,6 +322,9 @@ func (d *daemon) run(ctx context.Context) error {
 	if d.wake == nil {
 		d.wake = make(chan struct{}, 1)
 	}
+	if d.relabel == nil {
+		d.relabel = make(chan struct{}, 1)
+	}
 	if d.probe.NVMLWatch == nil {
 		d.probe.NVMLWatch = &NVMLWatch{Timeout: d.opts.nvmlTimeout}
 	}
@@ -329,7 +343,11 @@ func (d *daemon) run(ctx context.Context) error {
 	defer signal.Stop(hup)
 	d.started.Store(d.clock().UnixNano())
 	log := d.log.WithValues("node", d.opts.nodeName)
-	log.Info("node probe started", "hostRoot", d.opts.hostRoot, "interval", d.opts.interval.String(), "nvmlTimeout", d.probe.NVMLWatch.timeout().String())
+	log.Info("node probe started", "hostRoot", d.opts.hostRoot, "interval", d.opts.interval.String(), "nvmlTimeout", d.probe.NVMLWatch.timeout().String(), "stateDir", d.opts.stateDir)
+	if d.opts.stateDir != "" {
+		d.pluginUp.Store(d.pluginRegistered(log))
+		go d.watchPlugin(ctx, log)
+	}
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {
@@ -342,6 +360,11 @@ func (d *daemon) run(ctx context.Context) error {
 			log.Info("sighup: probing now")
 		case <-d.wake:
 			log.Info("a stuck NVML call returned: probing now")
+		case <-d.relabel:
+			if err := d.republish(ctx, log); err != nil && !errors.Is(err, ErrConditionForbidden) {
+				log.Error(err, "failed to publish the nri plugin label; the next probe tries again")
+			}
+			continue
 		case <-timer.C:
 		}
 		next := d.opts.interval
@@ -371,6 +394,7 @@ func (d *daemon) once(ctx context.Context, log logr.Logger) error {
 	start := time.Now()
 	res, err := Probe(d.probe)
 	d.metrics.duration.Observe(time.Since(start).Seconds())
+	d.writeState(log, &res, err)
 	if err != nil {
 		return err
 	}
@@ -387,6 +411,8 @@ func (d *daemon) once(ctx context.Context, log logr.Logger) error {
 	if err != nil {
 		return err
 	}
+	d.lastPub = &pub
+	pub = d.withPlugin(pub)
 	wrote, err := Publish(ctx, d.client, d.opts.nodeName, pub)
 	// Counted and said even when the condition after the labels failed.
 	if wrote {
