@@ -56,6 +56,9 @@ type Collector struct {
 	DryRun DryRunner
 	// Namespace is where gpu-injector runs; empty finds it by the chart's labels.
 	Namespace string
+	// DryRunNamespace is where the GPU pod is tried; empty picks an opted-in
+	// namespace.
+	DryRunNamespace string
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 }
@@ -469,6 +472,9 @@ func dryRunPod() *corev1.Pod {
 // dryRun tries a GPU pod in an opted-in namespace, preferring one where Pod
 // Security allows hostPath, so that the answer is about the webhook.
 func (c *Collector) dryRun(ctx context.Context, namespaces []NamespaceStatus) DryRunLog {
+	if c.DryRunNamespace != "" {
+		return c.dryRunIn(ctx, c.DryRunNamespace)
+	}
 	var candidates []NamespaceStatus
 	for _, n := range namespaces {
 		if !n.Excluded {
@@ -481,7 +487,10 @@ func (c *Collector) dryRun(ctx context.Context, namespaces []NamespaceStatus) Dr
 	slices.SortStableFunc(candidates, func(a, b NamespaceStatus) int {
 		return boolInt(a.Refused != "" || a.Enforce == "restricted") - boolInt(b.Refused != "" || b.Enforce == "restricted")
 	})
-	ns := candidates[0].Name
+	return c.dryRunIn(ctx, candidates[0].Name)
+}
+
+func (c *Collector) dryRunIn(ctx context.Context, ns string) DryRunLog {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	pod, warnings, err := c.DryRun.DryRunPod(ctx, ns, dryRunPod())

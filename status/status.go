@@ -41,6 +41,7 @@ type options struct {
 	kubeconfig string
 	context    string
 	namespace  string
+	dryRunNS   string
 	output     string
 	color      string
 }
@@ -52,6 +53,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file; default $KUBECONFIG, then ~/.kube/config")
 	fs.StringVar(&o.context, "context", "", "kubeconfig context; default its current context")
 	fs.StringVar(&o.namespace, "namespace", "", "namespace gpu-injector runs in; default: found by the chart's labels")
+	fs.StringVar(&o.dryRunNS, "dry-run-namespace", "", "namespace to try the dry-run GPU pod in; default: an opted-in namespace, one whose Pod Security level allows hostPath first")
 	fs.StringVar(&o.output, "o", "table", "output: table, json or yaml")
 	fs.StringVar(&o.color, "color", "auto", "colour the table: auto (when stdout is a terminal and NO_COLOR is unset), always or never")
 	fs.Usage = func() {
@@ -100,7 +102,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "gpu-injector status: failed to create a Kubernetes client: %v\n", err)
 		return ExitError
 	}
-	c := &Collector{Client: client, DryRun: clientDryRunner{cfg: cfg}, Namespace: o.namespace}
+	c := &Collector{Client: client, DryRun: clientDryRunner{cfg: cfg}, Namespace: o.namespace, DryRunNamespace: o.dryRunNS}
 	r, err := c.Collect(ctx)
 	if err != nil {
 		fmt.Fprintf(stderr, "gpu-injector status: %v\n", err)

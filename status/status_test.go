@@ -488,3 +488,15 @@ func TestFlags(t *testing.T) {
 		t.Errorf("unreadable kubeconfig: exit %d, want %d", code, ExitError)
 	}
 }
+
+func TestDryRunNamespaceFlag(t *testing.T) {
+	dr := &stubDryRun{pod: injectedPod("fp-gpu-a")}
+	c := &Collector{Client: fake.NewClientset(healthy()...), DryRun: dr, DryRunNamespace: "team-b", Now: func() time.Time { return now }}
+	r, err := c.Collect(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dr.asked != "team-b" || r.Webhook.DryRun.Namespace != "team-b" {
+		t.Errorf("dry run in %q, want team-b", dr.asked)
+	}
+}
