@@ -68,6 +68,9 @@ type Options struct {
 	ChartValues []string
 	// Timeout bounds Up once the binaries are built; 6 minutes when zero.
 	Timeout time.Duration
+	// Runtime is the kubelet node's container runtime; the Debian containerd
+	// (no NRI) when empty.
+	Runtime cluster.Runtime
 	// HostLockWait is how long Up waits for another environment on this
 	// machine (a demo, another test run) to release the host's stand-in
 	// driver folder; zero fails at once.
@@ -319,6 +322,7 @@ func (e *Env) startCluster(ctx context.Context) error {
 	}
 	c, err := cluster.Start(ctx, cluster.Options{
 		APIServerFlags: auditFlags,
+		Runtime:        e.opts.Runtime,
 		NodeName:       kn.Name,
 		NodeLabels: map[string]string{
 			LabelAccelerator: kn.Accelerator,

@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/gpu-injector/gpu-injector/e2e/cluster"
+	"github.com/gpu-injector/gpu-injector/layout"
 )
 
 type options struct {
@@ -45,6 +46,7 @@ type options struct {
 	nodeWorkers  int
 	profileDir   string
 	profileTime  time.Duration
+	nri          bool
 }
 
 func main() {
@@ -68,6 +70,7 @@ func parseFlags(args []string) (*options, error) {
 	o := &options{}
 	var sizes, conc, variants string
 	fs.IntVar(&o.nodes, "nodes", 5000, "GPU nodes to create")
+	fs.BoolVar(&o.nri, "nri", false, "every node has gpu-injector's NRI plugin registered (label "+layout.LabelNRIPlugin+"), so gpu-injector injects at the runtime")
 	fs.IntVar(&o.requests, "requests", 300, "measured requests per cell (variant x size x concurrency)")
 	fs.IntVar(&o.warmup, "warmup", 30, "unmeasured requests before each cell")
 	fs.DurationVar(&o.cellTimeout, "cell-timeout", 60*time.Second, "a cell stops at this time even if it has sent fewer requests")

@@ -209,7 +209,7 @@ func (r *run) createNodes(ctx context.Context) error {
 				if i >= r.o.nodes || ctx.Err() != nil {
 					return
 				}
-				n, err := cs.Create(ctx, workload.Node(i), metav1.CreateOptions{})
+				n, err := cs.Create(ctx, r.withPlugin(workload.Node(i)), metav1.CreateOptions{})
 				if err == nil {
 					n.Status = workload.NodeStatus(i)
 					n, err = cs.UpdateStatus(ctx, n, metav1.UpdateOptions{})
@@ -242,12 +242,20 @@ func (r *run) createNodes(ctx context.Context) error {
 	return nil
 }
 
+// withPlugin labels a node as one whose NRI plugin is registered, with -nri.
+func (r *run) withPlugin(n *corev1.Node) *corev1.Node {
+	if r.o.nri {
+		n.Labels[layout.LabelNRIPlugin] = layout.NRIProtocol
+	}
+	return n
+}
+
 // ourPatches computes, offline, the patch the webhook gives each pod: the
 // same-patch floor answers with it and the admission policy applies it.
 func (r *run) ourPatches() error {
 	idx := gpunodes.NewIndex(r.cfg, logr.Discard())
 	for i := range r.o.nodes {
-		idx.Add(workload.ReadyNode(i))
+		idx.Add(r.withPlugin(workload.ReadyNode(i)))
 	}
 	for _, s := range workload.Sizes {
 		if !contains(r.o.sizes, s.Name) {

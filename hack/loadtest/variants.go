@@ -241,7 +241,7 @@ func (r *run) awaitSwitch(ctx context.Context, l *loader, v string) error {
 		if err != nil {
 			return err
 		}
-		injected := bytes.Contains(body, []byte(layout.LabelFingerprint))
+		injected := bytes.Contains(body, []byte(layout.LabelFingerprint)) || bytes.Contains(body, []byte(layout.AnnotationRuntimeInject))
 		wantInjected := v != variantNone && v != variantNoop
 		called := true
 		if v != variantNone && v != variantPolicy {

@@ -1,0 +1,431 @@
+//go:build e2e
+
+// Package nri is the end-to-end suite of runtime injection: the same
+// environment as the main suite (package env), but the kubelet node runs
+// containerd 2.x with NRI, and the chart runs gpu-injector's NRI plugin beside
+// each probe. GPU pods in namespaces whose Pod Security level forbids hostPath
+// get the driver from the plugin, with no hostPath in their spec.
+package nri
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/gpu-injector/gpu-injector/e2e/cluster"
+	"github.com/gpu-injector/gpu-injector/e2e/env"
+	"github.com/gpu-injector/gpu-injector/e2e/standin"
+	"github.com/gpu-injector/gpu-injector/e2e/workloads"
+	"github.com/gpu-injector/gpu-injector/layout"
+)
+
+var testEnv *env.Env
+
+func TestMain(m *testing.M) { os.Exit(run(m)) }
+
+func run(m *testing.M) int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	// The main suite holds the host's stand-in driver folder while it runs.
+	e, err := env.Up(ctx, env.Options{
+		Runtime:       cluster.RuntimeNRI,
+		ChartValues:   []string{"runtimeInjection.enabled=true"},
+		KeepOnFailure: true,
+		HostLockWait:  45 * time.Minute,
+	})
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "failed to bring the runtime injection environment up: %v\n", err)
+		return 1
+	}
+	testEnv = e
+	code := m.Run()
+	if code != 0 || os.Getenv("E2E_KEEP") != "" {
+		e.MarkFailed()
+	}
+	if err := e.Down(); err != nil {
+		fmt.Fprintf(os.Stderr, "failed to stop the environment: %v\n", err)
+		if code == 0 {
+			code = 1
+		}
+	}
+	return code
+}
+
+const (
+	apiTimeout = 30 * time.Second
+	runTimeout = 3 * time.Minute
+	gpu        = corev1.ResourceName("nvidia.com/gpu")
+	legacyGPU  = corev1.ResourceName("alpha.kubernetes.io/nvidia-gpu")
+)
+
+func client() kubernetes.Interface { return testEnv.Clientset }
+
+func poll(t *testing.T, timeout time.Duration, what string, cond func(ctx context.Context) (bool, error)) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	if err := wait.PollUntilContextCancel(ctx, 500*time.Millisecond, true, cond); err != nil {
+		t.Fatalf("failed waiting %s for %s: %v", timeout, what, err)
+	}
+}
+
+// namespace makes an opted-in namespace that enforces a Pod Security level.
+func namespace(t *testing.T, level string) string {
+	t.Helper()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "nri-" + level + "-", Labels: map[string]string{
+		layout.LabelInject:                   layout.InjectEnabled,
+		"pod-security.kubernetes.io/enforce": level,
+	}}}
+	created, err := client().CoreV1().Namespaces().Create(context.Background(), ns, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("failed to create a namespace: %v", err)
+	}
+	t.Cleanup(func() { _ = client().CoreV1().Namespaces().Delete(context.Background(), created.Name, metav1.DeleteOptions{}) })
+	poll(t, apiTimeout, "the default service account of "+created.Name, func(ctx context.Context) (bool, error) {
+		_, err := client().CoreV1().ServiceAccounts(created.Name).Get(ctx, "default", metav1.GetOptions{})
+		return err == nil, nil
+	})
+	return created.Name
+}
+
+// restricted is a container security context that Pod Security's
+// restricted level accepts.
+func restricted() *corev1.SecurityContext {
+	no, yes, uid := false, true, int64(65532)
+	return &corev1.SecurityContext{
+		RunAsNonRoot: &yes, RunAsUser: &uid, AllowPrivilegeEscalation: &no, ReadOnlyRootFilesystem: &yes,
+		Capabilities:   &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+		SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+	}
+}
+
+// container runs cmd on the driverless workload image with one GPU of res.
+func container(name string, res corev1.ResourceName, cmd ...string) corev1.Container {
+	return corev1.Container{Name: name, Image: env.WorkloadImage, ImagePullPolicy: corev1.PullNever, Command: cmd,
+		Resources:       corev1.ResourceRequirements{Limits: corev1.ResourceList{res: resource.MustParse("1")}},
+		SecurityContext: restricted()}
+}
+
+// classicJob is the nvidia-smi Job of the old GPU tutorials: the legacy
+// limit, no volumes, no node selector; a second container loads libcuda.
+func classicJob() *batchv1.Job {
+	backoff, no := int32(0), false
+	return &batchv1.Job{
+		ObjectMeta: metav1.ObjectMeta{Name: "nvidia-smi"},
+		Spec: batchv1.JobSpec{BackoffLimit: &backoff, Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{
+			RestartPolicy: corev1.RestartPolicyNever, AutomountServiceAccountToken: &no,
+			Containers: []corev1.Container{
+				container("nvidia-smi", legacyGPU, "/usr/local/nvidia/bin/nvidia-smi"),
+				container("cuda-check", legacyGPU, workloads.CUDACheck),
+			},
+		}}},
+	}
+}
+
+// cudaPod is a CUDA program's pod on the kubelet node (by its accelerator).
+func cudaPod(name string) *corev1.Pod {
+	no := false
+	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: corev1.PodSpec{
+		RestartPolicy: corev1.RestartPolicyNever, AutomountServiceAccountToken: &no,
+		NodeSelector: map[string]string{env.LabelAccelerator: testEnv.KubeletNode().Accelerator},
+		Containers:   []corev1.Container{container("cuda", gpu, workloads.CUDACheck)},
+	}}
+}
+
+// assertRuntimeInjected checks that the pod carries no hostPath volume and
+// is marked for the plugin, for the containers named.
+func assertRuntimeInjected(t *testing.T, p *corev1.Pod, containers ...string) {
+	t.Helper()
+	for _, v := range p.Spec.Volumes {
+		if v.HostPath != nil {
+			t.Errorf("pod %s has hostPath volume %s (%s); runtime injection adds none", p.Name, v.Name, v.HostPath.Path)
+		}
+	}
+	if got, want := p.Annotations[layout.AnnotationRuntimeInject], strings.Join(containers, ","); got != want {
+		t.Errorf("pod %s: %s=%q, want %q", p.Name, layout.AnnotationRuntimeInject, got, want)
+	}
+	for _, c := range containers {
+		key := layout.AnnotationNRIRequiredPlugins + "/container." + c
+		if got := p.Annotations[key]; !strings.Contains(got, layout.NRIPluginName) {
+			t.Errorf("pod %s: %s=%q, want it to require %s", p.Name, key, got, layout.NRIPluginName)
+		}
+	}
+	if fp, ok := p.Spec.NodeSelector[layout.LabelFingerprint]; ok {
+		t.Errorf("pod %s is pinned to layout %s; runtime injection pins no layout", p.Name, fp)
+	}
+}
+
+func podLog(t *testing.T, ns, pod, c string) string {
+	t.Helper()
+	b, err := client().CoreV1().Pods(ns).GetLogs(pod, &corev1.PodLogOptions{Container: c}).DoRaw(context.Background())
+	if err != nil {
+		t.Fatalf("failed to read the log of %s/%s[%s]: %v", ns, pod, c, err)
+	}
+	return string(b)
+}
+
+func waitDone(t *testing.T, ns, name string) *corev1.Pod {
+	t.Helper()
+	var p *corev1.Pod
+	poll(t, runTimeout, "pod "+ns+"/"+name+" to finish", func(ctx context.Context) (bool, error) {
+		got, err := client().CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		p = got
+		return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed, nil
+	})
+	return p
+}
+
+// assertSawDriver checks cuda-check's log: libcuda.so.1 loaded from the
+// folder the plugin mounted, of the node's driver version.
+func assertSawDriver(t *testing.T, log, version string) {
+	t.Helper()
+	if want := "from /usr/local/nvidia/lib64/libcuda.so.1 driver=" + version; !strings.Contains(log, want) {
+		t.Errorf("cuda-check log:\n%s\nwant %q", log, want)
+	}
+}
+
+// waitPluginReady waits until the kubelet node carries the plugin's label.
+func waitPluginReady(t *testing.T) {
+	t.Helper()
+	kn := testEnv.KubeletNode()
+	poll(t, 2*time.Minute, kn.Name+" to carry "+layout.LabelNRIPlugin, func(ctx context.Context) (bool, error) {
+		n, err := client().CoreV1().Nodes().Get(ctx, kn.Name, metav1.GetOptions{})
+		return err == nil && n.Labels[layout.LabelNRIPlugin] == layout.NRIProtocol, nil
+	})
+}
+
+// createInjected creates a pod, retrying while the webhook has not yet seen
+// the plugin's label (the pod would then be refused by Pod Security).
+func createInjected(t *testing.T, ns string, p *corev1.Pod) *corev1.Pod {
+	t.Helper()
+	var created *corev1.Pod
+	poll(t, apiTimeout, "the webhook to inject pod "+p.Name+" at the runtime", func(ctx context.Context) (bool, error) {
+		got, err := client().CoreV1().Pods(ns).Create(ctx, p.DeepCopy(), metav1.CreateOptions{})
+		if apierrors.IsForbidden(err) {
+			return false, nil
+		}
+		if err != nil {
+			return false, err
+		}
+		created = got
+		return true, nil
+	})
+	return created
+}
+
+// TestBaselineClassicJob: the classic nvidia-smi Job, legacy limit and no
+// volumes, in a namespace that enforces baseline: the API server admits it,
+// its pod carries no hostPath, and both containers see the node's driver.
+func TestBaselineClassicJob(t *testing.T) {
+	waitPluginReady(t)
+	ns := namespace(t, "baseline")
+	kn := testEnv.KubeletNode()
+	var pod *corev1.Pod
+	poll(t, apiTimeout, "the Job's pod", func(ctx context.Context) (bool, error) {
+		if _, err := client().BatchV1().Jobs(ns).Get(ctx, "nvidia-smi", metav1.GetOptions{}); apierrors.IsNotFound(err) {
+			if _, err := client().BatchV1().Jobs(ns).Create(ctx, classicJob(), metav1.CreateOptions{}); err != nil {
+				return false, err
+			}
+		}
+		pods, err := client().CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "job-name=nvidia-smi"})
+		if err != nil || len(pods.Items) == 0 {
+			return false, nil
+		}
+		pod = &pods.Items[0]
+		return true, nil
+	})
+	assertRuntimeInjected(t, pod, "nvidia-smi", "cuda-check")
+	for _, c := range pod.Spec.Containers {
+		if _, ok := c.Resources.Limits[legacyGPU]; ok {
+			t.Errorf("container %s still asks for %s", c.Name, legacyGPU)
+		}
+	}
+	done := waitDone(t, ns, pod.Name)
+	smi, check := podLog(t, ns, pod.Name, "nvidia-smi"), podLog(t, ns, pod.Name, "cuda-check")
+	if done.Status.Phase != corev1.PodSucceeded {
+		t.Fatalf("the Job's pod %s; nvidia-smi:\n%s\ncuda-check:\n%s", done.Status.Phase, smi, check)
+	}
+	if done.Spec.NodeName != kn.Name {
+		t.Errorf("ran on %s, want %s", done.Spec.NodeName, kn.Name)
+	}
+	if want := "Driver Version: " + kn.DriverVersion; !strings.Contains(smi, want) || !strings.Contains(smi, standin.Notice) {
+		t.Errorf("nvidia-smi log:\n%s\nwant %q and the stand-in's notice", smi, want)
+	}
+	assertSawDriver(t, check, kn.DriverVersion)
+}
+
+// TestRestrictedCUDAPod: a compliant CUDA pod in a restricted namespace, on
+// nodes that all have the plugin: no pin of any kind, and it runs.
+func TestRestrictedCUDAPod(t *testing.T) {
+	waitPluginReady(t)
+	ns := namespace(t, "restricted")
+	p := createInjected(t, ns, cudaPod("cuda"))
+	assertRuntimeInjected(t, p, "cuda")
+	if v, ok := p.Spec.NodeSelector[layout.LabelNRIPlugin]; ok {
+		t.Errorf("pinned by %s=%s, though every node it can use has the plugin", layout.LabelNRIPlugin, v)
+	}
+	done := waitDone(t, ns, p.Name)
+	log := podLog(t, ns, p.Name, "cuda")
+	if done.Status.Phase != corev1.PodSucceeded {
+		t.Fatalf("pod %s:\n%s", done.Status.Phase, log)
+	}
+	assertSawDriver(t, log, testEnv.KubeletNode().DriverVersion)
+}
+
+// TestBaselineWithoutPlugin: a pod that can only go to a node without the
+// plugin (an API-only node of another layout) gets today's clear refusal.
+func TestBaselineWithoutPlugin(t *testing.T) {
+	waitPluginReady(t)
+	ns := namespace(t, "baseline")
+	var other *env.Node
+	for _, n := range testEnv.Nodes {
+		if !n.Kubelet {
+			other = n
+			break
+		}
+	}
+	p := cudaPod("elsewhere")
+	p.Spec.NodeSelector = map[string]string{env.LabelAccelerator: other.Accelerator}
+	_, err := client().CoreV1().Pods(ns).Create(context.Background(), p, metav1.CreateOptions{})
+	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "hostPath") {
+		t.Fatalf("create = %v, want Pod Security's refusal of hostPath volumes", err)
+	}
+}
+
+// TestDriverUpgrade: after the node's driver is upgraded, the next pod gets
+// the new driver from the plugin, with the same spec as before.
+func TestDriverUpgrade(t *testing.T) {
+	waitPluginReady(t)
+	ns := namespace(t, "baseline")
+	kn := testEnv.KubeletNode()
+	before := createInjected(t, ns, cudaPod("before"))
+	if d := waitDone(t, ns, before.Name); d.Status.Phase != corev1.PodSucceeded {
+		t.Fatalf("pod before the upgrade %s:\n%s", d.Status.Phase, podLog(t, ns, before.Name, "cuda"))
+	}
+	old := kn.DriverVersion
+	next := "550.163.01"
+	if _, err := testEnv.UpgradeDriver(context.Background(), kn.Name, next); err != nil {
+		t.Fatalf("failed to upgrade the driver: %v", err)
+	}
+	t.Cleanup(func() {
+		if _, err := testEnv.UpgradeDriver(context.Background(), kn.Name, old); err != nil {
+			t.Errorf("failed to restore driver %s: %v", old, err)
+		}
+	})
+	after := createInjected(t, ns, cudaPod("after"))
+	assertRuntimeInjected(t, after, "cuda")
+	for _, k := range []string{layout.AnnotationRuntimeInject, layout.AnnotationInjected} {
+		if before.Annotations[k] != after.Annotations[k] {
+			t.Errorf("annotation %s changed with the driver: %q then %q", k, before.Annotations[k], after.Annotations[k])
+		}
+	}
+	d := waitDone(t, ns, after.Name)
+	log := podLog(t, ns, after.Name, "cuda")
+	if d.Status.Phase != corev1.PodSucceeded {
+		t.Fatalf("pod after the upgrade %s:\n%s", d.Status.Phase, log)
+	}
+	assertSawDriver(t, log, next)
+}
+
+// pluginPIDs finds the NRI plugin's processes on this machine (the chart's
+// container on the kubelet node).
+func pluginPIDs(t *testing.T) []int {
+	t.Helper()
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatalf("failed to list processes: %v", err)
+	}
+	var out []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cmd, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(strings.TrimRight(string(cmd), "\x00"), "\x00")
+		if len(args) > 1 && filepath.Base(args[0]) == "gpu-injector" && args[1] == "nri-plugin" {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// TestPluginDown: while the plugin does not answer, a pod admitted for
+// runtime injection is not started without its driver: NRI's default
+// validator refuses its container (required-plugins), and the kubelet
+// retries; once the plugin is back, the pod runs with the driver.
+func TestPluginDown(t *testing.T) {
+	waitPluginReady(t)
+	ns := namespace(t, "baseline")
+	pids := pluginPIDs(t)
+	if len(pids) == 0 {
+		t.Fatal("no gpu-injector nri-plugin process found")
+	}
+	signal := func(sig syscall.Signal) {
+		for _, pid := range pids {
+			if err := syscall.Kill(pid, sig); err != nil {
+				t.Errorf("failed to send %v to the plugin (pid %d): %v", sig, pid, err)
+			}
+		}
+	}
+	// Frozen, the plugin misses its request deadline and the runtime drops
+	// it; the probe keeps the node's label for its heartbeat's grace.
+	signal(syscall.SIGSTOP)
+	resumed := false
+	resume := func() {
+		if !resumed {
+			signal(syscall.SIGCONT)
+			resumed = true
+		}
+	}
+	t.Cleanup(resume)
+	p := createInjected(t, ns, cudaPod("meanwhile"))
+	assertRuntimeInjected(t, p, "cuda")
+	var why string
+	poll(t, 2*time.Minute, "the container to be refused while the plugin is down", func(ctx context.Context) (bool, error) {
+		got, err := client().CoreV1().Pods(ns).Get(ctx, p.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		if got.Status.Phase == corev1.PodSucceeded || got.Status.Phase == corev1.PodFailed {
+			return false, fmt.Errorf("pod %s while the plugin was down: %s", got.Status.Phase, podLog(t, ns, p.Name, "cuda"))
+		}
+		for _, cs := range got.Status.ContainerStatuses {
+			if w := cs.State.Waiting; w != nil && w.Reason == "CreateContainerError" {
+				why = w.Message
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	t.Logf("while the plugin was down: %s", why)
+	resume()
+	waitPluginReady(t)
+	d := waitDone(t, ns, p.Name)
+	log := podLog(t, ns, p.Name, "cuda")
+	if d.Status.Phase != corev1.PodSucceeded {
+		t.Fatalf("pod after the plugin came back %s:\n%s", d.Status.Phase, log)
+	}
+	assertSawDriver(t, log, testEnv.KubeletNode().DriverVersion)
+}
