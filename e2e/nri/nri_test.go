@@ -371,35 +371,40 @@ func pluginPIDs(t *testing.T) []int {
 	return out
 }
 
-// TestPluginDown: while the plugin does not answer, a pod admitted for
-// runtime injection is not started without its driver: NRI's default
-// validator refuses its container (required-plugins), and the kubelet
-// retries; once the plugin is back, the pod runs with the driver.
+// TestPluginDown: while the plugin is down, a pod admitted for runtime
+// injection is not started without its driver: NRI's default validator
+// refuses its container (required-plugins) and the kubelet retries; once
+// the plugin is back, the pod runs with the driver. The plugin is killed as
+// often as the kubelet restarts it, until the pod's container was refused.
 func TestPluginDown(t *testing.T) {
 	waitPluginReady(t)
 	ns := namespace(t, "baseline")
-	pids := pluginPIDs(t)
-	if len(pids) == 0 {
-		t.Fatal("no gpu-injector nri-plugin process found")
-	}
-	signal := func(sig syscall.Signal) {
-		for _, pid := range pids {
-			if err := syscall.Kill(pid, sig); err != nil {
-				t.Errorf("failed to send %v to the plugin (pid %d): %v", sig, pid, err)
+	stop := make(chan struct{})
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		for {
+			for _, pid := range pluginPIDs(t) {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(100 * time.Millisecond):
 			}
 		}
-	}
-	// Frozen, the plugin misses its request deadline and the runtime drops
-	// it; the probe keeps the node's label for its heartbeat's grace.
-	signal(syscall.SIGSTOP)
+	}()
 	resumed := false
 	resume := func() {
 		if !resumed {
-			signal(syscall.SIGCONT)
+			close(stop)
+			<-stopped
 			resumed = true
 		}
 	}
 	t.Cleanup(resume)
+	// The probe takes the node's label away once the plugin's heartbeat is
+	// stale; a pod created before that is the one this is about.
 	p := createInjected(t, ns, cudaPod("meanwhile"))
 	assertRuntimeInjected(t, p, "cuda")
 	var why string
@@ -419,6 +424,9 @@ func TestPluginDown(t *testing.T) {
 		}
 		return false, nil
 	})
+	if !strings.Contains(why, layout.NRIPluginName) {
+		t.Errorf("the container was refused with %q, want the validator's word on the missing plugin %s", why, layout.NRIPluginName)
+	}
 	t.Logf("while the plugin was down: %s", why)
 	resume()
 	waitPluginReady(t)
