@@ -12,7 +12,7 @@ import (
 // the environment wins in both, and both refuse a version written without
 // its v (as a user may type KUBERNETES_VERSION=1.33.13), naming the variable.
 func TestVersions(t *testing.T) {
-	names := []string{"ETCD_VERSION", "KUBERNETES_VERSION", "HELM_VERSION", "NVIDIA_DEVICE_PLUGIN_VERSION"}
+	names := []string{"ETCD_VERSION", "KUBERNETES_VERSION", "HELM_VERSION", "NVIDIA_DEVICE_PLUGIN_VERSION", "CONTAINERD_VERSION", "RUNC_VERSION"}
 	// The environment without the versions, as on a fresh shell.
 	base := slices.DeleteFunc(os.Environ(), func(kv string) bool {
 		k, _, _ := strings.Cut(kv, "=")
@@ -20,7 +20,7 @@ func TestVersions(t *testing.T) {
 	})
 	script := func(t *testing.T, env ...string) (string, error) {
 		t.Helper()
-		cmd := exec.Command("bash", "-c", `source hack/versions.sh && echo "$ETCD_VERSION $KUBERNETES_VERSION $HELM_VERSION $NVIDIA_DEVICE_PLUGIN_VERSION"`)
+		cmd := exec.Command("bash", "-c", `source hack/versions.sh && echo "$ETCD_VERSION $KUBERNETES_VERSION $HELM_VERSION $NVIDIA_DEVICE_PLUGIN_VERSION $CONTAINERD_VERSION $RUNC_VERSION"`)
 		cmd.Dir = "../.."
 		cmd.Env = append(slices.Clone(base), env...)
 		out, err := cmd.CombinedOutput()

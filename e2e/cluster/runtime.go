@@ -60,10 +60,12 @@ func findNRIRuntime(cacheDir string, b *Binaries) []error {
 	return errs
 }
 
-// containerdNRIConfig is the NRI runtime's config (containerd 2.x, config
-// version 3): the behaviour of containerdConfig's 1.6 config, in the plugins
-// 2.x split the CRI plugin into, plus NRI. Everything under dir, so two
-// clusters and the host's own containerd never share state.
+// containerdNRIConfig is the NRI runtime's config (containerd 2.x): the
+// behaviour of containerdConfig's 1.6 config, in the plugins 2.x split the CRI
+// plugin into, plus NRI. Everything under dir, so two clusters and the host's
+// own containerd never share state. Config version 3 is 2.x's own, read by
+// every 2.x release (2.4 migrates it to its version 4 at start and says so in
+// its log), so CONTAINERD_VERSION may name any 2.x.
 func containerdNRIConfig(dir, socket, cniConfDir string, b Binaries) string {
 	return fmt.Sprintf(`version = 3
 root = %[1]q
