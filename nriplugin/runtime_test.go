@@ -1,0 +1,183 @@
+package nriplugin
+
+import (
+	"context"
+	"io"
+	"net"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/containerd/nri/pkg/adaptation"
+	"github.com/containerd/nri/pkg/api"
+	validator "github.com/containerd/nri/plugins/default-validator/builtin"
+
+	"github.com/gpu-injector/gpu-injector/config"
+	"github.com/gpu-injector/gpu-injector/layout"
+	"github.com/gpu-injector/gpu-injector/nriplugin/statedir"
+)
+
+// startRuntime is the runtime side of NRI as containerd 2.2+ runs it with
+// the default validator on: the adaptation library containerd and CRI-O
+// link, listening on sock.
+func startRuntime(t *testing.T, sock string) *adaptation.Adaptation {
+	t.Helper()
+	syncFn := func(ctx context.Context, cb adaptation.SyncCB) error {
+		_, err := cb(ctx, nil, nil)
+		return err
+	}
+	update := func(context.Context, []*adaptation.ContainerUpdate) ([]*adaptation.ContainerUpdate, error) {
+		return nil, nil
+	}
+	r, err := adaptation.New("containerd", "v2.2.0", syncFn, update,
+		adaptation.WithPluginPath(t.TempDir()), adaptation.WithPluginConfigPath(t.TempDir()),
+		adaptation.WithSocketPath(sock),
+		adaptation.WithDefaultValidator(&validator.DefaultValidatorConfig{Enable: true}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Start(); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// runtimeProcess is a runtime the test can kill: the plugin connects to
+// sock, which is forwarded to the NRI adaptation behind it. The adaptation's
+// Stop leaves external plugins connected; a runtime that exits closes their
+// connections, which kill does.
+type runtimeProcess struct {
+	r     *adaptation.Adaptation
+	ln    net.Listener
+	mu    sync.Mutex
+	conns []net.Conn
+}
+
+func startRuntimeProcess(t *testing.T, sock string) *runtimeProcess {
+	t.Helper()
+	inner := filepath.Join(t.TempDir(), "nri.sock")
+	p := &runtimeProcess{r: startRuntime(t, inner)}
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.ln = ln
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			b, err := net.Dial("unix", inner)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.conns = append(p.conns, c, b)
+			p.mu.Unlock()
+			go func() { _, _ = io.Copy(b, c); b.Close() }()
+			go func() { _, _ = io.Copy(c, b); c.Close() }()
+		}
+	}()
+	return p
+}
+
+func (p *runtimeProcess) kill() {
+	p.ln.Close()
+	p.mu.Lock()
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.mu.Unlock()
+	p.r.Stop()
+}
+
+func waitFor(t *testing.T, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestAgainstTheRuntime registers the plugin with NRI's runtime side over a
+// real socket: a marked GPU container gets the plan's mounts; the webhook's
+// required-plugins annotation keeps a container from being created while
+// the plugin is away; the plugin says so in its file, and comes back after
+// the runtime restarts.
+func TestAgainstTheRuntime(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "nri.sock")
+	dir := t.TempDir()
+	plan := loosePlan("570.133.20")
+	if err := statedir.WriteLayout(dir, &plan, statedir.NoLayout{}); err != nil {
+		t.Fatal(err)
+	}
+	marked := pod("main")
+	marked.Annotations[layout.AnnotationNRIRequiredPlugins+"/container.main"] = `["` + layout.NRIPluginName + `"]`
+	create := func(r *adaptation.Adaptation) (*api.CreateContainerResponse, error) {
+		return r.CreateContainer(context.Background(), &api.CreateContainerRequest{Pod: marked, Container: gpuContainer("main")})
+	}
+
+	rp := startRuntimeProcess(t, sock)
+	r := rp.r
+	if _, err := create(r); err == nil || !strings.Contains(err.Error(), layout.NRIPluginName) {
+		t.Fatalf("without the plugin: %v, want the validator's refusal naming %s", err, layout.NRIPluginName)
+	}
+
+	m := newMetrics()
+	s := &server{opts: &options{socket: sock, stateDir: dir, pluginIndex: "50", healthAddr: "0", metricsAddr: "0"},
+		log: newLogger(io.Discard, 0), metrics: m,
+		plugin: &Plugin{StateDir: dir, Rules: config.Default().Rules(), Log: newLogger(io.Discard, 0), Count: m.count}}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.run(ctx) }()
+	registered := func() bool {
+		p, err := statedir.ReadPlugin(dir)
+		return err == nil && p.Registered(time.Now())
+	}
+	waitFor(t, "the plugin's registration", registered)
+	rec, _ := statedir.ReadPlugin(dir)
+	if rec.RuntimeName != "containerd" || rec.RuntimeVersion != "v2.2.0" || rec.Protocol != layout.NRIProtocol {
+		t.Errorf("plugin record %+v", rec)
+	}
+
+	resp, err := create(r)
+	if err != nil {
+		t.Fatalf("with the plugin: %v", err)
+	}
+	if got := resp.GetAdjust().GetMounts(); !reflect.DeepEqual(got, wantMounts(plan)) {
+		t.Errorf("mounts through the runtime\n%v\nwant\n%v", got, wantMounts(plan))
+	}
+	if _, err := r.CreateContainer(context.Background(), &api.CreateContainerRequest{Pod: pod(""), Container: gpuContainer("main")}); err != nil {
+		t.Errorf("an unmarked container: %v", err)
+	}
+
+	// The runtime stops: the plugin's file goes, and the probe drops the label.
+	rp.kill()
+	waitFor(t, "the plugin file to go", func() bool { p, _ := statedir.ReadPlugin(dir); return p == nil })
+	if s.registered.Load() {
+		t.Error("still ready after the runtime stopped")
+	}
+	rp = startRuntimeProcess(t, sock)
+	defer rp.kill()
+	r = rp.r
+	waitFor(t, "the plugin to register again", registered)
+	if _, err := create(r); err != nil {
+		t.Errorf("after the runtime restarted: %v", err)
+	}
+
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("run = %v", err)
+	}
+	if p, _ := statedir.ReadPlugin(dir); p != nil {
+		t.Error("the plugin file outlived the plugin")
+	}
+}
