@@ -366,6 +366,36 @@ build_runc_locked() {
   log "runc ${RUNC_VERSION}: built in $(elapsed "${start}") -> ${dir}/runc"
 }
 
+# promtool, Prometheus's rule checker and rule unit test runner: hack/monitoring-test.sh
+# runs the chart's alerts through it. Prometheus's Go module numbers its releases
+# v0.3MM.P for Prometheus 3.MM.P. Its go.mod has no replace directives, so it builds in
+# its own folder of the module cache, as NVIDIA's device plugin does (GOWORK=off: a
+# go.work above the cache must not take it over).
+PROMTOOL_VERSION="${PROMTOOL_VERSION:-v0.316.0}"
+
+build_promtool() {
+  local dir; dir="$(tool_dir promtool "${PROMTOOL_VERSION}")"
+  if is_cached "${dir}" promtool; then mark_built "${dir}"; log "promtool ${PROMTOOL_VERSION}: cached (${dir}/promtool)"; return; fi
+  with_lock "${dir}" build_promtool_locked "${dir}"
+}
+
+build_promtool_locked() {
+  local dir="$1"
+  if is_cached "${dir}" promtool; then mark_built "${dir}"; log "promtool ${PROMTOOL_VERSION}: cached (${dir}/promtool)"; return; fi
+  local tmp src start=${SECONDS}
+  tmp="$(mktemp -d "${CACHE}/.promtool.XXXXXX")"
+  trap 'rm -rf "${tmp}"' RETURN
+  log "promtool ${PROMTOOL_VERSION}: building from github.com/prometheus/prometheus (first time, ~5 min: its service discovery links every cloud's SDK)..."
+  src="$(cd "${tmp}" && GOWORK=off GOFLAGS=-mod=mod go mod download -json "github.com/prometheus/prometheus@${PROMTOOL_VERSION}" |
+    sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+  [[ -d ${src} ]] || die "failed to download github.com/prometheus/prometheus@${PROMTOOL_VERSION}"
+  (cd "${src}" && GOWORK=off GOFLAGS=-mod=mod go build -trimpath -ldflags "-s -w" -o "${tmp}/promtool" ./cmd/promtool)
+  mkdir -p "${dir}"
+  mv -f "${tmp}/promtool" "${dir}/promtool"
+  mark_built "${dir}"
+  log "promtool ${PROMTOOL_VERSION}: built in $(elapsed "${start}") -> ${dir}/promtool"
+}
+
 main() {
   local targets=("$@")
   [[ ${#targets[@]} -gt 0 ]] || targets=(all)
@@ -378,8 +408,9 @@ main() {
       nvidia-device-plugin) build_nvidia_device_plugin ;;
       containerd) build_containerd ;;
       runc) build_runc ;;
-      all) build_etcd; build_kubernetes; build_helm; build_nvidia_device_plugin; build_containerd; build_runc ;;
-      -h|--help) sed -n '2,11p' "${BASH_SOURCE[0]}"; return ;;
+      promtool) build_promtool ;;
+      all) build_etcd; build_kubernetes; build_helm; build_nvidia_device_plugin; build_containerd; build_runc; build_promtool ;;
+      -h|--help) sed -n '2,10p' "${BASH_SOURCE[0]}"; return ;;
       *) die "unknown tool ${t} (want etcd, kubernetes, helm, nvidia-device-plugin, containerd, runc or all)" ;;
     esac
   done
