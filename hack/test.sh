@@ -30,6 +30,7 @@ lint() {
 	go vet -tags e2e ./...
 	stage "helm lint --strict and chart render tests"
 	hack/chart-test.sh
+	hack/monitoring-test.sh
 }
 
 unit() {
