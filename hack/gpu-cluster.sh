@@ -7,7 +7,9 @@
 #                          Kubernetes components as one binary, etcd, helm) and
 #                          part2/ (containerd, runc, CNI plugins, cluster-up, the
 #                          gpu-injector image, NVIDIA's device plugin image,
-#                          standin-server), xz-compressed
+#                          standin-server) and part3/ (the NRI runtime:
+#                          containerd 2.x, its shim, ctr and runc, built by
+#                          hack/tools.sh), xz-compressed
 #   hack/gpu-cluster.sh --stage DIR     on the GPU machine: keep a payload part in
 #                          /tmp/gpu-cluster-payload, for a transport that carries
 #                          one part at a time
@@ -31,7 +33,8 @@
 # only when every check passed.
 #
 # Payload folders are searched in order: each --payload DIR, .device/gpu-cluster/
-# part1 and part2, /tmp/gpu-cluster-payload.
+# part1, part2 and part3, /tmp/gpu-cluster-payload. part3 is optional: with it, the
+# NRI runtime (e2e/cluster's RuntimeNRI) is in the unpacked tool cache too.
 #
 # Environment: OUT (results, default ./gpu-cluster-out), NVCC, NVCC_ARCH (default
 # sm_90), EXPECT_GPU (default H100), EXPECT_DRIVER (default 580.), EXPECT_MEMORY_MIB
@@ -97,14 +100,14 @@ while [[ $# -gt 0 ]]; do
 	shift
 done
 given=("${payloads[@]}")
-payloads+=("$repo/.device/gpu-cluster/part1" "$repo/.device/gpu-cluster/part2" "$STAGE")
+payloads+=("$repo/.device/gpu-cluster/part1" "$repo/.device/gpu-cluster/part2" "$repo/.device/gpu-cluster/part3" "$STAGE")
 
 # ---------------------------------------------------------------------------
 # --build: here, with Go. Each part stays under 60 MiB so that one part fits a
 # 64 MiB transport beside the repository.
 if [[ $mode == build ]]; then
 	set -e
-	mkdir -p "$build_dir/part1" "$build_dir/part2"
+	mkdir -p "$build_dir/part1" "$build_dir/part2" "$build_dir/part3"
 	b=$(cd "$build_dir" && pwd)
 	cache=$GPU_INJECTOR_CACHE_DIR
 	hack/tools.sh all
@@ -158,6 +161,24 @@ if [[ $mode == build ]]; then
 		tar -C "$tmp/deb/x" -cf - usr/bin/containerd usr/bin/containerd-shim-runc-v2 usr/bin/ctr usr/sbin/runc \
 			usr/lib/cni/bridge usr/lib/cni/host-local usr/lib/cni/loopback | xz -9 -T1 >"$b/part2/runtime.tar.xz"
 	fi
+	# The NRI runtime (containerd 2.x, its shim, ctr, runc: static, built by
+	# hack/tools.sh) in the tool cache's own layout, so that the run unpacks it
+	# where the launcher's RuntimeNRI looks. A part of its own (14 MiB), which
+	# the run does without: in part2 it would take that part to 54 of its 60 MiB.
+	nri_version="containerd-$CONTAINERD_VERSION runc-$RUNC_VERSION"
+	if [[ ! -f $b/part3/nri-runtime.tar.xz || $(cat "$b/part3/nri-runtime.version" 2>/dev/null) != "$nri_version" ]]; then
+		echo "staging the NRI runtime ($nri_version): stripped, xz -9..." >&2
+		rm -f "$b/part3/nri-runtime.tar.xz"
+		mkdir -p "$tmp/nri/containerd-$CONTAINERD_VERSION" "$tmp/nri/runc-$RUNC_VERSION"
+		for f in containerd containerd-shim-runc-v2 ctr; do
+			cp "$cache/containerd-$CONTAINERD_VERSION/$f" "$tmp/nri/containerd-$CONTAINERD_VERSION/"
+		done
+		cp "$cache/runc-$RUNC_VERSION/runc" "$tmp/nri/runc-$RUNC_VERSION/"
+		strip "$tmp"/nri/*/*
+		tar -C "$tmp/nri" -cf - "containerd-$CONTAINERD_VERSION" "runc-$RUNC_VERSION" | xz -9 -T1 >"$b/part3/nri-runtime.tar.xz.tmp"
+		mv "$b/part3/nri-runtime.tar.xz.tmp" "$b/part3/nri-runtime.tar.xz"
+		echo "$nri_version" >"$b/part3/nri-runtime.version"
+	fi
 	CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$tmp/cluster-up" ./hack/cluster-up
 	xzf "$tmp/cluster-up" "$b/part2/cluster-up.xz"
 	CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$tmp/standin-server" ./hack/demo/standin-server
@@ -166,8 +187,8 @@ if [[ $mode == build ]]; then
 	xzf "$tmp/gpu-injector-image.tar" "$b/part2/gpu-injector-image.tar.xz"
 	go run ./e2e/deviceplugin/cmd/nvidia-device-plugin-image -o "$tmp/nvidia-device-plugin-image.tar"
 	xzf "$tmp/nvidia-device-plugin-image.tar" "$b/part2/nvidia-device-plugin-image.tar.xz"
-	ls -la "$b"/part1 "$b"/part2
-	for p in part1 part2; do
+	ls -la "$b"/part1 "$b"/part2 "$b"/part3
+	for p in part1 part2 part3; do
 		size=$(du -sb "$b/$p" | cut -f1)
 		echo "$p: $((size / 1024 / 1024)) MiB" >&2
 		[[ $size -lt $((60 * 1024 * 1024)) ]] || echo "warning: $p is over 60 MiB" >&2
@@ -303,6 +324,13 @@ xz -dc "$(find_payload standin-server.xz)" >"$work/standin-server"
 xz -dc "$(find_payload gpu-injector-image.tar.xz)" >"$work/images/gpu-injector.tar"
 xz -dc "$(find_payload nvidia-device-plugin-image.tar.xz)" >"$work/images/nvidia-device-plugin.tar"
 tar -C "$work/rt" -xJf "$(find_payload runtime.tar.xz)"
+# The NRI runtime, when the payload has it at this run's versions: into the
+# tool cache, where e2e/cluster's RuntimeNRI finds it.
+if nri_tar=$(find_payload nri-runtime.tar.xz) &&
+	[[ $(cat "$(find_payload nri-runtime.version)" 2>/dev/null) == "containerd-$CONTAINERD_VERSION runc-$RUNC_VERSION" ]]; then
+	tar -C "$cache" -xJf "$nri_tar"
+	echo "NRI runtime unpacked: containerd $CONTAINERD_VERSION, runc $RUNC_VERSION" | tee -a "$LOG"
+fi
 cp "$work"/rt/usr/bin/* "$work"/rt/usr/sbin/* "$bin"/
 chmod +x "$bin"/* "$cache/kubernetes-$K8S_VERSION/kube" "$cache/etcd-$ETCD_VERSION/etcd" "$work/standin-server"
 # The launcher looks for the CNI plugins where Debian installs them.
