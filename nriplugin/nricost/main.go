@@ -71,7 +71,9 @@ func run() error {
 	}
 	r, err := adaptation.New("containerd", "v2.2.0",
 		func(ctx context.Context, cb adaptation.SyncCB) error { _, err := cb(ctx, nil, nil); return err },
-		func(context.Context, []*adaptation.ContainerUpdate) ([]*adaptation.ContainerUpdate, error) { return nil, nil },
+		func(context.Context, []*adaptation.ContainerUpdate) ([]*adaptation.ContainerUpdate, error) {
+			return nil, nil
+		},
 		adaptation.WithPluginPath(plugins), adaptation.WithPluginConfigPath(plugins), adaptation.WithSocketPath(sock))
 	if err != nil {
 		return err
