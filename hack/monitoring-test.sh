@@ -11,8 +11,9 @@
 # - the PrometheusRule's groups pass `promtool check rules`, and `promtool test rules`
 #   runs monitoring/rules-test.yaml on them: each alert fires on its failing series
 #   and stays silent on a healthy one;
-# - the dashboard and the rules name only metrics the code defines or the API server
-#   exports (go test ./monitoring/, which `go test ./...` runs too).
+# - the dashboard's queries parse as PromQL (promtool, through go test), and the
+#   dashboard and the rules name only metrics the code defines or the API server exports
+#   (go test ./monitoring/, which `go test ./...` runs too, without promtool).
 #
 # helm and promtool come from ${HELM} and ${PROMTOOL}, or hack/tools.sh's cache, built
 # there when missing (promtool takes a few minutes the first time).
@@ -70,7 +71,7 @@ done
 grep -q '^  name: gpu-injector-webhook-metrics$' "${tmp}/with.yaml" || die "no webhook metrics Service rendered"
 "${HELM}" lint --strict "${CHART}" --kube-version 1.36.3 "${on[@]}" >/dev/null
 
-log "promtool check rules and test rules ($("${PROMTOOL}" --version 2>&1 | head -n 1))"
+log "promtool check rules and test rules (${PROMTOOL})"
 render "${on[@]}" "${apis[@]}" --show-only templates/prometheusrule.yaml >"${tmp}/prometheusrule.yaml"
 # The rule file is the PrometheusRule's spec: every line after "spec:", dedented.
 sed -n '/^spec:$/,$p' "${tmp}/prometheusrule.yaml" | tail -n +2 | sed 's/^  //' >"${tmp}/rules.yaml"
@@ -78,7 +79,7 @@ sed -n '/^spec:$/,$p' "${tmp}/prometheusrule.yaml" | tail -n +2 | sed 's/^  //' 
 cp "${REPO_ROOT}/monitoring/rules-test.yaml" "${tmp}/rules-test.yaml"
 "${PROMTOOL}" test rules "${tmp}/rules-test.yaml"
 
-log "dashboard and rule metric names (go test ./monitoring/)"
-(cd "${REPO_ROOT}" && go test -count=1 ./monitoring/)
+log "the dashboard's queries as PromQL, its lint, the metric names (go test ./monitoring/)"
+(cd "${REPO_ROOT}" && PROMTOOL="${PROMTOOL}" go test -count=1 ./monitoring/)
 
 log "PASS"

@@ -2,11 +2,13 @@ package monitoring
 
 import (
 	"encoding/json"
+	"fmt"
 	"go/ast"
 	"go/parser"
 	"go/token"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"sort"
@@ -285,4 +287,56 @@ func TestMetricsOf(t *testing.T) {
 	if strings.Join(got, ",") != strings.Join(want, ",") {
 		t.Errorf("metricsOf = %v, want %v", got, want)
 	}
+}
+
+// grafanaVariables are the dashboard's variables and Grafana's own, with a
+// value each, so that an expression becomes PromQL as Grafana sends it.
+var grafanaVariables = strings.NewReplacer("$__rate_interval", "5m", "$__range", "1h", "$namespace", ".*")
+
+// TestDashboardPromQL parses every query of the dashboard with Prometheus's
+// own parser, through `promtool check rules` on a recording rule per query.
+// hack/monitoring-test.sh sets $PROMTOOL; without it the test is skipped.
+func TestDashboardPromQL(t *testing.T) {
+	promtool := os.Getenv("PROMTOOL")
+	if promtool == "" {
+		t.Skip("$PROMTOOL is unset (hack/monitoring-test.sh sets it)")
+	}
+	data, err := os.ReadFile(dashboardFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d dashboard
+	if err := json.Unmarshal(data, &d); err != nil {
+		t.Fatal(err)
+	}
+	type rule struct {
+		Record string `json:"record"`
+		Expr   string `json:"expr"`
+	}
+	var rules []rule
+	var walk func([]panel)
+	walk = func(ps []panel) {
+		for _, p := range ps {
+			walk(p.Panels)
+			for _, tg := range p.Targets {
+				rules = append(rules, rule{Record: fmt.Sprintf("dashboard:panel_%d_%s", p.ID, tg.RefID), Expr: grafanaVariables.Replace(tg.Expr)})
+			}
+		}
+	}
+	walk(d.Panels)
+	// JSON is YAML: promtool reads the file as it is written.
+	file := map[string]any{"groups": []map[string]any{{"name": "dashboard", "rules": rules}}}
+	b, err := json.Marshal(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "dashboard-rules.yaml")
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(promtool, "check", "rules", path).CombinedOutput()
+	if err != nil {
+		t.Fatalf("promtool check rules on the dashboard's %d queries: %v\n%s", len(rules), err, out)
+	}
+	t.Logf("%d queries parsed: %s", len(rules), strings.TrimSpace(string(out)))
 }
