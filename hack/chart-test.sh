@@ -42,6 +42,8 @@ modes=(
   "privileged probe, one replica|--kube-version 1.36.3 --set nodeprobe.privileged=true --set webhook.replicas=1"
   "probe disabled|--kube-version 1.36.3 --set nodeprobe.enabled=false"
   "an added allowlist entry|--kube-version 1.36.3 --set config.hostPaths.extraAllowlist[0].path=/srv/gpu"
+  "runtime injection (NRI plugin)|--kube-version 1.36.3 --set runtimeInjection.enabled=true"
+  "runtime injection only, socket elsewhere|--kube-version 1.36.3 --set runtimeInjection.enabled=true --set runtimeInjection.nriSocket=/run/containerd/nri/nri.sock --set config.driverDelivery=Runtime"
 )
 for mode in "${modes[@]}"; do
   name="${mode%%|*}"
@@ -51,6 +53,142 @@ for mode in "${modes[@]}"; do
     "${HELM}" lint --strict --namespace gpu-injector "${args[@]}" "${CHART}"
     exit 1
   }
+done
+
+# The NRI plugin's container, rendered: present only with runtimeInjection.enabled, uid 0
+# with nothing else, the socket's folder read-only, the state folder shared with the probe.
+# A Go program reads the DaemonSet as the API server's types; it is written under
+# _output/ (ignored), where go run finds this module.
+log "runtime injection: the rendered DaemonSet"
+check_dir="${REPO_ROOT}/_output/chart-test-nri"
+mkdir -p "${check_dir}"
+cat >"${check_dir}/main.go" <<'GO'
+// Reads helm template output on stdin and checks the probe DaemonSet's NRI plugin.
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/yaml"
+)
+
+func main() {
+	want, socketDir := os.Args[1] == "enabled", os.Args[2]
+	data, _ := io.ReadAll(bufio.NewReader(os.Stdin))
+	var ds *appsv1.DaemonSet
+	for _, doc := range bytes.Split(data, []byte("\n---")) {
+		if bytes.Contains(doc, []byte("kind: DaemonSet")) {
+			ds = &appsv1.DaemonSet{}
+			if err := yaml.Unmarshal(doc, ds); err != nil {
+				fail("failed to decode the DaemonSet: %v", err)
+			}
+		}
+	}
+	if ds == nil {
+		fail("no DaemonSet rendered")
+	}
+	spec := ds.Spec.Template.Spec
+	var probe, plugin *corev1.Container
+	for i := range spec.Containers {
+		switch spec.Containers[i].Name {
+		case "nodeprobe":
+			probe = &spec.Containers[i]
+		case "nri-plugin":
+			plugin = &spec.Containers[i]
+		}
+	}
+	if probe == nil {
+		fail("no nodeprobe container")
+	}
+	if !want {
+		if plugin != nil || len(spec.Containers) != 1 || slices.ContainsFunc(probe.Args, func(a string) bool { return strings.HasPrefix(a, "--state-dir") }) {
+			fail("runtime injection off, yet the pod has %d containers or the probe a state folder", len(spec.Containers))
+		}
+		for _, v := range spec.Volumes {
+			if v.Name == "nri-socket" || v.Name == "state" {
+				fail("runtime injection off, yet volume %s", v.Name)
+			}
+		}
+		return
+	}
+	if plugin == nil {
+		fail("runtime injection on, and no nri-plugin container")
+	}
+	sc := plugin.SecurityContext
+	if sc == nil || sc.RunAsUser == nil || *sc.RunAsUser != 0 || sc.RunAsNonRoot == nil || *sc.RunAsNonRoot ||
+		sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem ||
+		sc.Privileged != nil && *sc.Privileged || sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) ||
+		len(sc.Capabilities.Add) > 0 || sc.SeccompProfile == nil || sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		fail("nri-plugin securityContext %+v: want uid 0, every capability dropped, no escalation, read-only root, RuntimeDefault seccomp", sc)
+	}
+	if plugin.ReadinessProbe != nil {
+		fail("nri-plugin has a readiness probe: a node without NRI would hold every rollout")
+	}
+	mounts := map[string]corev1.VolumeMount{}
+	for _, m := range plugin.VolumeMounts {
+		mounts[m.Name] = m
+	}
+	if m, ok := mounts["nri-socket"]; !ok || !m.ReadOnly || m.MountPath != socketDir {
+		fail("nri-plugin socket mount %+v: want %s read-only", m, socketDir)
+	}
+	if m, ok := mounts["state"]; !ok || m.MountPath != "/run/gpu-injector" || len(mounts) != 3 {
+		fail("nri-plugin mounts %v: want config, state and the socket's folder only", mounts)
+	}
+	if !slices.Contains(probe.Args, "--state-dir=/run/gpu-injector") {
+		fail("the probe writes no state folder: %v", probe.Args)
+	}
+	for _, v := range spec.Volumes {
+		switch v.Name {
+		case "nri-socket":
+			if v.HostPath == nil || v.HostPath.Path != socketDir || v.HostPath.Type == nil || *v.HostPath.Type != corev1.HostPathDirectoryOrCreate {
+				fail("nri-socket volume %+v", v)
+			}
+		case "state":
+			if v.EmptyDir == nil || v.EmptyDir.Medium != corev1.StorageMediumMemory {
+				fail("state volume %+v: want an emptyDir in memory", v)
+			}
+		}
+	}
+	// The one hostPath of the plugin is the socket's folder.
+	for _, m := range plugin.VolumeMounts {
+		for _, v := range spec.Volumes {
+			if v.Name == m.Name && v.HostPath != nil && v.Name != "nri-socket" {
+				fail("nri-plugin mounts hostPath %s", v.HostPath.Path)
+			}
+		}
+	}
+}
+
+func fail(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "chart-test: "+format+"\n", args...)
+	os.Exit(1)
+}
+GO
+nri_check() {
+  local want=$1 socket_dir=$2
+  shift 2
+  "${HELM}" template t "${CHART}" --namespace gpu-injector --kube-version 1.36.3 "$@" |
+    (cd "${REPO_ROOT}" && go run ./_output/chart-test-nri "${want}" "${socket_dir}")
+}
+nri_check disabled /var/run/nri
+nri_check enabled /var/run/nri --set runtimeInjection.enabled=true
+nri_check enabled /run/containerd/nri --set runtimeInjection.enabled=true --set runtimeInjection.nriSocket=/run/containerd/nri/nri.sock
+# Refused at render: the plugin without the probe, Runtime delivery without the plugin.
+for refused in "--set runtimeInjection.enabled=true --set nodeprobe.enabled=false" "--set config.driverDelivery=Runtime" \
+  "--set runtimeInjection.nriSocket=nri.sock" "--set config.driverDelivery=Sometimes"; do
+  read -r -a args <<<"${refused}"
+  if "${HELM}" template t "${CHART}" --namespace gpu-injector --kube-version 1.36.3 "${args[@]}" >/dev/null 2>&1; then
+    log "rendered, want refused: ${refused}"
+    exit 1
+  fi
 done
 
 log "go test ./charts/..."

@@ -467,3 +467,16 @@ validation package says "characters", the content package (a label key's prefix)
 {{- end }}
 {{- join "; " $msgs }}
 {{- end }}
+
+{{/*
+gpu-injector.validateRuntimeInjection: the chart's own rules for the NRI plugin, which the
+binary cannot check because they join values of two components.
+*/}}
+{{- define "gpu-injector.validateRuntimeInjection" -}}
+{{- if and .Values.runtimeInjection.enabled (not .Values.nodeprobe.enabled) }}
+{{- fail "runtimeInjection.enabled needs nodeprobe.enabled: the NRI plugin runs in the probe's pod and injects the plan the probe finds" }}
+{{- end }}
+{{- if and (eq (.Values.config.driverDelivery | default "PreferRuntime") "Runtime") (not .Values.runtimeInjection.enabled) }}
+{{- fail "config.driverDelivery Runtime needs runtimeInjection.enabled: without the NRI plugin no node injects at the runtime, and every GPU pod would get the noLayout action" }}
+{{- end }}
+{{- end }}
