@@ -7,12 +7,23 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
 	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
 
+	"github.com/gpu-injector/gpu-injector/e2e/cluster"
+	"github.com/gpu-injector/gpu-injector/e2e/env"
 	"github.com/gpu-injector/gpu-injector/layout"
 	"github.com/gpu-injector/gpu-injector/status"
 )
@@ -159,4 +170,287 @@ func TestStatus(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestStatusPrometheus runs a real Prometheus (Debian's package, or
+// $PROMETHEUS) against the cluster, scraping what the chart's ServiceMonitor
+// and PodMonitor would (the webhook replicas, the kubelet node's probe pod,
+// with the namespace and node labels prometheus-operator adds) and the API
+// server, with the chart's PrometheusRule loaded. Every query of the
+// dashboard runs on Prometheus's own engine and those of a working cluster
+// return data; every rule evaluates without error and none is active on a
+// healthy cluster; with the webhook stopped, GPUInjectorWebhookDown and
+// GPUInjectorWebhookCallsFailing turn pending.
+func TestStatusPrometheus(t *testing.T) {
+	bin := os.Getenv("PROMETHEUS")
+	if bin == "" {
+		var err error
+		if bin, err = exec.LookPath("prometheus"); err != nil {
+			t.Skip("no prometheus on PATH and $PROMETHEUS unset (hack/prometheus-e2e.sh installs Debian's)")
+		}
+	}
+	ctx := testContext(t)
+	dir := t.TempDir()
+
+	// The chart's rule groups, as the PrometheusRule carries them.
+	cmd := exec.CommandContext(ctx, testEnv.Helm, "template", env.Release, filepath.Join(testEnv.RepoRoot, "charts", "gpu-injector"),
+		"--namespace", env.Namespace, "--kube-version", strings.TrimPrefix(cluster.KubernetesVersion, "v"),
+		"--api-versions", "monitoring.coreos.com/v1/PrometheusRule", "--api-versions", "monitoring.coreos.com/v1/ServiceMonitor",
+		"--api-versions", "monitoring.coreos.com/v1/PodMonitor",
+		"--set", "monitoring.prometheusRule.enabled=true", "--set", "monitoring.serviceMonitor.enabled=true", "--set", "monitoring.podMonitor.enabled=true",
+		"--show-only", "templates/prometheusrule.yaml")
+	rendered, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("failed to render the PrometheusRule: %v", err)
+	}
+	var rule struct {
+		Spec map[string]any `json:"spec"`
+	}
+	if err := yaml.Unmarshal(rendered, &rule); err != nil {
+		t.Fatalf("failed to decode the PrometheusRule: %v", err)
+	}
+	writeYAML(t, filepath.Join(dir, "rules.yaml"), rule.Spec)
+
+	// What the ServiceMonitor and the PodMonitor would scrape, with the labels
+	// prometheus-operator gives those targets.
+	webhookURLs, err := testEnv.WebhookMetricsURLs(ctx)
+	if err != nil || len(webhookURLs) == 0 {
+		t.Fatalf("no webhook metrics endpoint (%v)", err)
+	}
+	var webhookTargets []string
+	for _, u := range webhookURLs {
+		webhookTargets = append(webhookTargets, strings.TrimSuffix(strings.TrimPrefix(u, "http://"), "/metrics"))
+	}
+	probe, err := testEnv.ProbePod(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := testEnv.RESTConfig()
+	apiserver := strings.TrimPrefix(testEnv.Cluster.APIServerURL, "https://")
+	config := map[string]any{
+		"global":     map[string]any{"scrape_interval": "2s", "evaluation_interval": "2s"},
+		"rule_files": []string{filepath.Join(dir, "rules.yaml")},
+		"scrape_configs": []map[string]any{
+			{"job_name": env.WebhookDeployment + "-metrics", "static_configs": []map[string]any{{"targets": webhookTargets, "labels": map[string]string{"namespace": env.Namespace}}}},
+			{"job_name": env.Namespace + "/" + env.Release + "-nodeprobe", "static_configs": []map[string]any{{"targets": []string{probe.Status.PodIP + ":8083"},
+				"labels": map[string]string{"namespace": env.Namespace, "node": probe.Spec.NodeName}}}},
+			{"job_name": "apiserver", "scheme": "https", "static_configs": []map[string]any{{"targets": []string{apiserver}}},
+				"tls_config": map[string]string{"ca_file": rc.TLSClientConfig.CAFile, "cert_file": rc.TLSClientConfig.CertFile, "key_file": rc.TLSClientConfig.KeyFile}},
+		},
+	}
+	writeYAML(t, filepath.Join(dir, "prometheus.yml"), config)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	logFile, err := os.Create(filepath.Join(dir, "prometheus.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	prom := exec.Command(bin, "--config.file="+filepath.Join(dir, "prometheus.yml"), "--storage.tsdb.path="+filepath.Join(dir, "data"),
+		"--web.listen-address="+addr)
+	prom.Stdout, prom.Stderr = logFile, logFile
+	if err := prom.Start(); err != nil {
+		t.Fatalf("failed to start %s: %v", bin, err)
+	}
+	t.Cleanup(func() {
+		_ = prom.Process.Kill()
+		_ = prom.Wait()
+		if t.Failed() {
+			b, _ := os.ReadFile(logFile.Name())
+			t.Logf("prometheus log:\n%s", b)
+		}
+	})
+	base := "http://" + addr
+
+	// Admissions to count: dry runs reach the webhook and store nothing.
+	ns := newNamespace(t, true)
+	dryRunGPUPods := func(n int) {
+		for i := 0; i < n; i++ {
+			_, _ = client().CoreV1().Pods(ns).Create(ctx, gpuPod(fmt.Sprintf("prometheus-%d", i), podOpts{resource: gpu}), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		}
+	}
+	dryRunGPUPods(5)
+	waitFor(t, runTimeout, "Prometheus to scrape the webhooks, the probe and the API server's webhook metrics", func(ctx context.Context) (bool, error) {
+		dryRunGPUPods(1)
+		up, _ := promQuery(ctx, base, `count(up == 1)`)
+		calls, _ := promQuery(ctx, base, `sum(rate(apiserver_admission_webhook_request_total{name="pods.gpu-injector.io"}[1m]))`)
+		injected, _ := promQuery(ctx, base, `sum(rate(gpu_injector_pods_injected_total[1m])) > 0`)
+		return len(up) == 1 && up[0].value() == float64(len(webhookTargets)+2) && len(calls) > 0 && len(injected) > 0, nil
+	})
+
+	t.Run("every dashboard query runs; those of a working cluster have data", func(t *testing.T) {
+		b, err := os.ReadFile(filepath.Join(testEnv.RepoRoot, "charts", "gpu-injector", "files", "dashboard.json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var d struct {
+			Panels []struct {
+				Title   string `json:"title"`
+				Targets []struct {
+					Expr string `json:"expr"`
+				} `json:"targets"`
+			} `json:"panels"`
+		}
+		if err := json.Unmarshal(b, &d); err != nil {
+			t.Fatal(err)
+		}
+		// Series a working cluster without pools, denials or probe errors
+		// lacks: those queries must run, not answer.
+		mayBeEmpty := regexp.MustCompile(`gpu_injector_pools|gpu_injector_probe_errors_total|rejection_count|fail_open_count|gpu_injector_pods_denied_total`)
+		vars := strings.NewReplacer("$__rate_interval", "1m", "$__range", "5m", "$namespace", env.Namespace)
+		for _, p := range d.Panels {
+			for _, tg := range p.Targets {
+				q := vars.Replace(tg.Expr)
+				res, err := promQuery(ctx, base, q)
+				switch {
+				case err != nil:
+					t.Errorf("panel %q: %s: %v", p.Title, q, err)
+				case len(res) == 0 && !mayBeEmpty.MatchString(q):
+					t.Errorf("panel %q: %s: no data", p.Title, q)
+				default:
+					t.Logf("panel %q: %s: %d series", p.Title, q, len(res))
+				}
+			}
+		}
+	})
+
+	t.Run("every rule evaluates; none is active on a healthy cluster", func(t *testing.T) {
+		waitFor(t, apiTimeout, "every rule to be evaluated without error", func(ctx context.Context) (bool, error) {
+			rules, err := promRules(ctx, base)
+			if err != nil || len(rules) < 10 {
+				return false, nil
+			}
+			for _, r := range rules {
+				if r.Health != "ok" {
+					if r.LastError != "" {
+						return false, fmt.Errorf("rule %s: %s", r.Name, r.LastError)
+					}
+					return false, nil
+				}
+			}
+			return true, nil
+		})
+		rules, _ := promRules(ctx, base)
+		for _, r := range rules {
+			if r.State != "inactive" {
+				t.Errorf("alert %s is %s on a healthy cluster: %v", r.Name, r.State, r.Alerts)
+			}
+		}
+	})
+
+	t.Run("webhook stopped: down and failing calls", func(t *testing.T) {
+		if err := testEnv.StopWebhook(); err != nil {
+			t.Fatalf("failed to stop the webhook: %v", err)
+		}
+		t.Cleanup(func() {
+			if err := testEnv.StartWebhook(context.Background()); err != nil {
+				t.Errorf("failed to restart the webhook: %v", err)
+			}
+		})
+		want := map[string]bool{"GPUInjectorWebhookDown": true, "GPUInjectorWebhookCallsFailing": true}
+		waitFor(t, runTimeout, "GPUInjectorWebhookDown and GPUInjectorWebhookCallsFailing to be pending", func(ctx context.Context) (bool, error) {
+			dryRunGPUPods(1)
+			rules, err := promRules(ctx, base)
+			if err != nil {
+				return false, nil
+			}
+			active := 0
+			for _, r := range rules {
+				if want[r.Name] && r.State != "inactive" {
+					active++
+				}
+			}
+			return active == len(want), nil
+		})
+	})
+}
+
+func writeYAML(t *testing.T, path string, v any) {
+	t.Helper()
+	b, err := yaml.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+type promSample struct {
+	Metric map[string]string `json:"metric"`
+	Value  []any             `json:"value"`
+}
+
+func (s promSample) value() float64 {
+	if len(s.Value) != 2 {
+		return 0
+	}
+	str, _ := s.Value[1].(string)
+	f, _ := strconv.ParseFloat(str, 64)
+	return f
+}
+
+// promQuery runs an instant query through Prometheus's HTTP API.
+func promQuery(ctx context.Context, base, query string) ([]promSample, error) {
+	var resp struct {
+		Status string `json:"status"`
+		Error  string `json:"error"`
+		Data   struct {
+			ResultType string       `json:"resultType"`
+			Result     []promSample `json:"result"`
+		} `json:"data"`
+	}
+	if err := promGet(ctx, base+"/api/v1/query?query="+url.QueryEscape(query), &resp); err != nil {
+		return nil, err
+	}
+	if resp.Status != "success" {
+		return nil, fmt.Errorf("failed to run the query: %s", resp.Error)
+	}
+	return resp.Data.Result, nil
+}
+
+type promRule struct {
+	Name      string `json:"name"`
+	State     string `json:"state"`
+	Health    string `json:"health"`
+	LastError string `json:"lastError"`
+	Alerts    []any  `json:"alerts"`
+}
+
+// promRules are the loaded alerting rules and their state.
+func promRules(ctx context.Context, base string) ([]promRule, error) {
+	var resp struct {
+		Data struct {
+			Groups []struct {
+				Rules []promRule `json:"rules"`
+			} `json:"groups"`
+		} `json:"data"`
+	}
+	if err := promGet(ctx, base+"/api/v1/rules?type=alert", &resp); err != nil {
+		return nil, err
+	}
+	var out []promRule
+	for _, g := range resp.Data.Groups {
+		out = append(out, g.Rules...)
+	}
+	return out, nil
+}
+
+func promGet(ctx context.Context, u string, into any) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("failed to ask Prometheus: %w", err)
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(into); err != nil {
+		return fmt.Errorf("failed to read Prometheus's answer: %w", err)
+	}
+	return nil
 }
