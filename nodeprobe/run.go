@@ -353,6 +353,7 @@ func (d *daemon) run(ctx context.Context) error {
 	for {
 		select {
 		case <-ctx.Done():
+			d.dropPluginLabel(log)
 			return nil
 		case err := <-errc:
 			return err

@@ -2,6 +2,7 @@ package nodeprobe
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -97,6 +98,21 @@ func (d *daemon) withPlugin(p Published) Published {
 	labels[layout.LabelNRIPlugin] = layout.NRIProtocol
 	p.Labels = labels
 	return p
+}
+
+// dropPluginLabel removes the label as the probe stops: the plugin beside
+// it stops with it, and until a new probe starts and looks, new pods
+// would be sent to a node that no longer injects their driver.
+func (d *daemon) dropPluginLabel(log logr.Logger) {
+	if !d.pluginUp.Swap(false) {
+		return
+	}
+	// The run's context is done; the pod's grace period is not.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := d.republish(ctx, log); err != nil && !errors.Is(err, ErrConditionForbidden) {
+		log.Error(err, "failed to remove the nri plugin label on the way out")
+	}
 }
 
 // republish writes the last probe's result again with the plugin's label as

@@ -116,7 +116,8 @@ func TestDaemonPublishesThePluginLabel(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	startDaemon(t, d)
+	stopDaemon := startDaemonStoppable(t, d)
+	defer func() { stopDaemon() }()
 	// A label left by an earlier probe, with no plugin now, goes at the first probe.
 	waitFor("the first probe", func() bool { _, ok := label(); return d.ready.Load() && !ok })
 	before := probes()
@@ -138,15 +139,27 @@ func TestDaemonPublishesThePluginLabel(t *testing.T) {
 	}
 	waitFor("the label to go with the file", func() bool { _, ok := label(); return !ok })
 
-	// A plugin of another marker protocol serves pods this webhook does not mark.
-	writePlugin(statedir.Plugin{Protocol: "v9", Heartbeat: time.Now().UTC()})
-	time.Sleep(50 * time.Millisecond)
-	if _, ok := label(); ok {
-		t.Error("labelled for a plugin of another protocol")
-	}
 	// Each change republished the last result; none probed again.
 	if got := probes() - before; got != 0 {
 		t.Errorf("%d probes after the first, want none", got)
+	}
+
+	// The probe stops while the plugin is registered: the label goes with it.
+	writePlugin(statedir.Plugin{Protocol: layout.NRIProtocol, RegisteredAt: now, Heartbeat: time.Now().UTC()})
+	waitFor("the label before the stop", func() bool { _, ok := label(); return ok })
+	stopDaemon()
+	if _, ok := label(); ok {
+		t.Error("the label outlived the probe")
+	}
+
+	// A plugin of another marker protocol serves pods this webhook does not mark.
+	writePlugin(statedir.Plugin{Protocol: "v9", Heartbeat: time.Now().UTC()})
+	before = probes()
+	stopDaemon = startDaemonStoppable(t, d)
+	waitFor("the probe after the restart", func() bool { return probes() > before })
+	time.Sleep(50 * time.Millisecond)
+	if _, ok := label(); ok {
+		t.Error("labelled for a plugin of another protocol")
 	}
 }
 
@@ -164,6 +177,26 @@ func TestPluginRecordRegistered(t *testing.T) {
 	} {
 		if got := tc.p.Registered(now); got != tc.want {
 			t.Errorf("%s: Registered = %v, want %v", name, got, tc.want)
+		}
+	}
+}
+
+// startDaemonStoppable runs d's loop until the returned function is called
+// (at most once; later calls do nothing).
+func startDaemonStoppable(t *testing.T, d *daemon) func() {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.run(ctx) }()
+	stopped := false
+	return func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("run = %v", err)
 		}
 	}
 }
