@@ -195,6 +195,11 @@ func TestDashboard(t *testing.T) {
 			}
 			walk(p.Panels)
 			if p.Type == "row" {
+				// A row only groups panels: a query there is a mistake
+				// Grafana silently ignores.
+				if len(p.Targets) > 0 {
+					t.Errorf("row %q has queries", p.Title)
+				}
 				continue
 			}
 			checkDatasource(t, "panel "+p.Title, p.Datasource)
