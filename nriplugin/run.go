@@ -259,8 +259,10 @@ func (h *handler) Configure(_ context.Context, _, runtime, version string) (api.
 	return api.MustParseEventMask("CreateContainer"), nil
 }
 
-// Synchronize is the runtime's last step of registration: from here on it
-// calls the plugin for every container it creates.
+// Synchronize is the runtime's last step of registration: once this answer
+// reaches it, it calls the plugin for every container it creates. The file
+// is written just before that; the probe's poll and the webhook's watch of
+// the label lag it by seconds.
 func (h *handler) Synchronize(_ context.Context, _ []*api.PodSandbox, _ []*api.Container) ([]*api.ContainerUpdate, error) {
 	h.s.register(h.runtimeName, h.runtimeVersion)
 	return nil, nil

@@ -4,6 +4,8 @@ import (
 	"context"
 	"io"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -14,6 +16,8 @@ import (
 	"github.com/containerd/nri/pkg/adaptation"
 	"github.com/containerd/nri/pkg/api"
 	validator "github.com/containerd/nri/plugins/default-validator/builtin"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/gpu-injector/gpu-injector/config"
 	"github.com/gpu-injector/gpu-injector/layout"
@@ -148,7 +152,21 @@ func TestAgainstTheRuntime(t *testing.T) {
 		t.Errorf("plugin record %+v", rec)
 	}
 
-	resp, err := create(r)
+	health := httptest.NewServer(s.healthMux())
+	defer health.Close()
+	readyz := func() int {
+		resp, err := http.Get(health.URL + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if readyz() != http.StatusOK || value(t, m.registered) != 1 {
+		t.Error("registered, but not ready or not counted so")
+	}
+
+	resp, err := createRegistered(t, create, r)
 	if err != nil {
 		t.Fatalf("with the plugin: %v", err)
 	}
@@ -162,22 +180,56 @@ func TestAgainstTheRuntime(t *testing.T) {
 	// The runtime stops: the plugin's file goes, and the probe drops the label.
 	rp.kill()
 	waitFor(t, "the plugin file to go", func() bool { p, _ := statedir.ReadPlugin(dir); return p == nil })
-	if s.registered.Load() {
+	if readyz() != http.StatusServiceUnavailable || value(t, m.registered) != 0 {
 		t.Error("still ready after the runtime stopped")
 	}
 	rp = startRuntimeProcess(t, sock)
 	defer rp.kill()
 	r = rp.r
 	waitFor(t, "the plugin to register again", registered)
-	if _, err := create(r); err != nil {
+	if _, err := createRegistered(t, create, r); err != nil {
 		t.Errorf("after the runtime restarted: %v", err)
 	}
 
+	if got := value(t, m.byResult[ResultInjected]); got != 2 {
+		t.Errorf("%v injections counted, want 2", got)
+	}
+	if got := value(t, m.byResult[ResultUnmarked]); got != 1 {
+		t.Errorf("%v unmarked containers counted, want 1", got)
+	}
 	cancel()
 	if err := <-done; err != nil {
 		t.Errorf("run = %v", err)
 	}
 	if p, _ := statedir.ReadPlugin(dir); p != nil {
 		t.Error("the plugin file outlived the plugin")
+	}
+}
+
+// value reads a counter's or a gauge's value.
+func value(t *testing.T, c prometheus.Metric) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	if m.Counter != nil {
+		return m.Counter.GetValue()
+	}
+	return m.GetGauge().GetValue()
+}
+
+// createRegistered creates the container once the runtime counts the plugin
+// in: it does so as the plugin's answer to Synchronize reaches it, just
+// after the plugin wrote its file.
+func createRegistered(t *testing.T, create func(*adaptation.Adaptation) (*api.CreateContainerResponse, error), r *adaptation.Adaptation) (*api.CreateContainerResponse, error) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		resp, err := create(r)
+		if err == nil || !strings.Contains(err.Error(), "not present") || time.Now().After(deadline) {
+			return resp, err
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
