@@ -77,7 +77,7 @@ func TestStatus(t *testing.T) {
 		if code != status.ExitOK && code != status.ExitAttention {
 			t.Fatalf("exit %d; stderr:\n%s", code, errOut)
 		}
-		want := []string{"WEBHOOK", "gpu-injector/" + "gpu-injector-webhook", "ready", "CA bundle set",
+		want := []string{"WEBHOOK", env.Namespace + "/" + env.WebhookDeployment, "ready", "CA bundle set",
 			"in " + ns + ": the API server reaches the webhook, which injected layout",
 			"nodeSelector " + layout.LabelFingerprint + "=",
 			"PROBE", "GPU NODES", "POOLS", "OPTED-IN NAMESPACES", ns, "LAYOUT MISMATCH EVENTS (last hour)"}

@@ -46,6 +46,8 @@ func txt(text string) cell           { return cell{text: text} }
 func toned(t tone, text string) cell { return cell{text: text, tone: t} }
 
 // table is a set of aligned columns; its last column is cut to the width.
+// Not text/tabwriter: it counts colour codes as width, which misaligns a
+// column whose cells are coloured differently.
 type table struct {
 	header []string
 	rows   [][]cell
