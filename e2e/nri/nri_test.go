@@ -95,7 +95,9 @@ func namespace(t *testing.T, level string) string {
 	if err != nil {
 		t.Fatalf("failed to create a namespace: %v", err)
 	}
-	t.Cleanup(func() { _ = client().CoreV1().Namespaces().Delete(context.Background(), created.Name, metav1.DeleteOptions{}) })
+	t.Cleanup(func() {
+		_ = client().CoreV1().Namespaces().Delete(context.Background(), created.Name, metav1.DeleteOptions{})
+	})
 	poll(t, apiTimeout, "the default service account of "+created.Name, func(ctx context.Context) (bool, error) {
 		_, err := client().CoreV1().ServiceAccounts(created.Name).Get(ctx, "default", metav1.GetOptions{})
 		return err == nil, nil
