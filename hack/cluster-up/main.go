@@ -4,6 +4,8 @@
 //
 // --write-env leaves the cluster's paths in a file a shell can source; on a GPU
 // machine, hack/gpu-cluster.sh then runs NVIDIA's device plugin in it as a pod.
+// --runtime nri runs containerd 2.x with NRI on the node (hack/tools.sh
+// containerd runc), for gpu-injector's NRI plugin.
 package main
 
 import (
@@ -40,6 +42,7 @@ func run() error {
 		timeout    = flag.Duration("timeout", 3*time.Minute, "how long start may take")
 		verbose    = flag.Bool("v", false, "log every step")
 		envFile    = flag.String("write-env", "", "write KUBECONFIG, CONTAINERD_SOCKET, ... of the running cluster to this file (shell syntax), once it is ready")
+		runtime    = flag.String("runtime", string(cluster.RuntimeDebian), "the node's container runtime: debian (Debian's containerd, no NRI) or nri (containerd 2.x with NRI, built by hack/tools.sh)")
 		images     []string
 	)
 	flag.Func("import-image", "docker-archive tar (make image) to import into the node's containerd; repeatable", func(v string) error {
@@ -60,6 +63,10 @@ func run() error {
 	defer zl.Sync() //nolint:errcheck // nothing to do about a failed flush
 	log := zapr.NewLogger(zl)
 
+	rt, err := parseRuntime(*runtime)
+	if err != nil {
+		return err
+	}
 	labels, err := parseLabels(*nodeLabels)
 	if err != nil {
 		return err
@@ -77,6 +84,7 @@ func run() error {
 	c, err := cluster.Start(ctx, cluster.Options{
 		NodeName:      *nodeName,
 		NodeLabels:    labels,
+		Runtime:       rt,
 		LogsDir:       *logsDir,
 		KeepOnFailure: *keep,
 		Timeout:       *timeout,
@@ -114,6 +122,7 @@ local cluster is up: node %s (%s), API server %s
   kubernetes svc:    %s:443 (relayed to the API server; pods' in-cluster config)
   kubeconfig:        %s
   containerd socket: %s
+  runtime:           %s%s
   device plugins:    %s
   logs:              %s
 
@@ -121,7 +130,7 @@ local cluster is up: node %s (%s), API server %s
   %s get nodes -o wide
 
 press Ctrl-C to stop it (everything it started is stopped and its folder removed)
-`, c.NodeName, c.NodeIP, c.APIServerURL, c.PodSubnet, c.BridgeIP, c.KubernetesServiceIP, c.Kubeconfig, c.ContainerdSocket, c.DevicePluginDir, c.LogsDir,
+`, c.NodeName, c.NodeIP, c.APIServerURL, c.PodSubnet, c.BridgeIP, c.KubernetesServiceIP, c.Kubeconfig, c.ContainerdSocket, c.Runtime, nriNote(c), c.DevicePluginDir, c.LogsDir,
 		c.Kubeconfig, c.Binaries.Kubectl)
 
 	<-ctx.Done()
@@ -146,6 +155,9 @@ func writeEnv(path string, c *cluster.Cluster) error {
 		{"LOGS_DIR", c.LogsDir},
 		{"KUBECTL", c.Binaries.Kubectl},
 		{"CTR", c.Binaries.Ctr},
+		{"RUNTIME", string(c.Runtime)},
+		// Empty with Debian's containerd, which has no NRI.
+		{"NRI_SOCKET", c.NRISocket},
 	} {
 		fmt.Fprintf(&b, "%s='%s'\n", kv[0], strings.ReplaceAll(kv[1], "'", `'\''`))
 	}
@@ -153,6 +165,23 @@ func writeEnv(path string, c *cluster.Cluster) error {
 		return fmt.Errorf("failed to write %s: %w", path, err)
 	}
 	return nil
+}
+
+// nriNote names the NRI socket, as plugins outside the node reach it.
+func nriNote(c *cluster.Cluster) string {
+	if c.NRISocket == "" {
+		return ""
+	}
+	return " (NRI socket " + c.NRISocket + ")"
+}
+
+// parseRuntime checks --runtime against e2e/cluster's runtimes.
+func parseRuntime(s string) (cluster.Runtime, error) {
+	switch r := cluster.Runtime(s); r {
+	case cluster.RuntimeDebian, cluster.RuntimeNRI:
+		return r, nil
+	}
+	return "", fmt.Errorf("--runtime wants %s or %s, got %q", cluster.RuntimeDebian, cluster.RuntimeNRI, s)
 }
 
 func parseLabels(s string) (map[string]string, error) {
