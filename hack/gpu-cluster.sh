@@ -19,6 +19,18 @@
 #                          stand-in driver (e2e/standin), in a private mount
 #                          namespace where it sits at /usr/local/nvidia: needs Go,
 #                          gcc and root; proves the plumbing, not a GPU
+#   --runtime nri          with the run or --fake: runtime injection. The node runs
+#                          the NRI runtime of part3 (containerd 2.x with NRI, its
+#                          default validator on) in place of Debian's containerd,
+#                          the chart runs with runtimeInjection.enabled=true, and
+#                          the workloads run in a namespace that enforces Pod
+#                          Security baseline: the driver comes from gpu-injector's
+#                          NRI plugin as each container is created, and no pod spec
+#                          holds a hostPath volume. Then the negative control: with
+#                          the plugin turned off (helm upgrade) and the Node's
+#                          gpu-injector.io/nri-plugin label gone, the same CUDA pod
+#                          is refused by Pod Security for its hostPath volumes.
+#                          --runtime debian (the default) is the hostPath run.
 #
 # The run: unpack the payload; build the CUDA program (nvcc -cudart static) and a
 # driverless image around it (make-driverless-root.sh, root-image.sh); start the
@@ -33,8 +45,8 @@
 # only when every check passed.
 #
 # Payload folders are searched in order: each --payload DIR, .device/gpu-cluster/
-# part1, part2 and part3, /tmp/gpu-cluster-payload. part3 is optional: with it, the
-# NRI runtime (e2e/cluster's RuntimeNRI) is in the unpacked tool cache too.
+# part1, part2 and part3, /tmp/gpu-cluster-payload. part3 (the NRI runtime, e2e/
+# cluster's RuntimeNRI) is needed only by --runtime nri.
 #
 # Environment: OUT (results, default ./gpu-cluster-out), NVCC, NVCC_ARCH (default
 # sm_90), EXPECT_GPU (default H100), EXPECT_DRIVER (default 580.), EXPECT_MEMORY_MIB
@@ -69,12 +81,13 @@ RELEASE_NS=gpu-injector
 NS=gpu-demo
 NS_OFF=gpu-demo-unlabelled
 
-usage() {
-	sed -n '2,45p' "$self" | sed 's/^# \{0,1\}//' >&2
+usage() { # the header: the comment lines after the first
+	awk 'NR > 1 && !/^#/ { exit } NR > 1' "$self" | sed 's/^# \{0,1\}//' >&2
 	exit 2
 }
 
 mode=real
+runtime=debian
 payloads=()
 build_dir=.device/gpu-cluster
 while [[ $# -gt 0 ]]; do
@@ -89,6 +102,11 @@ while [[ $# -gt 0 ]]; do
 		exit 1
 		;;
 	--fake) mode=fake ;;
+	--runtime)
+		[[ $# -ge 2 && $2 =~ ^(debian|nri)$ ]] || usage
+		runtime=$2
+		shift
+		;;
 	--payload)
 		[[ $# -ge 2 ]] || usage
 		payloads+=("$(cd "$2" && pwd)") || exit 1
@@ -202,12 +220,14 @@ fi
 # /usr/local gives it that path without touching this machine.
 if [[ $mode == fake && -z ${in_ns:-} ]]; then
 	[[ $EUID -eq 0 ]] || { echo "gpu-cluster --fake: needs root" >&2; exit 1; }
-	args=(--fake --in-namespace)
+	args=(--fake --in-namespace --runtime "$runtime")
 	for p in "${given[@]}"; do args+=(--payload "$p"); done
 	exec unshare --mount --propagation private -- "$self" "${args[@]}"
 fi
 
 OUT=${OUT:-./gpu-cluster-out}
+run_name=$mode
+[[ $runtime == nri ]] && run_name="$mode, runtime nri"
 EXPECT_GPU=${EXPECT_GPU:-H100}
 EXPECT_DRIVER=${EXPECT_DRIVER:-580.}
 EXPECT_MEMORY_MIB=${EXPECT_MEMORY_MIB:-81559}
@@ -278,6 +298,7 @@ trap cleanup EXIT
 section "machine"
 {
 	echo "mode: $mode"
+	echo "runtime: $runtime"
 	echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 	echo "kernel: $(uname -srm)"
 	grep PRETTY_NAME /etc/os-release 2>/dev/null
@@ -325,11 +346,23 @@ xz -dc "$(find_payload gpu-injector-image.tar.xz)" >"$work/images/gpu-injector.t
 xz -dc "$(find_payload nvidia-device-plugin-image.tar.xz)" >"$work/images/nvidia-device-plugin.tar"
 tar -C "$work/rt" -xJf "$(find_payload runtime.tar.xz)"
 # The NRI runtime, when the payload has it at this run's versions: into the
-# tool cache, where e2e/cluster's RuntimeNRI finds it.
-if nri_tar=$(find_payload nri-runtime.tar.xz) &&
-	[[ $(cat "$(find_payload nri-runtime.version)" 2>/dev/null) == "containerd-$CONTAINERD_VERSION runc-$RUNC_VERSION" ]]; then
-	tar -C "$cache" -xJf "$nri_tar"
-	echo "NRI runtime unpacked: containerd $CONTAINERD_VERSION, runc $RUNC_VERSION" | tee -a "$LOG"
+# tool cache, where e2e/cluster's RuntimeNRI finds it. --runtime nri needs it.
+nri_want="containerd-$CONTAINERD_VERSION runc-$RUNC_VERSION"
+nri_got=
+if nri_tar=$(find_payload nri-runtime.tar.xz); then
+	nri_got=$(cat "$(find_payload nri-runtime.version)" 2>/dev/null)
+	if [[ $nri_got == "$nri_want" ]]; then
+		tar -C "$cache" -xJf "$nri_tar"
+		echo "NRI runtime unpacked: containerd $CONTAINERD_VERSION, runc $RUNC_VERSION" | tee -a "$LOG"
+	fi
+fi
+if [[ $runtime == nri && $nri_got != "$nri_want" ]]; then
+	if [[ -z $nri_tar ]]; then
+		record "payload" FAIL "--runtime nri: no nri-runtime.tar.xz (part3) in ${payloads[*]}: run hack/gpu-cluster.sh --build and stage part3 too"
+	else
+		record "payload" FAIL "--runtime nri: part3's runtime is '${nri_got:-of no recorded version}', this run wants '$nri_want': run hack/gpu-cluster.sh --build again"
+	fi
+	exit 1
 fi
 cp "$work"/rt/usr/bin/* "$work"/rt/usr/sbin/* "$bin"/
 chmod +x "$bin"/* "$cache/kubernetes-$K8S_VERSION/kube" "$cache/etcd-$ETCD_VERSION/etcd" "$work/standin-server"
@@ -343,10 +376,17 @@ export PATH=$bin:$PATH GPU_INJECTOR_CACHE=$cache
 export HELM_CACHE_HOME=$work/helm/cache HELM_CONFIG_HOME=$work/helm/config HELM_DATA_HOME=$work/helm/data
 kubectl=$cache/kubernetes-$K8S_VERSION/kubectl
 helm=$bin/helm
-run "$kubectl" version --client && run "$helm" version --short && run containerd --version && run runc --version
+run "$kubectl" version --client && run "$helm" version --short
+if [[ $runtime == nri ]]; then
+	run "$cache/containerd-$CONTAINERD_VERSION/containerd" --version && run "$cache/runc-$RUNC_VERSION/runc" --version
+else
+	run containerd --version && run runc --version
+fi
 t_unpack=$(since "$t0")
 timing "unpack the payload" "$t_unpack"
-record "payload unpacked" PASS "$(du -sh "$work" | cut -f1) from $(for f in kube etcd helm; do basename "$(dirname "$(find_payload $f.xz)")"; done | sort -u | xargs)"
+parts=(kube.xz etcd.xz helm.xz)
+[[ $runtime == nri ]] && parts+=(nri-runtime.tar.xz)
+record "payload unpacked" PASS "$(du -sh "$work" | cut -f1) from $(for f in "${parts[@]}"; do basename "$(dirname "$(find_payload "$f")")"; done | sort -u | xargs)"
 
 # ---------------------------------------------------------------------------
 section "2. the CUDA program and the driverless image"
@@ -404,6 +444,13 @@ mkdir -p "$work/logs/cluster"
 # with; the chart's probe DaemonSet selects it.
 cluster_args=(--node-labels nvidia.com/gpu.present=true
 	--write-env "$work/cluster.env" --logs-dir "$work/logs/cluster" --timeout 5m)
+if [[ $runtime == nri ]]; then
+	if ! cluster-up -h 2>&1 | grep -q -- -runtime; then
+		record "cluster up" FAIL "--runtime nri: this payload's cluster-up has no -runtime flag: run hack/gpu-cluster.sh --build again"
+		exit 1
+	fi
+	cluster_args+=(--runtime nri)
+fi
 # cluster-up imports the images once the node is Ready; an older one cannot,
 # and the script imports them with ctr below.
 import_by_ctr=1
@@ -431,7 +478,16 @@ source "$work/cluster.env"
 export KUBECONFIG
 t_cluster=$(since "$t0")
 timing "cluster start (etcd to node Ready, images imported)" "$t_cluster"
-record "cluster up" PASS "node $NODE_NAME ($NODE_IP), Kubernetes $K8S_VERSION, in ${t_cluster}s"
+if [[ $runtime == nri ]]; then
+	# cluster-up names the NRI socket only when containerd serves NRI.
+	if [[ ${RUNTIME:-} == nri && -n ${NRI_SOCKET:-} ]]; then
+		record "cluster up" PASS "node $NODE_NAME ($NODE_IP), Kubernetes $K8S_VERSION, containerd $CONTAINERD_VERSION with NRI, in ${t_cluster}s"
+	else
+		record "cluster up" FAIL "cluster-up's runtime is '${RUNTIME:-}', NRI socket '${NRI_SOCKET:-}': want nri and a socket"
+	fi
+else
+	record "cluster up" PASS "node $NODE_NAME ($NODE_IP), Kubernetes $K8S_VERSION, in ${t_cluster}s"
+fi
 
 if [[ $import_by_ctr == 1 ]]; then
 	t0=$(now)
@@ -487,6 +543,11 @@ helm_args=(install gpu-injector charts/gpu-injector --namespace "$RELEASE_NS" --
 	--set image.repository=$IMAGE_REPOSITORY --set image.tag=$IMAGE_TAG --set image.pullPolicy=Never
 	--set nodeprobe.privileged=true
 	--wait --timeout 3m)
+if [[ $runtime == nri ]]; then
+	# The NRI plugin beside each probe; -v=1 logs each injection, the run's
+	# record of what the plugin did.
+	helm_args+=(--set runtimeInjection.enabled=true --set 'runtimeInjection.extraArgs={-v=1}')
+fi
 helm_ok=1
 if run "$helm" "${helm_args[@]}"; then
 	record "helm install" PASS "release gpu-injector in $RELEASE_NS, ready in $(since "$t0")s"
@@ -524,6 +585,26 @@ if [[ $state == ready && $drv == "$EXPECT_DRIVER"* && $product == *"$want_produc
 else
 	record "probe pod labels the Node from NVML" FAIL "state '$state', driver '$drv', product '$product', memory '$mem', source '$src'"
 fi
+if [[ $runtime == nri ]]; then
+	# The probe labels its Node once the plugin beside it is registered with
+	# containerd; the webhook delivers the driver at the runtime only to nodes
+	# with that label. Timed from helm's return.
+	nri_label=
+	for _ in $(seq 240); do
+		nri_label=$(label nri-plugin)
+		[[ $nri_label == v1 ]] && break
+		sleep 0.5
+	done
+	t_label=$(since "$t0")
+	timing "NRI plugin registered: Node labelled, after helm" "$t_label"
+	if [[ $nri_label == v1 ]]; then
+		record "NRI plugin registered, Node labelled" PASS "gpu-injector.io/nri-plugin=v1 ${t_label}s after helm returned"
+	else
+		record "NRI plugin registered, Node labelled" FAIL "no gpu-injector.io/nri-plugin=v1 on the Node after ${t_label}s (label '$nri_label')"
+		run "$kubectl" logs -n "$RELEASE_NS" -l app.kubernetes.io/component=nodeprobe -c nri-plugin --tail=20
+	fi
+	$kubectl get node "$NODE_NAME" -o yaml >"$OUT/node.yaml" 2>&1
+fi
 
 # Without the chart's pods nothing below can pass: say why and stop, while the
 # logs can still be collected.
@@ -540,9 +621,9 @@ summary() {
 		printf '%s\n' "${timings[@]}"
 		echo
 		if [[ $failed -eq 0 ]]; then
-			echo "gpu-cluster ($mode): PASS, ${#names[@]} checks"
+			echo "gpu-cluster ($run_name): PASS, ${#names[@]} checks"
 		else
-			echo "gpu-cluster ($mode): FAIL, $failed of ${#names[@]} checks failed"
+			echo "gpu-cluster ($run_name): FAIL, $failed of ${#names[@]} checks failed"
 		fi
 	} | tee "$OUT/summary.txt" | tee -a "$LOG"
 }
@@ -556,9 +637,15 @@ if [[ $helm_ok == 0 || $state != ready ]]; then
 fi
 
 # ---------------------------------------------------------------------------
-section "5. the workloads in an opted-in namespace"
+if [[ $runtime == nri ]]; then
+	section "5. the workloads in an opted-in namespace that enforces Pod Security baseline"
+else
+	section "5. the workloads in an opted-in namespace"
+fi
 run "$kubectl" create namespace "$NS"
 run "$kubectl" label namespace "$NS" gpu-injector.io/inject=enabled
+# baseline forbids hostPath volumes: only runtime injection gets a GPU pod in.
+[[ $runtime == nri ]] && run "$kubectl" label namespace "$NS" pod-security.kubernetes.io/enforce=baseline
 run "$kubectl" create namespace "$NS_OFF"
 # wait_pod NS SELECTOR PHASES SECONDS: until a pod matching SELECTOR is in one of PHASES.
 pod_of() { $kubectl get pods -n "$1" -l "$2" -o jsonpath='{.items[0].metadata.name}' 2>/dev/null; }
@@ -578,6 +665,37 @@ workload_log() { # workload_log TITLE CMD...: into workloads.txt and the log
 		"${@:2}" 2>&1
 	} | tee -a "$OUT/workloads.txt" >>"$LOG"
 }
+# runtime_spec TITLE NS POD CONTAINER: with --runtime nri, the pod as admitted
+# holds no hostPath volume and carries the webhook's marker naming CONTAINER.
+runtime_spec() {
+	[[ $runtime == nri ]] || return 0
+	local vols marker
+	vols=$($kubectl get pod -n "$2" "$3" -o jsonpath='{range .spec.volumes[?(@.hostPath)]}{.name}={.hostPath.path} {end}' 2>&1)
+	marker=$($kubectl get pod -n "$2" "$3" -o jsonpath='{.metadata.annotations.gpu-injector\.io/runtime-inject}' 2>&1)
+	if [[ -n $3 && -z $vols && $marker == "$4" ]]; then
+		record "$1: no hostPath, marked" PASS "no hostPath volume in the pod spec; gpu-injector.io/runtime-inject=$marker"
+	else
+		record "$1: no hostPath, marked" FAIL "pod '$3': hostPath volumes '$vols', gpu-injector.io/runtime-inject '$marker' (want '$4')"
+	fi
+}
+# runtime_mounts TITLE NS POD: with --runtime nri, the driver mounts in the
+# OCI spec containerd handed to runc (kubectl never shows them): every plan
+# folder bound read-only at /usr/local/nvidia.
+runtime_mounts() {
+	[[ $runtime == nri ]] || return 0
+	local id mounts
+	id=$($kubectl get pod -n "$2" "$3" -o jsonpath='{.status.containerStatuses[0].containerID}' 2>/dev/null)
+	id=${id#containerd://}
+	"$CTR" --address "$CONTAINERD_SOCKET" --namespace k8s.io containers info --spec "$id" >"$work/spec.json" 2>&1
+	# One line per mount: the spec's JSON without blanks and line breaks.
+	mounts=$(tr -d ' \n\t' <"$work/spec.json" | grep -o '{"destination":"/usr/local/nvidia[^}]*}')
+	workload_log "$1: the driver mounts in the container's OCI spec (ctr containers info --spec ${id:0:12})" echo "$mounts"
+	if [[ -n $id && -n $mounts ]] && ! grep -v '"ro"' <<<"$mounts" | grep -q .; then
+		record "$1: driver mounted by the runtime" PASS "OCI spec: $(grep -o '"destination":"[^"]*"' <<<"$mounts" | cut -d'"' -f4 | xargs | tr ' ' ,), bind, ro"
+	else
+		record "$1: driver mounted by the runtime" FAIL "container '${id:0:12}': no read-only /usr/local/nvidia mounts in its OCI spec: '$mounts'"
+	fi
+}
 
 t0=$(now)
 run "$kubectl" create -n "$NS" -f hack/gpu/cluster/nvidia-smi-job.yaml
@@ -594,6 +712,7 @@ if [[ -n ${t_job:-} ]] && grep -q "$expect_gpu" "$work/smi.log"; then
 else
 	record "nvidia-smi Job Completed, GPU in its log" FAIL "job not Complete or no '$expect_gpu' in its log"
 fi
+runtime_spec "nvidia-smi Job's pod" "$NS" "$pod" nvidia-smi
 
 t0=$(now)
 run "$kubectl" create -n "$NS" -f hack/gpu/cluster/cuda-pod.yaml
@@ -605,6 +724,8 @@ timing "CUDA pod: kubectl create to Succeeded" "$t_cuda"
 [[ $phase == Succeeded ]] && grep -Eq "$expect_cuda_ok" "$work/cuda.log" &&
 	record "CUDA pod: kernel OK" PASS "Succeeded in ${t_cuda}s, log matches '$expect_cuda_ok'" ||
 	record "CUDA pod: kernel OK" FAIL "phase $phase; want Succeeded and '$expect_cuda_ok'"
+runtime_spec "CUDA pod" "$NS" cuda-smoke cuda-smoke
+runtime_mounts "CUDA pod" "$NS" cuda-smoke
 
 t0=$(now)
 run "$kubectl" create -n "$NS" -f hack/gpu/cluster/tensorflow-style.yaml
@@ -618,6 +739,12 @@ restarts=$($kubectl get pods -n "$NS" -l app=tensorflow-style -o jsonpath='{.ite
 [[ $restarts == 0 ]] && grep -Eq "$expect_cuda_ok" "$work/tf.log" &&
 	record "TensorFlow-style Deployment: kernel OK" PASS "Available, 0 restarts, log matches '$expect_cuda_ok'" ||
 	record "TensorFlow-style Deployment: kernel OK" FAIL "restarts '$restarts'; want 0 and '$expect_cuda_ok'"
+runtime_spec "TensorFlow-style pod" "$NS" "$(pod_of "$NS" app=tensorflow-style)" tensorflow-style
+if [[ $runtime == nri ]]; then
+	# The plugin logs each injection at -v=1; its pod goes with the helm
+	# upgrade below, so its log is kept here.
+	workload_log "the NRI plugin's log" $kubectl logs -n "$RELEASE_NS" -l app.kubernetes.io/component=nodeprobe -c nri-plugin --tail=-1
+fi
 
 # ---------------------------------------------------------------------------
 section "6. negative controls in a namespace that did not opt in"
@@ -658,6 +785,48 @@ $kubectl logs -n "$NS_OFF" cuda-smoke-uninjected >"$work/cuda-off.log" 2>&1
 [[ $phase == Failed ]] && grep -Eq "$expect_cuda_fail" "$work/cuda-off.log" &&
 	record "CUDA pod, no injection: no driver" PASS "Failed: $(grep -Em1 "$expect_cuda_fail" "$work/cuda-off.log" | cut -c1-100)" ||
 	record "CUDA pod, no injection: no driver" FAIL "phase $phase; want Failed and '$expect_cuda_fail'"
+
+# ---------------------------------------------------------------------------
+if [[ $runtime == nri ]]; then
+	section "7. the plugin turned off: Pod Security refuses the hostPath pod"
+	# With no node carrying the plugin's label the webhook falls back to
+	# hostPath volumes, which the baseline namespace must refuse at create
+	# (docs/runtime-injection.md): the pods above ran there only because the
+	# runtime mounted the driver.
+	t0=$(now)
+	run "$helm" upgrade gpu-injector charts/gpu-injector --namespace "$RELEASE_NS" --reuse-values \
+		--set runtimeInjection.enabled=false --wait --timeout 3m
+	nri_label=v1
+	for _ in $(seq 240); do
+		nri_label=$(label nri-plugin)
+		[[ -z $nri_label ]] && break
+		sleep 0.5
+	done
+	t_gone=$(since "$t0")
+	timing "helm upgrade (plugin off) until the label is gone" "$t_gone"
+	# The webhook's hostPath volumes come from the layout of a ready node: the
+	# probe pod that replaced the one with the plugin.
+	run "$kubectl" rollout status -n "$RELEASE_NS" daemonset -l app.kubernetes.io/component=nodeprobe --timeout=120s
+	for _ in $(seq 240); do
+		state=$(label state)
+		[[ $state == ready ]] && break
+		sleep 0.5
+	done
+	run "$kubectl" get node "$NODE_NAME" --show-labels
+	sed -e 's/name: cuda-smoke$/name: cuda-smoke-no-plugin/' hack/gpu/cluster/cuda-pod.yaml >"$work/cuda-no-plugin.yaml"
+	run "$kubectl" create -n "$NS" -f "$work/cuda-no-plugin.yaml"
+	created=$?
+	refusal=$(tr '\n' ' ' <"$work/run.out")
+	workload_log "plugin off, baseline namespace: kubectl create the CUDA pod" echo "$refusal"
+	if [[ -n $nri_label ]]; then
+		record "plugin off: baseline refuses the hostPath pod" FAIL "the Node still has gpu-injector.io/nri-plugin=$nri_label ${t_gone}s after the upgrade"
+	elif [[ $created -ne 0 && $refusal == *PodSecurity* && $refusal == *hostPath* ]]; then
+		record "plugin off: baseline refuses the hostPath pod" PASS "label gone ${t_gone}s after the upgrade; ${refusal:0:150}"
+	else
+		record "plugin off: baseline refuses the hostPath pod" FAIL "kubectl create exit $created, want a PodSecurity refusal naming hostPath: ${refusal:0:200}"
+		run "$kubectl" get pod -n "$NS" cuda-smoke-no-plugin -o yaml
+	fi
+fi
 
 summary
 if [[ ${KEEP:-} == 1 ]]; then
