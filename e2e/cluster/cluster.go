@@ -99,6 +99,10 @@ type Cluster struct {
 	// and so in pods that mount it as a hostPath, it is /var/run/nri/nri.sock).
 	// Empty unless Runtime is RuntimeNRI.
 	NRISocket string
+	// ContainerdMetricsURL is the NRI runtime's Prometheus endpoint (the
+	// CRI's container create and start timers, NRI's plugin latency); empty
+	// unless Runtime is RuntimeNRI.
+	ContainerdMetricsURL string
 	// DevicePluginDir is where a device plugin finds kubelet.sock and puts its
 	// own socket (register the socket's base name as the endpoint).
 	DevicePluginDir string
@@ -272,7 +276,7 @@ func (c *Cluster) prepare(ctx context.Context) error {
 			return fmt.Errorf("failed to create %s: %w", d, err)
 		}
 	}
-	names := []string{"etcdClient", "etcdPeer", "apiserver", "controllerManager", "scheduler", "kubelet", "kubeletHealthz"}
+	names := []string{"etcdClient", "etcdPeer", "apiserver", "controllerManager", "scheduler", "kubelet", "kubeletHealthz", "containerdMetrics"}
 	ports, err := freePorts(len(names))
 	if err != nil {
 		return err
@@ -282,6 +286,9 @@ func (c *Cluster) prepare(ctx context.Context) error {
 		c.ports[n] = ports[i]
 	}
 	c.APIServerURL = fmt.Sprintf("https://127.0.0.1:%d", c.ports["apiserver"])
+	if c.Runtime == RuntimeNRI {
+		c.ContainerdMetricsURL = fmt.Sprintf("http://127.0.0.1:%d/v1/metrics", c.ports["containerdMetrics"])
+	}
 	// One /24 pair per cluster, so two clusters on a machine (two test runs,
 	// or the suite beside this package's own tests) neither share a bridge
 	// subnet nor a kubernetes Service address.
@@ -539,7 +546,7 @@ func (c *Cluster) startNode(ctx context.Context) error {
 	ctrdConfig := containerdConfig(ctrdDir, c.ContainerdSocket, filepath.Join(cniDir, "net.d"))
 	var ctrdEnv []string
 	if c.Runtime == RuntimeNRI {
-		ctrdConfig = containerdNRIConfig(ctrdDir, c.ContainerdSocket, filepath.Join(cniDir, "net.d"), c.Binaries)
+		ctrdConfig = containerdNRIConfig(ctrdDir, c.ContainerdSocket, fmt.Sprintf("127.0.0.1:%d", c.ports["containerdMetrics"]), filepath.Join(cniDir, "net.d"), c.Binaries)
 		// The config names the shim and runc; PATH says the same to anything
 		// that looks them up by name, so Debian's never mix in.
 		ctrdEnv = []string{"PATH=" + filepath.Dir(c.Binaries.ContainerdShim) + ":" + filepath.Dir(c.Binaries.Runc) + ":" + os.Getenv("PATH")}

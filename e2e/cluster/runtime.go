@@ -66,7 +66,7 @@ func findNRIRuntime(cacheDir string, b *Binaries) []error {
 // own containerd never share state. Config version 3 is 2.x's own, read by
 // every 2.x release (2.4 migrates it to its version 4 at start and says so in
 // its log), so CONTAINERD_VERSION may name any 2.x.
-func containerdNRIConfig(dir, socket, cniConfDir string, b Binaries) string {
+func containerdNRIConfig(dir, socket, metrics, cniConfDir string, b Binaries) string {
 	return fmt.Sprintf(`version = 3
 root = %[1]q
 state = %[2]q
@@ -77,8 +77,10 @@ state = %[2]q
 [ttrpc]
   address = %[4]q
 
+# containerd's own metrics (the CRI's create and start timers, NRI's plugin
+# latency): what a plugin costs a container's start, read by the tests.
 [metrics]
-  address = ""
+  address = %[13]q
 
 [plugins]
   [plugins.'io.containerd.internal.v1.opt']
@@ -131,5 +133,5 @@ state = %[2]q
 `,
 		filepath.Join(dir, "root"), filepath.Join(dir, "state"), socket, socket+".ttrpc",
 		filepath.Join(dir, "opt"), PauseImage, b.ContainerdShim, filepath.Join(dir, "runc"), b.Runc,
-		cniBinDir, cniConfDir, nriSocketInNamespace)
+		cniBinDir, cniConfDir, nriSocketInNamespace, metrics)
 }

@@ -25,7 +25,7 @@ func TestContainerdNRIConfig(t *testing.T) {
 	dir := t.TempDir()
 	b := Binaries{ContainerdShim: "/cache/containerd-shim-runc-v2", Runc: "/cache/runc"}
 	conf := filepath.Join(dir, "config.toml")
-	if err := os.WriteFile(conf, []byte(containerdNRIConfig(filepath.Join(dir, "ctrd"), "/run/x/containerd.sock", "/x/net.d", b)), 0o644); err != nil {
+	if err := os.WriteFile(conf, []byte(containerdNRIConfig(filepath.Join(dir, "ctrd"), "/run/x/containerd.sock", "127.0.0.1:1338", "/x/net.d", b)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	out, err := exec.Command(containerd, "--config", conf, "config", "dump").Output()

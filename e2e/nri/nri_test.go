@@ -10,6 +10,7 @@ package nri
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -19,6 +20,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -87,10 +90,17 @@ func poll(t *testing.T, timeout time.Duration, what string, cond func(ctx contex
 // namespace makes an opted-in namespace that enforces a Pod Security level.
 func namespace(t *testing.T, level string) string {
 	t.Helper()
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "nri-" + level + "-", Labels: map[string]string{
+	return newNamespace(t, "nri-"+level+"-", map[string]string{
 		layout.LabelInject:                   layout.InjectEnabled,
 		"pod-security.kubernetes.io/enforce": level,
-	}}}
+	})
+}
+
+// newNamespace makes a namespace, deleted after the test, and waits for its
+// default service account (pods need it).
+func newNamespace(t *testing.T, prefix string, labels map[string]string) string {
+	t.Helper()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: prefix, Labels: labels}}
 	created, err := client().CoreV1().Namespaces().Create(context.Background(), ns, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatalf("failed to create a namespace: %v", err)
@@ -438,4 +448,114 @@ func TestPluginDown(t *testing.T) {
 		t.Fatalf("pod after the plugin came back %s:\n%s", d.Status.Phase, log)
 	}
 	assertSawDriver(t, log, testEnv.KubeletNode().DriverVersion)
+}
+
+// timer is a containerd timer's total, read from its histogram.
+type timer struct {
+	count float64
+	sum   float64
+	// under5ms counts the observations at or below 5 ms.
+	under5ms float64
+}
+
+func (a timer) minus(b timer) timer {
+	return timer{count: a.count - b.count, sum: a.sum - b.sum, under5ms: a.under5ms - b.under5ms}
+}
+
+func (a timer) meanMS() float64 {
+	if a.count == 0 {
+		return 0
+	}
+	return a.sum / a.count * 1000
+}
+
+// containerdTimers reads the NRI runtime's metrics: the CRI's container
+// create and start timers and NRI's latency of gpu-injector's CreateContainer.
+func containerdTimers(t *testing.T) (create, start, plugin timer) {
+	t.Helper()
+	resp, err := http.Get(testEnv.Cluster.ContainerdMetricsURL)
+	if err != nil {
+		t.Fatalf("failed to read containerd's metrics: %v", err)
+	}
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatalf("failed to parse containerd's metrics: %v", err)
+	}
+	read := func(name string, match func(map[string]string) bool) timer {
+		var out timer
+		f := families[name]
+		if f == nil {
+			return out
+		}
+		for _, m := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if !match(labels) {
+				continue
+			}
+			h := m.GetHistogram()
+			out.count += float64(h.GetSampleCount())
+			out.sum += h.GetSampleSum()
+			for _, b := range h.GetBucket() {
+				if b.GetUpperBound() == 0.005 {
+					out.under5ms += float64(b.GetCumulativeCount())
+				}
+			}
+		}
+		return out
+	}
+	any := func(map[string]string) bool { return true }
+	create = read("containerd_cri_container_create_seconds", any)
+	start = read("containerd_cri_container_start_seconds", any)
+	plugin = read("containerd_nri_plugin_latency_seconds", func(l map[string]string) bool {
+		return strings.HasSuffix(l["plugin"], "-"+layout.NRIPluginName) && l["operation"] == "CreateContainer"
+	})
+	return create, start, plugin
+}
+
+// TestContainerStartCost measures what the plugin adds to a container's
+// creation, as containerd itself times it: the same GPU pod, once marked for
+// the plugin (which mounts the driver) and once in a namespace that did not
+// opt in (no marker: the plugin answers at once), and NRI's latency of the
+// plugin's CreateContainer. Figures are logged, for docs/benchmarks.md; only
+// the plugin being called for each marked container is checked.
+func TestContainerStartCost(t *testing.T) {
+	waitPluginReady(t)
+	const n = 10
+	marked := namespace(t, "baseline")
+	plain := newNamespace(t, "nri-plain-", nil)
+	batch := func(ns string, inject bool) (create, start, plugin timer) {
+		c0, s0, p0 := containerdTimers(t)
+		for i := range n {
+			p := cudaPod(fmt.Sprintf("cost-%d", i))
+			got := p
+			if inject {
+				got = createInjected(t, ns, p)
+			} else if _, err := client().CoreV1().Pods(ns).Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+				t.Fatalf("failed to create pod %s: %v", p.Name, err)
+			}
+			waitDone(t, ns, got.Name)
+			// The GPU goes back to the device plugin only once the pod is gone.
+			if err := client().CoreV1().Pods(ns).Delete(context.Background(), got.Name, metav1.DeleteOptions{}); err != nil {
+				t.Fatalf("failed to delete pod %s: %v", got.Name, err)
+			}
+		}
+		c1, s1, p1 := containerdTimers(t)
+		return c1.minus(c0), s1.minus(s0), p1.minus(p0)
+	}
+	ic, is, ip := batch(marked, true)
+	pc, ps, pp := batch(plain, false)
+	if ip.count < n {
+		t.Errorf("NRI timed gpu-injector's CreateContainer %v times for %d marked containers", ip.count, n)
+	}
+	t.Logf("%d containers each (containerd's own timers, means):", n)
+	t.Logf("  marked, driver mounted by the plugin: create %.2f ms, start %.2f ms; the plugin's CreateContainer as NRI times it: %.3f ms mean, %v of %v within 5 ms",
+		ic.meanMS(), is.meanMS(), ip.meanMS(), ip.under5ms, ip.count)
+	t.Logf("  not marked (namespace not opted in): create %.2f ms, start %.2f ms; the plugin's CreateContainer: %.3f ms mean, %v of %v within 5 ms",
+		pc.meanMS(), ps.meanMS(), pp.meanMS(), pp.under5ms, pp.count)
+	t.Logf("  added by the plugin's mounts: create %+.2f ms, start %+.2f ms", ic.meanMS()-pc.meanMS(), is.meanMS()-ps.meanMS())
 }
