@@ -5,7 +5,9 @@
 # (about 5 minutes). The e2e suite runs that test by itself whenever prometheus is on
 # PATH or $PROMETHEUS names it; this script is for a machine without it.
 #
-#   hack/prometheus-e2e.sh
+#   hack/prometheus-e2e.sh             install when missing, then run the test
+#   hack/prometheus-e2e.sh --install   only install (make test's e2e stage, so that the
+#                                      suite runs the test rather than skipping it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,4 +20,5 @@ if [[ -z "${PROMETHEUS:-}" ]] && ! command -v prometheus >/dev/null; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null ||
     { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
 fi
+[[ ${1:-} == --install ]] && exit 0
 exec go test -tags e2e -count=1 -timeout 20m -v -run 'TestStatusPrometheus' ./e2e/

@@ -45,6 +45,8 @@ e2e() {
 	hack/tools.sh all
 	stage "container runtime (Debian packages, when missing)"
 	hack/install-runtime.sh
+	stage "Prometheus (Debian package, when missing: the suite checks the chart's alerts and dashboard against it)"
+	hack/prometheus-e2e.sh --install
 	stage "end-to-end tests on a real kube-apiserver, scheduler, controller-manager and kubelet"
 	go test -count=1 -tags e2e -timeout 60m -v ./e2e/...
 }
