@@ -21,6 +21,7 @@ func TestRun(t *testing.T) {
 		"mutate -h":        {args: []string{"mutate", "-h"}, code: 0, wantStderr: "Usage: gpu-injector mutate"},
 		"nodeprobe bad":    {args: []string{"nodeprobe", "--no-such-flag"}, code: 1, wantStderr: "no-such-flag"},
 		"webhook bad":      {args: []string{"webhook", "--no-such-flag"}, code: 1, wantStderr: "no-such-flag"},
+		"nri-plugin bad":   {args: []string{"nri-plugin", "--no-such-flag"}, code: 1, wantStderr: "no-such-flag"},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
