@@ -678,6 +678,9 @@ runtime_spec() {
 		record "$1: no hostPath, marked" FAIL "pod '$3': hostPath volumes '$vols', gpu-injector.io/runtime-inject '$marker' (want '$4')"
 	fi
 }
+# driver_mounts SPEC: the mounts at /usr/local/nvidia in an OCI spec, one a
+# line (its JSON without blanks and line breaks).
+driver_mounts() { tr -d ' \n\t' <"$1" | grep -o '{"destination":"/usr/local/nvidia[^}]*}'; }
 # runtime_mounts TITLE NS POD: with --runtime nri, the driver mounts in the
 # OCI spec containerd handed to runc (kubectl never shows them): every plan
 # folder bound read-only at /usr/local/nvidia.
@@ -686,10 +689,9 @@ runtime_mounts() {
 	local id mounts
 	id=$($kubectl get pod -n "$2" "$3" -o jsonpath='{.status.containerStatuses[0].containerID}' 2>/dev/null)
 	id=${id#containerd://}
-	"$CTR" --address "$CONTAINERD_SOCKET" --namespace k8s.io containers info --spec "$id" >"$work/spec.json" 2>&1
-	# One line per mount: the spec's JSON without blanks and line breaks.
-	mounts=$(tr -d ' \n\t' <"$work/spec.json" | grep -o '{"destination":"/usr/local/nvidia[^}]*}')
-	workload_log "$1: the driver mounts in the container's OCI spec (ctr containers info --spec ${id:0:12})" echo "$mounts"
+	"$CTR" --address "$CONTAINERD_SOCKET" --namespace k8s.io containers info --spec "$id" >"$work/spec.json" 2>"$work/spec.err"
+	mounts=$(driver_mounts "$work/spec.json")
+	workload_log "$1: the driver mounts in the container's OCI spec (ctr containers info --spec ${id:0:12})" driver_mounts "$work/spec.json"
 	if [[ -n $id && -n $mounts ]] && ! grep -v '"ro"' <<<"$mounts" | grep -q .; then
 		record "$1: driver mounted by the runtime" PASS "OCI spec: $(grep -o '"destination":"[^"]*"' <<<"$mounts" | cut -d'"' -f4 | xargs | tr ' ' ,), bind, ro"
 	else
@@ -816,12 +818,14 @@ if [[ $runtime == nri ]]; then
 	sed -e 's/name: cuda-smoke$/name: cuda-smoke-no-plugin/' hack/gpu/cluster/cuda-pod.yaml >"$work/cuda-no-plugin.yaml"
 	run "$kubectl" create -n "$NS" -f "$work/cuda-no-plugin.yaml"
 	created=$?
-	refusal=$(tr '\n' ' ' <"$work/run.out")
-	workload_log "plugin off, baseline namespace: kubectl create the CUDA pod" echo "$refusal"
+	# The API server's answer, after the webhook's warning that foresaw it.
+	refusal=$(grep -o 'is forbidden: .*' "$work/run.out" | head -1)
+	[[ -n $refusal ]] || refusal=$(tr '\n' ' ' <"$work/run.out")
+	workload_log "plugin off, baseline namespace: kubectl create the CUDA pod" cat "$work/run.out"
 	if [[ -n $nri_label ]]; then
 		record "plugin off: baseline refuses the hostPath pod" FAIL "the Node still has gpu-injector.io/nri-plugin=$nri_label ${t_gone}s after the upgrade"
 	elif [[ $created -ne 0 && $refusal == *PodSecurity* && $refusal == *hostPath* ]]; then
-		record "plugin off: baseline refuses the hostPath pod" PASS "label gone ${t_gone}s after the upgrade; ${refusal:0:150}"
+		record "plugin off: baseline refuses the hostPath pod" PASS "label gone ${t_gone}s after helm upgrade began; ${refusal:0:150}"
 	else
 		record "plugin off: baseline refuses the hostPath pod" FAIL "kubectl create exit $created, want a PodSecurity refusal naming hostPath: ${refusal:0:200}"
 		run "$kubectl" get pod -n "$NS" cuda-smoke-no-plugin -o yaml
