@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -23,12 +22,9 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	"github.com/go-logr/zapr"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -37,6 +33,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/gpu-injector/gpu-injector/config"
+	"github.com/gpu-injector/gpu-injector/internal/nodeagent"
 	"github.com/gpu-injector/gpu-injector/layout"
 )
 
@@ -108,20 +105,13 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	return o, nil
 }
 
-func newLogger(w io.Writer, verbosity int) logr.Logger {
-	enc := zap.NewProductionEncoderConfig()
-	enc.EncodeTime = zapcore.ISO8601TimeEncoder
-	core := zapcore.NewCore(zapcore.NewJSONEncoder(enc), zapcore.AddSync(w), zapcore.Level(-verbosity))
-	return zapr.NewLogger(zap.New(core))
-}
-
 // Run is the nodeprobe subcommand.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	o, err := parseFlags(args, stderr)
 	if err != nil {
 		return err
 	}
-	log := newLogger(stderr, o.verbosity)
+	log := nodeagent.NewLogger(stderr, o.verbosity)
 	cfg, err := config.Load(o.configFile)
 	if err != nil {
 		return err
@@ -332,10 +322,10 @@ func (d *daemon) run(ctx context.Context) error {
 	// not at the next interval.
 	d.probe.NVMLWatch.Returned = d.wakeUp
 	errc := make(chan error, 2)
-	if err := d.serve(ctx, d.opts.healthAddr, d.healthMux(), errc); err != nil {
+	if err := nodeagent.Serve(ctx, d.opts.healthAddr, d.healthMux(), errc); err != nil {
 		return err
 	}
-	if err := d.serve(ctx, d.opts.metricsAddr, promHandler(d.metrics), errc); err != nil {
+	if err := nodeagent.Serve(ctx, d.opts.metricsAddr, promHandler(d.metrics), errc); err != nil {
 		return err
 	}
 	hup := make(chan os.Signal, 1)
@@ -482,26 +472,4 @@ func (d *daemon) hung() (age, limit time.Duration, hung bool) {
 	}
 	age, limit = d.clock().Sub(time.Unix(0, since)), hangLimit(d.opts.interval, timeout)
 	return age, limit, age > limit
-}
-
-// serve listens now, so a bad address fails Run at once, and serves until ctx ends.
-func (d *daemon) serve(ctx context.Context, addr string, h http.Handler, errc chan<- error) error {
-	if addr == "" || addr == "0" {
-		return nil
-	}
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return fmt.Errorf("failed to listen on %q: %w", addr, err)
-	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
-	go func() {
-		<-ctx.Done()
-		_ = srv.Close()
-	}()
-	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			errc <- fmt.Errorf("failed to serve on %q: %w", addr, err)
-		}
-	}()
-	return nil
 }

@@ -24,6 +24,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 	"sigs.k8s.io/yaml"
 
+	"github.com/gpu-injector/gpu-injector/internal/nodeagent"
 	"github.com/gpu-injector/gpu-injector/layout"
 )
 
@@ -110,7 +111,7 @@ func TestDaemonOnce(t *testing.T) {
 		opts:    &options{nodeName: "gke-1"},
 		probe:   ProbeOptions{HostRoot: root, OpenNVML: openWith(fakeNVML(l.DriverVersion, 12020, h100))},
 		client:  c,
-		log:     newLogger(io.Discard, 0),
+		log:     nodeagent.NewLogger(io.Discard, 0),
 		metrics: newMetrics(),
 	}
 	health := httptest.NewServer(d.healthMux())
@@ -184,7 +185,7 @@ func TestDaemonLoop(t *testing.T) {
 		opts:    &options{nodeName: "gpu-1", interval: time.Hour, healthAddr: "127.0.0.1:0", metricsAddr: "0", hostRoot: root},
 		probe:   ProbeOptions{HostRoot: root, OpenNVML: noNVML},
 		client:  c,
-		log:     newLogger(io.Discard, 0),
+		log:     nodeagent.NewLogger(io.Discard, 0),
 		metrics: newMetrics(),
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -249,7 +250,7 @@ func TestDaemonHealthzFailsWhenAProbeHangs(t *testing.T) {
 		opts:    &options{nodeName: "gpu-1", interval: time.Minute, healthAddr: "0", metricsAddr: "0", hostRoot: root},
 		probe:   ProbeOptions{HostRoot: root, OpenNVML: openWith(fakeNVML(l.DriverVersion, 13000, h100))},
 		client:  c,
-		log:     newLogger(io.Discard, 0),
+		log:     nodeagent.NewLogger(io.Discard, 0),
 		metrics: newMetrics(),
 		now:     func() time.Time { return base.Add(time.Duration(offset.Load())) },
 	}
@@ -311,7 +312,7 @@ func wedgeDaemon(t *testing.T, c *fake.Clientset, timeout time.Duration) (d *dae
 		opts:    &options{nodeName: "gpu-1", interval: time.Hour, healthAddr: "0", metricsAddr: "0", hostRoot: root, nvmlTimeout: timeout},
 		probe:   ProbeOptions{HostRoot: root, OpenNVML: openWith(lib)},
 		client:  c,
-		log:     newLogger(io.Discard, 0),
+		log:     nodeagent.NewLogger(io.Discard, 0),
 		metrics: newMetrics(),
 	}
 	return d, inits, release

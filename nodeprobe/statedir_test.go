@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/gpu-injector/gpu-injector/internal/nodeagent"
 	"github.com/gpu-injector/gpu-injector/layout"
 	"github.com/gpu-injector/gpu-injector/nriplugin/statedir"
 )
@@ -26,7 +27,7 @@ func TestDaemonWritesTheLayoutForThePlugin(t *testing.T) {
 		opts:    &options{nodeName: "gpu-1", stateDir: dir},
 		probe:   ProbeOptions{HostRoot: root, OpenNVML: openWith(fakeNVML(l.DriverVersion, 13000, h100))},
 		client:  c,
-		log:     newLogger(io.Discard, 0),
+		log:     nodeagent.NewLogger(io.Discard, 0),
 		metrics: newMetrics(),
 	}
 	if err := d.once(context.Background(), d.log); err != nil {
@@ -78,7 +79,7 @@ func TestDaemonPublishesThePluginLabel(t *testing.T) {
 		opts:       &options{nodeName: "gpu-1", interval: time.Hour, healthAddr: "0", metricsAddr: "0", hostRoot: root, stateDir: dir},
 		probe:      ProbeOptions{HostRoot: root, OpenNVML: noNVML},
 		client:     c,
-		log:        newLogger(io.Discard, 0),
+		log:        nodeagent.NewLogger(io.Discard, 0),
 		metrics:    newMetrics(),
 		pluginPoll: 10 * time.Millisecond,
 	}

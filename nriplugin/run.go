@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"strings"
@@ -18,14 +17,12 @@ import (
 	nrilog "github.com/containerd/nri/pkg/log"
 	"github.com/containerd/nri/pkg/stub"
 	"github.com/go-logr/logr"
-	"github.com/go-logr/zapr"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 
 	"github.com/gpu-injector/gpu-injector/config"
+	"github.com/gpu-injector/gpu-injector/internal/nodeagent"
 	"github.com/gpu-injector/gpu-injector/layout"
 	"github.com/gpu-injector/gpu-injector/nriplugin/statedir"
 )
@@ -85,13 +82,6 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	return o, nil
 }
 
-func newLogger(w io.Writer, verbosity int) logr.Logger {
-	enc := zap.NewProductionEncoderConfig()
-	enc.EncodeTime = zapcore.ISO8601TimeEncoder
-	core := zapcore.NewCore(zapcore.NewJSONEncoder(enc), zapcore.AddSync(w), zapcore.Level(-verbosity))
-	return zapr.NewLogger(zap.New(core))
-}
-
 type metrics struct {
 	registry   *prometheus.Registry
 	containers *prometheus.CounterVec
@@ -134,7 +124,7 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	log := newLogger(stderr, o.verbosity)
+	log := nodeagent.NewLogger(stderr, o.verbosity)
 	cfg, err := config.Load(o.configFile)
 	if err != nil {
 		return err
@@ -175,10 +165,10 @@ func (s *server) run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	errc := make(chan error, 2)
-	if err := serve(ctx, s.opts.healthAddr, s.healthMux(), errc); err != nil {
+	if err := nodeagent.Serve(ctx, s.opts.healthAddr, s.healthMux(), errc); err != nil {
 		return err
 	}
-	if err := serve(ctx, s.opts.metricsAddr, promhttp.HandlerFor(s.metrics.registry, promhttp.HandlerOpts{}), errc); err != nil {
+	if err := nodeagent.Serve(ctx, s.opts.metricsAddr, promhttp.HandlerFor(s.metrics.registry, promhttp.HandlerOpts{}), errc); err != nil {
 		return err
 	}
 	// A file left by a plugin that was killed must not keep the label up.
@@ -346,28 +336,6 @@ func (s *server) healthMux() http.Handler {
 		_, _ = io.WriteString(w, "ok")
 	})
 	return mux
-}
-
-// serve listens now, so a bad address fails Run at once, and serves until ctx ends.
-func serve(ctx context.Context, addr string, h http.Handler, errc chan<- error) error {
-	if addr == "" || addr == "0" {
-		return nil
-	}
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return fmt.Errorf("failed to listen on %q: %w", addr, err)
-	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
-	go func() {
-		<-ctx.Done()
-		_ = srv.Close()
-	}()
-	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			errc <- fmt.Errorf("failed to serve on %q: %w", addr, err)
-		}
-	}()
-	return nil
 }
 
 // nriLogger sends the NRI library's messages to the plugin's log: its

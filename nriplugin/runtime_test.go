@@ -20,6 +20,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/gpu-injector/gpu-injector/config"
+	"github.com/gpu-injector/gpu-injector/internal/nodeagent"
 	"github.com/gpu-injector/gpu-injector/layout"
 	"github.com/gpu-injector/gpu-injector/nriplugin/statedir"
 )
@@ -137,8 +138,8 @@ func TestAgainstTheRuntime(t *testing.T) {
 
 	m := newMetrics()
 	s := &server{opts: &options{socket: sock, stateDir: dir, pluginIndex: "50", healthAddr: "0", metricsAddr: "0"},
-		log: newLogger(io.Discard, 0), metrics: m,
-		plugin: &Plugin{StateDir: dir, Rules: config.Default().Rules(), Log: newLogger(io.Discard, 0), Count: m.count}}
+		log: nodeagent.NewLogger(io.Discard, 0), metrics: m,
+		plugin: &Plugin{StateDir: dir, Rules: config.Default().Rules(), Log: nodeagent.NewLogger(io.Discard, 0), Count: m.count}}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- s.run(ctx) }()
