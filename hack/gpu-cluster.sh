@@ -823,11 +823,11 @@ if [[ $runtime == nri ]]; then
 	[[ -n $refusal ]] || refusal=$(tr '\n' ' ' <"$work/run.out")
 	workload_log "plugin off, baseline namespace: kubectl create the CUDA pod" cat "$work/run.out"
 	if [[ -n $nri_label ]]; then
-		record "plugin off: baseline refuses the hostPath pod" FAIL "the Node still has gpu-injector.io/nri-plugin=$nri_label ${t_gone}s after the upgrade"
+		record "plugin off: baseline refuses hostPath pod" FAIL "the Node still has gpu-injector.io/nri-plugin=$nri_label ${t_gone}s after the upgrade"
 	elif [[ $created -ne 0 && $refusal == *PodSecurity* && $refusal == *hostPath* ]]; then
-		record "plugin off: baseline refuses the hostPath pod" PASS "label gone ${t_gone}s after helm upgrade began; ${refusal:0:150}"
+		record "plugin off: baseline refuses hostPath pod" PASS "label gone ${t_gone}s after helm upgrade began; ${refusal:0:150}"
 	else
-		record "plugin off: baseline refuses the hostPath pod" FAIL "kubectl create exit $created, want a PodSecurity refusal naming hostPath: ${refusal:0:200}"
+		record "plugin off: baseline refuses hostPath pod" FAIL "kubectl create exit $created, want a PodSecurity refusal naming hostPath: ${refusal:0:200}"
 		run "$kubectl" get pod -n "$NS" cuda-smoke-no-plugin -o yaml
 	fi
 fi
