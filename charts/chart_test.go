@@ -423,7 +423,7 @@ func TestRender(t *testing.T) {
 				if !reflect.DeepEqual(c.Args, wantArgs) {
 					t.Errorf("webhook args:\n got %q\nwant %q", c.Args, wantArgs)
 				}
-				if len(c.Env) != 1 || c.Env[0].Name != "POD_NAMESPACE" || c.Env[0].ValueFrom == nil ||
+				if len(c.Env) != 2 || c.Env[0].Name != "POD_NAMESPACE" || c.Env[0].ValueFrom == nil ||
 					c.Env[0].ValueFrom.FieldRef == nil || c.Env[0].ValueFrom.FieldRef.FieldPath != "metadata.namespace" {
 					t.Errorf("webhook env = %+v", c.Env)
 				}
@@ -1328,5 +1328,48 @@ func TestSchemaRejects(t *testing.T) {
 				t.Errorf("helm refused --set %s, but not by the schema: %v", set, err)
 			}
 		})
+	}
+}
+
+// TestMemoryLimitEnv: each Go container learns its memory limit in bytes from the
+// downward API, from which the binary sets the Go runtime's soft limit
+// (internal/nodeagent.SetMemoryLimit); the chart sets no GOMEMLIMIT, which would win.
+func TestMemoryLimitEnv(t *testing.T) {
+	r := render(t, with(kube136, "runtimeInjection.enabled=true"))
+	specs := r.podSpecs(t)
+	for _, want := range []struct{ workload, container string }{
+		{"webhook", "webhook"}, {"nodeprobe", "nodeprobe"}, {"nodeprobe", "nri-plugin"},
+	} {
+		var spec corev1.PodTemplateSpec
+		found := false
+		for name, s := range specs {
+			if strings.HasSuffix(name, want.workload) {
+				spec, found = s, true
+			}
+		}
+		if !found {
+			t.Fatalf("no %s workload rendered; have %v", want.workload, r.names())
+		}
+		c := container(t, spec, want.container)
+		if c.Resources.Limits.Memory().IsZero() {
+			t.Errorf("%s: no memory limit, so the downward API would give the node's memory", c.Name)
+		}
+		var env *corev1.EnvVar
+		for i := range c.Env {
+			switch c.Env[i].Name {
+			case "GPU_INJECTOR_MEMORY_LIMIT":
+				env = &c.Env[i]
+			case "GOMEMLIMIT":
+				t.Errorf("%s: GOMEMLIMIT set (%+v): it would override the limit derived from the container's", c.Name, c.Env[i])
+			}
+		}
+		if env == nil || env.ValueFrom == nil || env.ValueFrom.ResourceFieldRef == nil {
+			t.Errorf("%s: GPU_INJECTOR_MEMORY_LIMIT = %+v, want the downward API's limits.memory", c.Name, env)
+			continue
+		}
+		ref := env.ValueFrom.ResourceFieldRef
+		if ref.Resource != "limits.memory" || ref.ContainerName != c.Name || ref.Divisor.String() != "1" {
+			t.Errorf("%s: GPU_INJECTOR_MEMORY_LIMIT from %+v, want limits.memory of this container in bytes (divisor 1)", c.Name, ref)
+		}
 	}
 }

@@ -112,6 +112,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	log := nodeagent.NewLogger(stderr, o.verbosity)
+	nodeagent.SetMemoryLimit(log)
 	cfg, err := config.Load(o.configFile)
 	if err != nil {
 		return err

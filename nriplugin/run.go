@@ -125,6 +125,7 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	log := nodeagent.NewLogger(stderr, o.verbosity)
+	nodeagent.SetMemoryLimit(log)
 	cfg, err := config.Load(o.configFile)
 	if err != nil {
 		return err

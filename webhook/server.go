@@ -39,6 +39,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	"github.com/gpu-injector/gpu-injector/config"
+	"github.com/gpu-injector/gpu-injector/internal/nodeagent"
 	"github.com/gpu-injector/gpu-injector/version"
 	"github.com/gpu-injector/gpu-injector/webhook/gpunodes"
 )
@@ -135,6 +136,9 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	log := newLogger(o, stderr)
 	logf.SetLogger(log)
 	klog.SetLogger(log)
+	// Before the first list of Nodes, whose garbage would otherwise grow the
+	// heap past the container's limit (docs/helm.md, "Memory").
+	nodeagent.SetMemoryLimit(log)
 
 	cfg, err := config.Load(o.configFile)
 	if err != nil {
