@@ -7,12 +7,16 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	jsonpatch "github.com/evanphx/json-patch/v5"
 	jsonpatchops "gomodules.xyz/jsonpatch/v2"
+
+	"github.com/gpu-injector/gpu-injector/internal/nodeagent"
 )
 
 func TestCELPatch(t *testing.T) {
@@ -131,5 +135,65 @@ controller_runtime_webhook_latency_seconds_count{webhook="/mutate-v1-pod"} 1000
 	}
 	if len(m) != len(want)+1 {
 		t.Errorf("scraped %v, want the five gauges and the webhook's latency", m)
+	}
+}
+
+func TestParseFlags(t *testing.T) {
+	o, err := parseFlags([]string{"-memory-only", "-nodes", "65000,5000,20000", "-memory-limit", "none,256Mi"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(o.nodeCounts, []int{5000, 20000, 65000}) || o.nodes != 5000 {
+		t.Errorf("nodes %d, counts %v: want the sizes ascending", o.nodes, o.nodeCounts)
+	}
+	if !slices.Equal(o.memoryLimits, []int64{0, 256 << 20}) {
+		t.Errorf("limits %v", o.memoryLimits)
+	}
+	if o, err := parseFlags(nil); err != nil || o.nodes != 5000 || o.memoryOnly || !slices.Equal(o.memoryLimits, []int64{0}) {
+		t.Errorf("defaults: %+v, %v", o, err)
+	}
+	for name, args := range map[string][]string{
+		"too many nodes":               {"-nodes", "65001"},
+		"no nodes":                     {"-nodes", "0"},
+		"twice the same size":          {"-memory-only", "-nodes", "5000,5000"},
+		"several sizes, admission run": {"-nodes", "5000,20000"},
+		"a limit, admission run":       {"-memory-limit", "256Mi"},
+		"a bad limit":                  {"-memory-only", "-memory-limit", "lots"},
+		"no node workers":              {"-node-workers", "0"},
+	} {
+		if _, err := parseFlags(args); err == nil {
+			t.Errorf("%s: %q accepted", name, args)
+		}
+	}
+}
+
+func TestWebhookEnv(t *testing.T) {
+	base := []string{"PATH=/bin", nodeagent.MemoryLimitEnv + "=1"}
+	if got := webhookEnv(base, 0); !slices.Equal(got, []string{"PATH=/bin"}) {
+		t.Errorf("no limit: %q", got)
+	}
+	if got := webhookEnv(base, 256<<20); !slices.Equal(got, []string{"PATH=/bin", nodeagent.MemoryLimitEnv + "=268435456"}) {
+		t.Errorf("256Mi: %q", got)
+	}
+	if base[1] != nodeagent.MemoryLimitEnv+"=1" {
+		t.Errorf("the caller's environment changed: %q", base)
+	}
+}
+
+func TestProcCPUReadsItsOwnProcess(t *testing.T) {
+	// Spend some CPU, so that the figure is above zero ticks.
+	deadline := time.Now().Add(50 * time.Millisecond)
+	for n := 0; time.Now().Before(deadline); n++ {
+		_ = strconv.Itoa(n)
+	}
+	d, err := procCPU(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d <= 0 || d > time.Hour {
+		t.Errorf("implausible CPU time %s", d)
+	}
+	if exited(os.Getpid()) {
+		t.Error("this process is said to have exited")
 	}
 }

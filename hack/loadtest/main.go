@@ -7,9 +7,12 @@
 // server-side dry-run creates of small, medium and large GPU pods at each
 // concurrency and prints client p50/p99, pods/s and the API server's own mean
 // admission time for each. Bounded in requests and time; docs/benchmarks.md
-// records its figures.
+// records its figures. With -memory-only it measures only the webhook's
+// memory as it reads the first list of Nodes, for each of several cluster
+// sizes and container limits.
 //
 //	go run ./hack/loadtest -nodes 5000 -requests 300
+//	go run ./hack/loadtest -memory-only -nodes 5000,20000,65000 -memory-limit none,256Mi
 package main
 
 import (
@@ -20,17 +23,32 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/resource"
+
 	"github.com/gpu-injector/gpu-injector/e2e/cluster"
 	"github.com/gpu-injector/gpu-injector/layout"
 )
 
+// maxNodes is the most nodes a run creates: past Kubernetes' tested 5,000
+// nodes, up to the largest clusters that providers offer (65,000).
+const maxNodes = 65000
+
 type options struct {
-	nodes        int
+	nodes int
+	// nodeCounts are the cluster sizes that -memory-only measures, ascending;
+	// nodes is the first.
+	nodeCounts []int
+	// memoryLimits are the container limits in bytes that -memory-only
+	// gives the webhook, as the chart does; 0 is none.
+	memoryLimits []int64
+	memoryOnly   bool
+	readyTimeout time.Duration
 	requests     int
 	warmup       int
 	cellTimeout  time.Duration
@@ -68,8 +86,11 @@ func main() {
 func parseFlags(args []string) (*options, error) {
 	fs := flag.NewFlagSet("loadtest", flag.ContinueOnError)
 	o := &options{}
-	var sizes, conc, variants string
-	fs.IntVar(&o.nodes, "nodes", 5000, "GPU nodes to create")
+	var sizes, conc, variants, nodes, limits string
+	fs.StringVar(&nodes, "nodes", "5000", fmt.Sprintf("GPU nodes to create, 1..%d; with -memory-only, a comma-separated list of cluster sizes, measured one after another on the same API server (the nodes are added)", maxNodes))
+	fs.BoolVar(&o.memoryOnly, "memory-only", false, "measure only the webhook's memory: for each -nodes and -memory-limit, start it, wait until it is ready, and read its resident set (idle and high-water mark) and Go heap; no admission cells")
+	fs.StringVar(&limits, "memory-limit", "none", "with -memory-only: comma-separated container memory limits (Kubernetes quantities, e.g. 256Mi; none: no limit) that the webhook is told of as the chart tells it (GPU_INJECTOR_MEMORY_LIMIT), so it sets the Go runtime's soft limit below each; the process itself is not confined")
+	fs.DurationVar(&o.readyTimeout, "ready-timeout", 5*time.Minute, "how long the webhook may take to list the nodes and become ready")
 	fs.BoolVar(&o.nri, "nri", false, "every node has gpu-injector's NRI plugin registered (label "+layout.LabelNRIPlugin+"), so gpu-injector injects at the runtime")
 	fs.IntVar(&o.requests, "requests", 300, "measured requests per cell (variant x size x concurrency)")
 	fs.IntVar(&o.warmup, "warmup", 30, "unmeasured requests before each cell")
@@ -83,7 +104,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&o.cacheDir, "bin", "", "folder of the cluster binaries (default: hack/tools.sh's cache, ~/.cache/gpu-injector)")
 	fs.BoolVar(&o.keep, "keep", false, "keep the run's folder (logs, certificates, etcd)")
 	fs.StringVar(&o.out, "o", "", "also write the table to this file")
-	fs.IntVar(&o.nodeWorkers, "node-workers", 32, "concurrent requests while creating nodes")
+	fs.IntVar(&o.nodeWorkers, "node-workers", 64, "concurrent requests while creating nodes (three requests a node, without client-side rate limit)")
 	fs.StringVar(&o.profileDir, "profile", "", "write a CPU profile of gpu-injector for each of its cells into this folder (go tool pprof reads them)")
 	fs.DurationVar(&o.profileTime, "profile-time", 10*time.Second, "length of each CPU profile; a cell that ends sooner waits for it")
 	if err := fs.Parse(args); err != nil {
@@ -108,10 +129,64 @@ func parseFlags(args []string) (*options, error) {
 		}
 		o.concurrency = append(o.concurrency, n)
 	}
-	if o.nodes < 1 || o.nodes > 20000 || o.requests < 1 || o.requests > 100000 {
-		return nil, errors.New("-nodes must be 1..20000 and -requests 1..100000")
+	var err error
+	if o.nodeCounts, err = parseNodeCounts(nodes); err != nil {
+		return nil, err
+	}
+	o.nodes = o.nodeCounts[0]
+	if len(o.nodeCounts) > 1 && !o.memoryOnly {
+		return nil, errors.New("several -nodes need -memory-only: the admission cells measure one cluster size")
+	}
+	if o.memoryLimits, err = parseMemoryLimits(limits); err != nil {
+		return nil, err
+	}
+	if !o.memoryOnly && (len(o.memoryLimits) != 1 || o.memoryLimits[0] != 0) {
+		return nil, errors.New("-memory-limit needs -memory-only")
+	}
+	if o.requests < 1 || o.requests > 100000 {
+		return nil, errors.New("-requests must be 1..100000")
+	}
+	if o.nodeWorkers < 1 || o.nodeWorkers > 1024 {
+		return nil, errors.New("-node-workers must be 1..1024")
 	}
 	return o, nil
+}
+
+// parseNodeCounts reads -nodes: cluster sizes, each 1..maxNodes, which it
+// sorts, since each size adds nodes to the one before.
+func parseNodeCounts(v string) ([]int, error) {
+	var counts []int
+	for _, s := range strings.Split(v, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n < 1 || n > maxNodes {
+			return nil, fmt.Errorf("bad -nodes %q: want numbers 1..%d, comma-separated", s, maxNodes)
+		}
+		if slices.Contains(counts, n) {
+			return nil, fmt.Errorf("-nodes names %d twice", n)
+		}
+		counts = append(counts, n)
+	}
+	slices.Sort(counts)
+	return counts, nil
+}
+
+// parseMemoryLimits reads -memory-limit: Kubernetes quantities, "none" or 0
+// for no limit, in the order given.
+func parseMemoryLimits(v string) ([]int64, error) {
+	var limits []int64
+	for _, s := range strings.Split(v, ",") {
+		s = strings.TrimSpace(s)
+		if s == "none" {
+			limits = append(limits, 0)
+			continue
+		}
+		q, err := resource.ParseQuantity(s)
+		if err != nil || q.Sign() < 0 {
+			return nil, fmt.Errorf("bad -memory-limit %q: want quantities such as 256Mi, or none", s)
+		}
+		limits = append(limits, q.Value())
+	}
+	return limits, nil
 }
 
 func contains[T comparable](s []T, v T) bool {
@@ -156,17 +231,24 @@ func runAll(ctx context.Context, o *options) (err error) {
 	if err != nil {
 		return err
 	}
-	r, err := newRun(ctx, o, dir, cp)
-	if r != nil {
-		defer r.close()
+	var table string
+	if o.memoryOnly {
+		if table, err = measureMemory(ctx, o, dir, cp); err != nil {
+			return err
+		}
+	} else {
+		r, err := newRun(ctx, o, dir, cp)
+		if r != nil {
+			defer r.close()
+		}
+		if err != nil {
+			return err
+		}
+		if err := r.measure(ctx); err != nil {
+			return err
+		}
+		table = r.table()
 	}
-	if err != nil {
-		return err
-	}
-	if err := r.measure(ctx); err != nil {
-		return err
-	}
-	table := r.table()
 	fmt.Println(table)
 	if o.out != "" {
 		if err := os.WriteFile(o.out, []byte(table), 0o644); err != nil {

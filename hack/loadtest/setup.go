@@ -24,6 +24,8 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/gpu-injector/gpu-injector/config"
 	"github.com/gpu-injector/gpu-injector/e2e/cluster"
@@ -85,7 +87,7 @@ func newRun(ctx context.Context, o *options, dir string, cp *controlPlane) (*run
 	if err := r.namespaces(ctx); err != nil {
 		return r, err
 	}
-	if err := r.createNodes(ctx); err != nil {
+	if err := r.createNodes(ctx, 0, o.nodes); err != nil {
 		return r, err
 	}
 	if err := r.ourPatches(); err != nil {
@@ -189,14 +191,25 @@ func (r *run) namespaces(ctx context.Context) error {
 	return err
 }
 
-// createNodes registers the nodes as kubelets would: created with the
+// createNodes registers nodes from..to-1 as kubelets would: created with the
 // not-ready taint, then Ready through the status subresource, then the taint
 // lifted as the node lifecycle controller would.
-func (r *run) createNodes(ctx context.Context) error {
+func (r *run) createNodes(ctx context.Context, from, to int) error {
 	start := time.Now()
-	progress("creating %d GPU nodes", r.o.nodes)
-	cs := r.cp.client.CoreV1().Nodes()
-	var next, done atomic.Int64
+	progress("creating GPU nodes %d to %d", from, to-1)
+	// Without the client's rate limit (the control plane's client allows
+	// 1,000 requests/s: 65,000 nodes would take over three minutes at it);
+	// -node-workers bounds the requests in flight.
+	cfg := rest.CopyConfig(r.cp.rest)
+	cfg.QPS, cfg.Burst = -1, 0
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return fmt.Errorf("failed to create the node client: %w", err)
+	}
+	cs := client.CoreV1().Nodes()
+	var done atomic.Int64
+	var next atomic.Int64
+	next.Store(int64(from))
 	var wg sync.WaitGroup
 	errs := make(chan error, r.o.nodeWorkers)
 	lift := []byte(`{"spec":{"taints":null}}`)
@@ -206,7 +219,7 @@ func (r *run) createNodes(ctx context.Context) error {
 			defer wg.Done()
 			for {
 				i := int(next.Add(1) - 1)
-				if i >= r.o.nodes || ctx.Err() != nil {
+				if i >= to || ctx.Err() != nil {
 					return
 				}
 				n, err := cs.Create(ctx, r.withPlugin(workload.Node(i)), metav1.CreateOptions{})
@@ -227,8 +240,8 @@ func (r *run) createNodes(ctx context.Context) error {
 					errs <- fmt.Errorf("failed to register node %d: %w", i, err)
 					return
 				}
-				if d := done.Add(1); d%1000 == 0 {
-					progress("%d nodes", d)
+				if d := done.Add(1); d%5000 == 0 {
+					progress("%d nodes", int64(from)+d)
 				}
 			}
 		}()
@@ -238,7 +251,8 @@ func (r *run) createNodes(ctx context.Context) error {
 	if err := <-errs; err != nil {
 		return err
 	}
-	progress("%d nodes in %s", r.o.nodes, time.Since(start).Round(time.Second))
+	d := time.Since(start)
+	progress("%d nodes in %s (%.0f nodes/s)", to-from, d.Round(time.Second), float64(to-from)/d.Seconds())
 	return nil
 }
 
@@ -287,60 +301,11 @@ func (r *run) ourPatches() error {
 }
 
 func (r *run) startWebhook(ctx context.Context) error {
-	bin := r.o.binary
-	if bin == "" {
-		bin = filepath.Join(r.dir, "gpu-injector")
-		progress("building gpu-injector as the image does (go build -trimpath -ldflags '-s -w')")
-		// Stripped as in the image: the binary's mapped pages are part of
-		// the resident memory the table reports.
-		cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags", "-s -w", "-o", bin, ".")
-		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-		if err := cmd.Run(); err != nil {
-			return fmt.Errorf("failed to build gpu-injector: %w", err)
-		}
-	}
-	ports, err := freePorts(4)
+	readyIn, err := r.launchWebhook(ctx, "webhook", nil)
 	if err != nil {
 		return err
 	}
-	r.webhookURL = fmt.Sprintf("https://127.0.0.1:%d/mutate-v1-pod", ports[0])
-	r.webhookMetrics = fmt.Sprintf("http://127.0.0.1:%d/metrics", ports[1])
-	ready := fmt.Sprintf("http://127.0.0.1:%d/readyz", ports[2])
-	args := []string{"webhook",
-		"--cert-mode=external", "--cert-dir=" + r.certDir,
-		fmt.Sprintf("--port=%d", ports[0]),
-		"--config=" + filepath.Join(r.dir, "config.yaml"),
-		"--kubeconfig=" + r.cp.kubeconfig,
-		"--namespace=" + env.Namespace,
-		fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", ports[1]),
-		fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", ports[2]),
-	}
-	if r.o.profileDir != "" {
-		r.webhookPprof = fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/profile", ports[3])
-		args = append(args, fmt.Sprintf("--pprof-bind-address=127.0.0.1:%d", ports[3]))
-	}
-	if r.webhookProc, err = startProcess(r.dir, "webhook", bin, args...); err != nil {
-		return err
-	}
-	start := time.Now()
-	for {
-		resp, err := httpGet(ctx, http.DefaultClient, ready)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				break
-			}
-		}
-		if time.Since(start) > 2*time.Minute {
-			return fmt.Errorf("the webhook is not ready after 2m; see %s", filepath.Join(r.dir, "webhook.log"))
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
-	progress("webhook ready in %s with %d nodes cached", time.Since(start).Round(time.Millisecond), r.o.nodes)
+	progress("webhook ready in %s with %d nodes cached", readyIn.Round(time.Millisecond), r.o.nodes)
 	// Idle: after the initial list, once the garbage of decoding it is gone
 	// (the Go runtime returns freed memory to the OS over minutes, so this
 	// forces nothing and waits a little).
@@ -360,6 +325,92 @@ func (r *run) startWebhook(ctx context.Context) error {
 		progress("heap profile of the idle webhook: %s", file)
 	}
 	return nil
+}
+
+// webhookBinary is -gpu-injector, or a binary built as the image's is.
+func (r *run) webhookBinary(ctx context.Context) (string, error) {
+	if r.o.binary != "" {
+		return r.o.binary, nil
+	}
+	bin := filepath.Join(r.dir, "gpu-injector")
+	progress("building gpu-injector as the image does (go build -trimpath -ldflags '-s -w')")
+	// Stripped as in the image: the binary's mapped pages are part of
+	// the resident memory the table reports.
+	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags", "-s -w", "-o", bin, ".")
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("failed to build gpu-injector: %w", err)
+	}
+	r.o.binary = bin
+	return bin, nil
+}
+
+// launchWebhook starts gpu-injector webhook, its log in name.log and environ
+// (nil: this process's) its environment, and waits until it is ready: until
+// it has listed every Node. It returns how long that took.
+func (r *run) launchWebhook(ctx context.Context, name string, environ []string) (time.Duration, error) {
+	bin, err := r.webhookBinary(ctx)
+	if err != nil {
+		return 0, err
+	}
+	ports, err := freePorts(4)
+	if err != nil {
+		return 0, err
+	}
+	r.webhookURL = fmt.Sprintf("https://127.0.0.1:%d/mutate-v1-pod", ports[0])
+	r.webhookMetrics = fmt.Sprintf("http://127.0.0.1:%d/metrics", ports[1])
+	ready := fmt.Sprintf("http://127.0.0.1:%d/readyz", ports[2])
+	args := []string{"webhook",
+		"--cert-mode=external", "--cert-dir=" + r.certDir,
+		fmt.Sprintf("--port=%d", ports[0]),
+		"--config=" + filepath.Join(r.dir, "config.yaml"),
+		"--kubeconfig=" + r.cp.kubeconfig,
+		"--namespace=" + env.Namespace,
+		fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", ports[1]),
+		fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", ports[2]),
+		// Nothing routes requests to it when it stops.
+		"--shutdown-delay=0s",
+	}
+	if r.o.profileDir != "" {
+		r.webhookPprof = fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/profile", ports[3])
+		args = append(args, fmt.Sprintf("--pprof-bind-address=127.0.0.1:%d", ports[3]))
+	}
+	if r.webhookProc, err = startProcessEnv(r.dir, name, bin, environ, args...); err != nil {
+		return 0, err
+	}
+	log := filepath.Join(r.dir, name+".log")
+	start := time.Now()
+	for {
+		resp, err := httpGet(ctx, http.DefaultClient, ready)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return time.Since(start), nil
+			}
+		}
+		if exited(r.webhookProc.Process.Pid) {
+			return 0, fmt.Errorf("the webhook exited before it was ready; see %s", log)
+		}
+		if time.Since(start) > r.o.readyTimeout {
+			return 0, fmt.Errorf("the webhook is not ready after %s; see %s", r.o.readyTimeout, log)
+		}
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// exited says whether a child process has ended (a zombie until waited for).
+func exited(pid int) bool {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	// pid (comm) state ...: comm may hold spaces, the state follows its ")".
+	_, rest, _ := strings.Cut(string(data), ") ")
+	return strings.HasPrefix(rest, "Z") || strings.HasPrefix(rest, "X")
 }
 
 // fetchToFile writes the body of an HTTP GET to file.
