@@ -240,7 +240,7 @@ func (r *run) createNodes(ctx context.Context, from, to int) error {
 					errs <- fmt.Errorf("failed to register node %d: %w", i, err)
 					return
 				}
-				if d := done.Add(1); d%5000 == 0 {
+				if d := done.Add(1); d%5000 == 0 && d < int64(to-from) {
 					progress("%d nodes", int64(from)+d)
 				}
 			}
