@@ -31,7 +31,7 @@ type fuzzWorld struct {
 func loadFuzzWorld(tb testing.TB) *fuzzWorld {
 	tb.Helper()
 	w := &fuzzWorld{cfgs: []*config.Configuration{config.Default()}, nsLabels: []map[string]string{nil}}
-	for _, f := range []string{"nodes.yaml", "nodes-hostile.yaml"} {
+	for _, f := range []string{"nodes.yaml", "nodes-hostile.yaml", "nodes-nri.yaml"} {
 		w.nodes = append(w.nodes, gputest.LoadNodes(tb, filepath.Join("testdata", f))...)
 	}
 	inputs, err := filepath.Glob("testdata/*.yaml")

@@ -36,10 +36,18 @@ type runtimeDecision struct {
 // served by registered plugins. Where only some are, the pod is pinned to
 // those only when hostPath is no choice (Pod Security, or driverDelivery:
 // Runtime): a pin on a label of the probe is one an autoscaler does not know.
-func (m matcher) runtimeChoice(pod *corev1.Pod, layouts []*Layout, prev *layout.Injected, forbidsHostPath bool, legacy []legacyMount, renamed []corev1.ResourceName, need *gpuNeed) runtimeDecision {
+func (m matcher) runtimeChoice(pod *corev1.Pod, targets []containerRef, layouts []*Layout, prev *layout.Injected, forbidsHostPath bool, legacy []legacyMount, renamed []corev1.ResourceName, need *gpuNeed) runtimeDecision {
 	cfg := m.cfg
 	again := prev != nil && prev.Runtime != ""
+	names := make([]string, 0, len(targets))
+	for _, ref := range targets {
+		names = append(names, ref.get(pod).Name)
+	}
 	switch {
+	case !again && !markable(names):
+		// The API server refuses such a pod after admission anyway; a marker
+		// the plugin cannot read would only hide why.
+		return runtimeDecision{why: "its containers' names are not all distinct DNS labels"}
 	case again:
 		// A reinvocation: the pod keeps the way it was given its driver.
 	case cfg.DriverDelivery == config.DeliveryHostPath:
@@ -93,6 +101,13 @@ func (m matcher) runtimeChoice(pod *corev1.Pod, layouts []*Layout, prev *layout.
 		return d
 	}
 	return runtimeDecision{why: fmt.Sprintf("%d of the layouts the pod can use have nodes without gpu-injector's NRI plugin", others)}
+}
+
+// markable reports whether containers can be named in a marker the plugin
+// reads: DNS labels, each once.
+func markable(names []string) bool {
+	_, err := layout.ParseRuntimeMarker(layout.FormatRuntimeMarker(names))
+	return err == nil
 }
 
 // injectRuntime marks the pod for the nodes' NRI plugin: which containers

@@ -241,9 +241,10 @@ func CheckMutation(t *testing.T, pod *corev1.Pod, nsLabels map[string]string, la
 			t.Fatalf("added volume %q mounts %s, outside the allowlist", v.Name, v.HostPath.Path)
 		}
 	}
-	if res.Layout != nil && res.Layout.Static == "" {
+	if res.Layout != nil && res.Layout.Static == "" && !res.Layout.Runtime {
 		CheckPlanSafe(t, res.Layout.Plan, cfg)
 	}
+	checkRuntimeMarker(t, pod, res)
 	ours := map[string]bool{}
 	for k := range added {
 		ours[k] = true
@@ -399,4 +400,42 @@ func LoadNodes(t testing.TB, file string) []corev1.Node {
 		nodes = append(nodes, n)
 	}
 	return nodes
+}
+
+// checkRuntimeMarker: a pod injected at the runtime names in its marker only
+// containers it has, and requires the NRI plugin for each; a pod given
+// hostPath volumes carries no marker, whatever its author wrote.
+func checkRuntimeMarker(t *testing.T, pod *corev1.Pod, res inject.Result) {
+	t.Helper()
+	if res.Layout == nil {
+		return
+	}
+	marker, marked := pod.Annotations[layout.AnnotationRuntimeInject]
+	if !res.Layout.Runtime {
+		if marked {
+			t.Fatalf("a pod given hostPath volumes keeps the runtime marker %q", marker)
+		}
+		return
+	}
+	names, err := layout.ParseRuntimeMarker(marker)
+	if err != nil {
+		t.Fatalf("the runtime marker the webhook wrote does not parse: %v", err)
+	}
+	for _, n := range names {
+		if !slices.ContainsFunc(inject.AllContainers(pod), func(c *corev1.Container) bool { return c.Name == n }) {
+			t.Fatalf("the runtime marker names %q, no container of the pod", n)
+		}
+		key := layout.AnnotationNRIRequiredPlugins + "/container." + n
+		if _, ok := pod.Annotations[key]; !ok {
+			key = layout.AnnotationNRIRequiredPlugins + "/pod"
+		}
+		if !strings.Contains(pod.Annotations[key], layout.NRIPluginName) {
+			t.Fatalf("container %q is marked but %s does not require %s", n, key, layout.NRIPluginName)
+		}
+	}
+	if fp, ok := pod.Spec.NodeSelector[layout.LabelFingerprint]; ok {
+		if prev, _ := inject.PreviousInjection(pod); prev == nil || prev.Runtime == "" {
+			t.Fatalf("a pod injected at the runtime is pinned to layout %s", fp)
+		}
+	}
 }
