@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -26,6 +27,10 @@ type memoryRow struct {
 	limit, soft int64
 	source      string
 	readyIn     time.Duration
+	// notReady: it was still not ready at -ready-timeout, when the row was
+	// read (a soft limit below what is live makes the collector run
+	// without pause).
+	notReady bool
 	// cpu is the process's CPU time from its start until idle: what the
 	// collector spends to stay under a soft limit shows here.
 	cpu time.Duration
@@ -92,19 +97,28 @@ func (r *run) memoryRow(ctx context.Context, nodes int, limit int64) (memoryRow,
 	if row.source == "GOMEMLIMIT" {
 		row.source = "GOMEMLIMIT=" + getenv("GOMEMLIMIT")
 	}
-	if row.readyIn, err = r.launchWebhook(ctx, fmt.Sprintf("webhook-%d-%s", nodes, limitName(limit)), environ); err != nil {
-		return row, err
+	row.readyIn, err = r.launchWebhook(ctx, fmt.Sprintf("webhook-%d-%s", nodes, limitName(limit)), environ)
+	if r.webhookProc != nil {
+		defer func() {
+			stopProcess(r.webhookProc)
+			r.webhookProc = nil
+		}()
 	}
-	defer func() {
-		stopProcess(r.webhookProc)
-		r.webhookProc = nil
-	}()
-	// Idle, as the admission run reads it: the webhook returned the first
-	// list's peak to the OS when the list ended.
-	select {
-	case <-ctx.Done():
-		return row, ctx.Err()
-	case <-time.After(5 * time.Second):
+	switch {
+	case errors.Is(err, errNotReady):
+		// The row says so, and the next one runs.
+		progress("%d nodes, limit %s: %v", nodes, limitName(limit), err)
+		row.notReady, row.readyIn = true, r.o.readyTimeout
+	case err != nil:
+		return row, err
+	default:
+		// Idle, as the admission run reads it: the webhook returned the
+		// first list's peak to the OS when the list ended.
+		select {
+		case <-ctx.Done():
+			return row, ctx.Err()
+		case <-time.After(5 * time.Second):
+		}
 	}
 	pid := r.webhookProc.Process.Pid
 	if row.idle, err = procMemory(pid); err != nil {
@@ -115,6 +129,9 @@ func (r *run) memoryRow(ctx context.Context, nodes int, limit int64) (memoryRow,
 	}
 	g, err := scrapeURL(ctx, http.DefaultClient, r.webhookMetrics, "")
 	if err != nil {
+		if row.notReady {
+			return row, nil
+		}
 		return row, err
 	}
 	row.heapInUse, row.heapLive, row.heapGoal = g[heapInUse][0], g[heapLive][0], g[heapGoal][0]
@@ -189,11 +206,15 @@ func memoryTable(rows []memoryRow) string {
 				within = fmt.Sprintf("yes (%.0f %%)", float64(x.idle.hwm*1024)/float64(x.limit)*100)
 			}
 		}
-		fmt.Fprintf(&b, "| %d | %s | %s | %.1f | %.1f | %.1f | %s | %.1f | %.1f anonymous + %.1f files | %.1f / %.1f / %.1f |\n",
-			x.nodes, limitName(x.limit), soft, x.readyIn.Seconds(), x.cpu.Seconds(), kib(x.idle.hwm), within,
+		ready := fmt.Sprintf("%.1f", x.readyIn.Seconds())
+		if x.notReady {
+			ready = fmt.Sprintf("not in %.0f", x.readyIn.Seconds())
+		}
+		fmt.Fprintf(&b, "| %d | %s | %s | %s | %.1f | %.1f | %s | %.1f | %.1f anonymous + %.1f files | %.1f / %.1f / %.1f |\n",
+			x.nodes, limitName(x.limit), soft, ready, x.cpu.Seconds(), kib(x.idle.hwm), within,
 			kib(x.idle.rss), kib(x.idle.anon), kib(x.idle.file), mib(x.heapInUse), mib(x.heapLive), mib(x.heapGoal))
 	}
 	b.WriteString("\nThe high-water mark is the first list's peak: the resident set, the binary's mapped pages included, as a container's cgroup counts it. " +
-		"The process is not confined: \"within the limit\" says whether the kernel would have let it live.\n")
+		"The process is not confined: \"within the limit\" says whether the kernel would have let it live; a row not ready in time was read when the time ran out.\n")
 	return b.String()
 }

@@ -392,7 +392,7 @@ func (r *run) launchWebhook(ctx context.Context, name string, environ []string) 
 			return 0, fmt.Errorf("the webhook exited before it was ready; see %s", log)
 		}
 		if time.Since(start) > r.o.readyTimeout {
-			return 0, fmt.Errorf("the webhook is not ready after %s; see %s", r.o.readyTimeout, log)
+			return 0, fmt.Errorf("%w after %s; see %s", errNotReady, r.o.readyTimeout, log)
 		}
 		select {
 		case <-ctx.Done():
@@ -401,6 +401,9 @@ func (r *run) launchWebhook(ctx context.Context, name string, environ []string) 
 		}
 	}
 }
+
+// errNotReady: the webhook did not turn ready within -ready-timeout.
+var errNotReady = errors.New("the webhook is not ready")
 
 // exited says whether a child process has ended (a zombie until waited for).
 func exited(pid int) bool {
