@@ -21,7 +21,7 @@ build: ## build bin/gpu-injector (cgo, for NVML)
 	CGO_ENABLED=1 go build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/gpu-injector .
 
 .PHONY: image
-image: ## the container image without Docker: _output/gpu-injector-image.tar (this machine, docker-archive) and _output/gpu-injector-image-oci.tar (linux/amd64 + linux/arm64 OCI index; installs the arm64 cross compiler if missing)
+image: ## the container image without Docker (go-containerregistry): _output/gpu-injector-image.tar (this machine, docker-archive) and _output/gpu-injector-image-oci.tar (linux/amd64 + linux/arm64 index, OCI image layout tar; reproducible, SOURCE_DATE_EPOCH; installs the arm64 cross compiler if missing)
 	go run ./hack/image -o _output/gpu-injector-image.tar -oci _output/gpu-injector-image-oci.tar
 
 .PHONY: test

@@ -1,26 +1,28 @@
 // Command image builds gpu-injector's container image without a Docker
-// engine: the cgo binary, the glibc files it links (it loads the host's NVML
-// with dlopen), nothing else. The result is a docker-archive tar, which
-// `docker load`, `ctr images import`, `kind load image-archive` and
-// `crane push` all read.
+// engine, with go-containerregistry: the cgo binary, the glibc files it links
+// (it loads the host's NVML with dlopen), nothing else, for linux/amd64 and
+// linux/arm64. It writes the image index as an OCI image layout (a folder, a
+// tar of it, or both), pushes it to a registry, and writes this machine's
+// platform as a docker-archive tar for the machines that import images
+// (`ctr images import`, `docker load`, `kind load image-archive`).
 //
-//	go run ./hack/image -o _output/gpu-injector-image.tar
+//	go run ./hack/image                                # make image
+//	go run ./hack/image -o= -oci= -push 127.0.0.1:5000/gpu-injector:0.1.0
+//
+// Equal sources give equal digests: timestamps are SOURCE_DATE_EPOCH's (the
+// Unix epoch when unset) and every archive's entries are sorted.
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"runtime"
+	"os/signal"
+	"strconv"
 	"strings"
-
-	"github.com/gpu-injector/gpu-injector/e2e/cluster"
-	"github.com/gpu-injector/gpu-injector/e2e/workloads"
+	"time"
 )
-
-const binaryPath = "/usr/local/bin/gpu-injector"
 
 func main() {
 	if err := run(); err != nil {
@@ -30,90 +32,56 @@ func main() {
 }
 
 func run() error {
-	out := flag.String("o", "_output/gpu-injector-image.tar", "where to write the image tar of this machine's platform (docker-archive); empty skips it")
-	ociOut := flag.String("oci", "_output/gpu-injector-image-oci.tar", "where to write the multi-platform image index (OCI image layout tar); empty skips it")
-	platformList := flag.String("platforms", "linux/amd64,linux/arm64", "platforms of the image index")
-	ref := flag.String("ref", "", "image reference (default ghcr.io/gpu-injector/gpu-injector:<chart appVersion>)")
-	version := flag.String("version", "", "version stamped in the binary (default: the chart's appVersion)")
+	var o Options
+	flag.StringVar(&o.Archive, "o", "_output/gpu-injector-image.tar", "where to write the image of this machine's platform as a docker-archive tar; empty skips it")
+	flag.StringVar(&o.OCITar, "oci", "_output/gpu-injector-image-oci.tar", "where to write the image index as a tar of an OCI image layout; empty skips it")
+	flag.StringVar(&o.Layout, "layout", "", "where to write the image index as an OCI image layout folder (replaced if it holds one); empty skips it")
+	flag.StringVar(&o.Push, "push", "", "push the image index to this reference (registry/repository:tag), with the credentials of ~/.docker/config.json; loopback and private addresses speak plain HTTP")
+	flag.BoolVar(&o.Insecure, "insecure", false, "with -push: plain HTTP to any registry")
+	flag.StringVar(&o.DigestFile, "digest-file", "", "write the image index's digest (sha256:...) to this file")
+	platformList := flag.String("platforms", "linux/amd64,linux/arm64", "platforms of the image index (-oci, -layout, -push)")
+	flag.StringVar(&o.Ref, "ref", "", "image reference the archives name (default ghcr.io/gpu-injector/gpu-injector:<chart appVersion>)")
+	flag.StringVar(&o.Version, "version", "", "version stamped in the binary (default: v<the chart's appVersion>)")
 	flag.Parse()
 
 	appVersion, err := chartAppVersion("charts/gpu-injector/Chart.yaml")
 	if err != nil {
 		return err
 	}
-	if *ref == "" {
-		*ref = "ghcr.io/gpu-injector/gpu-injector:" + appVersion
+	if o.Ref == "" {
+		o.Ref = "ghcr.io/gpu-injector/gpu-injector:" + appVersion
 	}
-	if *version == "" {
-		*version = "v" + appVersion
+	if o.Version == "" {
+		o.Version = "v" + appVersion
 	}
-	if *out != "" {
-		if err := Build(*out, *ref, *version); err != nil {
-			return err
-		}
-	}
-	if *ociOut == "" {
-		return nil
-	}
-	var archs []string
 	for _, p := range strings.Split(*platformList, ",") {
 		goos, arch, ok := strings.Cut(strings.TrimSpace(p), "/")
 		if !ok || goos != "linux" {
 			return fmt.Errorf("-platforms: %q is not linux/<arch>", p)
 		}
-		archs = append(archs, arch)
+		o.Archs = append(o.Archs, arch)
 	}
-	return BuildIndex(*ociOut, *ref, *version, archs)
-}
-
-// Build builds the binary and writes the image tar to out.
-func Build(out, ref, version string) error {
-	tmp, err := os.MkdirTemp("", "gpu-injector-image-")
-	if err != nil {
-		return fmt.Errorf("failed to create a temp folder: %w", err)
-	}
-	defer os.RemoveAll(tmp)
-
-	bin := filepath.Join(tmp, "gpu-injector")
-	if err := buildBinary(platform{arch: runtime.GOARCH}, bin, version); err != nil {
+	if o.Created, err = sourceDateEpoch(); err != nil {
 		return err
 	}
-	files, err := hostFiles(bin)
-	if err != nil {
-		return err
-	}
-	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
-		return fmt.Errorf("failed to create %s: %w", filepath.Dir(out), err)
-	}
-	if err := cluster.WriteImage(out, ref, files, cluster.ImageConfig{Entrypoint: []string{binaryPath}}); err != nil {
-		return err
-	}
-	fmt.Fprintf(os.Stderr, "image: wrote %s (%s, %d files)\n", out, ref, len(files))
-	return nil
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	_, err = Build(ctx, o)
+	return err
 }
 
-// hostFiles lists the image's files for a binary of this machine: the
-// binary and the glibc files ldd names, plus what the host's libnvidia-ml,
-// which the probe loads, links besides libc.
-func hostFiles(bin string) (map[string]string, error) {
-	rt, err := workloads.DriverRuntimeFiles(bin)
+// sourceDateEpoch is the time of every timestamp in the image: the
+// SOURCE_DATE_EPOCH convention of reproducible builds, the Unix epoch when unset.
+func sourceDateEpoch() (time.Time, error) {
+	v := os.Getenv("SOURCE_DATE_EPOCH")
+	if v == "" {
+		return time.Unix(0, 0).UTC(), nil
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
 	if err != nil {
-		return nil, err
+		return time.Time{}, fmt.Errorf("SOURCE_DATE_EPOCH=%q is not seconds since the epoch: %w", v, err)
 	}
-	files := map[string]string{binaryPath: bin}
-	for _, f := range rt {
-		files[f.Dest] = f.Source
-	}
-	return files, nil
-}
-
-// repoRoot is the module's folder, so Build works from any directory.
-func repoRoot() (string, error) {
-	out, err := exec.Command("go", "env", "GOMOD").Output()
-	if err != nil || strings.TrimSpace(string(out)) == "" {
-		return "", fmt.Errorf("failed to find the module root (go env GOMOD): %v", err)
-	}
-	return filepath.Dir(strings.TrimSpace(string(out))), nil
+	return time.Unix(n, 0).UTC(), nil
 }
 
 func chartAppVersion(file string) (string, error) {

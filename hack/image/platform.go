@@ -1,35 +1,19 @@
 package main
 
 import (
-	"archive/tar"
-	"bytes"
-	"crypto/sha256"
 	"debug/elf"
-	"encoding/hex"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"maps"
 	"os"
 	"os/exec"
 	"path"
 	"path/filepath"
 	"runtime"
-	"slices"
 	"strings"
-	"time"
 
-	"github.com/gpu-injector/gpu-injector/e2e/cluster"
 	"github.com/gpu-injector/gpu-injector/e2e/workloads"
 )
 
-// Media types of the OCI image spec.
-const (
-	mediaIndex    = "application/vnd.oci.image.index.v1+json"
-	mediaManifest = "application/vnd.oci.image.manifest.v1+json"
-	mediaConfig   = "application/vnd.oci.image.config.v1+json"
-	mediaLayer    = "application/vnd.oci.image.layer.v1.tar"
-)
+const binaryPath = "/usr/local/bin/gpu-injector"
 
 // platform is one architecture of the image: how to build the cgo binary for
 // it and where its glibc files come from.
@@ -184,113 +168,26 @@ func platformFiles(p platform, tmp, version string) (map[string]string, error) {
 	return files, nil
 }
 
-type descriptor struct {
-	MediaType   string            `json:"mediaType"`
-	Digest      string            `json:"digest"`
-	Size        int64             `json:"size"`
-	Platform    *ociPlatform      `json:"platform,omitempty"`
-	Annotations map[string]string `json:"annotations,omitempty"`
+// hostFiles lists the image's files for a binary of this machine: the
+// binary and the glibc files ldd names, plus what the host's libnvidia-ml,
+// which the probe loads, links besides libc.
+func hostFiles(bin string) (map[string]string, error) {
+	rt, err := workloads.DriverRuntimeFiles(bin)
+	if err != nil {
+		return nil, err
+	}
+	files := map[string]string{binaryPath: bin}
+	for _, f := range rt {
+		files[f.Dest] = f.Source
+	}
+	return files, nil
 }
 
-type ociPlatform struct {
-	Architecture string `json:"architecture"`
-	OS           string `json:"os"`
-}
-
-// BuildIndex writes a multi-platform image as an OCI image layout in a tar
-// (oci-layout, index.json, blobs/sha256/...): an image index with one
-// manifest per platform, named ref. `ctr images import --all-platforms`,
-// `skopeo copy oci-archive:` and `crane push` read it.
-func BuildIndex(out, ref, version string, archs []string) error {
-	tmp, err := os.MkdirTemp("", "gpu-injector-index-")
-	if err != nil {
-		return fmt.Errorf("failed to create a temp folder: %w", err)
+// repoRoot is the module's folder, so the build works from any directory.
+func repoRoot() (string, error) {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil || strings.TrimSpace(string(out)) == "" {
+		return "", fmt.Errorf("failed to find the module root (go env GOMOD): %v", err)
 	}
-	defer os.RemoveAll(tmp)
-	blobs := map[string][]byte{}
-	add := func(mediaType string, data []byte) descriptor {
-		sum := sha256.Sum256(data)
-		d := "sha256:" + hex.EncodeToString(sum[:])
-		blobs[d] = data
-		return descriptor{MediaType: mediaType, Digest: d, Size: int64(len(data))}
-	}
-	var manifests []descriptor
-	for _, arch := range archs {
-		p, ok := platforms[arch]
-		if !ok {
-			return fmt.Errorf("failed to build the image index: unknown platform linux/%s (known: amd64, arm64)", arch)
-		}
-		files, err := platformFiles(p, tmp, version)
-		if err != nil {
-			return err
-		}
-		layer, err := cluster.ImageLayer(files)
-		if err != nil {
-			return fmt.Errorf("failed to build the %s layer: %w", arch, err)
-		}
-		layerDesc := add(mediaLayer, layer)
-		config, err := json.Marshal(map[string]any{
-			"architecture": arch, "os": "linux",
-			"created": time.Unix(0, 0).UTC().Format(time.RFC3339),
-			"config":  map[string]any{"Entrypoint": []string{binaryPath}},
-			"rootfs":  map[string]any{"type": "layers", "diff_ids": []string{layerDesc.Digest}},
-		})
-		if err != nil {
-			return fmt.Errorf("failed to encode the %s config: %w", arch, err)
-		}
-		manifest, err := json.Marshal(map[string]any{
-			"schemaVersion": 2, "mediaType": mediaManifest,
-			"config": add(mediaConfig, config), "layers": []descriptor{layerDesc},
-		})
-		if err != nil {
-			return fmt.Errorf("failed to encode the %s manifest: %w", arch, err)
-		}
-		d := add(mediaManifest, manifest)
-		d.Platform = &ociPlatform{Architecture: arch, OS: "linux"}
-		manifests = append(manifests, d)
-	}
-	inner, err := json.Marshal(map[string]any{"schemaVersion": 2, "mediaType": mediaIndex, "manifests": manifests})
-	if err != nil {
-		return fmt.Errorf("failed to encode the image index: %w", err)
-	}
-	innerDesc := add(mediaIndex, inner)
-	tag := ref[strings.LastIndex(ref, ":")+1:]
-	innerDesc.Annotations = map[string]string{"io.containerd.image.name": ref, "org.opencontainers.image.ref.name": tag}
-	top, err := json.Marshal(map[string]any{"schemaVersion": 2, "mediaType": mediaIndex, "manifests": []descriptor{innerDesc}})
-	if err != nil {
-		return fmt.Errorf("failed to encode index.json: %w", err)
-	}
-
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	write := func(name string, data []byte) error {
-		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o644, Size: int64(len(data))}); err != nil {
-			return err
-		}
-		_, err := tw.Write(data)
-		return err
-	}
-	if err := errors.Join(
-		tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: "blobs/", Mode: 0o755}),
-		tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: "blobs/sha256/", Mode: 0o755}),
-	); err != nil {
-		return fmt.Errorf("failed to write %s: %w", out, err)
-	}
-	// Sorted, so equal inputs give equal archives.
-	for _, digest := range slices.Sorted(maps.Keys(blobs)) {
-		if err := write("blobs/sha256/"+strings.TrimPrefix(digest, "sha256:"), blobs[digest]); err != nil {
-			return fmt.Errorf("failed to write %s: %w", out, err)
-		}
-	}
-	if err := errors.Join(write("oci-layout", []byte(`{"imageLayoutVersion":"1.0.0"}`)), write("index.json", top), tw.Close()); err != nil {
-		return fmt.Errorf("failed to write %s: %w", out, err)
-	}
-	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
-		return fmt.Errorf("failed to create %s: %w", filepath.Dir(out), err)
-	}
-	if err := os.WriteFile(out, buf.Bytes(), 0o644); err != nil {
-		return fmt.Errorf("failed to write %s: %w", out, err)
-	}
-	fmt.Fprintf(os.Stderr, "image: wrote %s (%s, OCI image index of linux/%s)\n", out, ref, strings.Join(archs, ", linux/"))
-	return nil
+	return filepath.Dir(strings.TrimSpace(string(out))), nil
 }
