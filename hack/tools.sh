@@ -6,7 +6,7 @@
 # no Docker, no release tarballs, so the same script works wherever Go and its
 # module proxy do.
 #
-#   hack/tools.sh [etcd|kubernetes|helm|nvidia-device-plugin|containerd|runc|all]...  (default: all)
+#   hack/tools.sh [etcd|kubernetes|helm|nvidia-device-plugin|containerd|runc|promtool|registry|all]...  (default: all)
 #
 # Versions come from e2e/cluster/versions.env (hack/versions.sh); KUBERNETES_VERSION=v1.X.Y
 # (and the others) in the environment win. Each tool is built into
@@ -396,6 +396,39 @@ build_promtool_locked() {
   log "promtool ${PROMTOOL_VERSION}: built in $(elapsed "${start}") -> ${dir}/promtool"
 }
 
+# The CNCF distribution registry (the `registry` of Docker's registry:3 image): the
+# local cluster's private registry, which containerd pulls gpu-injector's image
+# from and helm installs its chart from (e2e/cluster/registry.go, which names the
+# same version). Its go.mod has no replace directives: built in its own folder of
+# the module cache, as promtool is.
+REGISTRY_VERSION="${REGISTRY_VERSION:-v3.1.0}"
+
+build_registry() {
+  local dir; dir="$(tool_dir registry "${REGISTRY_VERSION}")"
+  if is_cached "${dir}" registry; then mark_built "${dir}"; log "registry ${REGISTRY_VERSION}: cached (${dir}/registry)"; return; fi
+  with_lock "${dir}" build_registry_locked "${dir}"
+}
+
+build_registry_locked() {
+  local dir="$1"
+  if is_cached "${dir}" registry; then mark_built "${dir}"; log "registry ${REGISTRY_VERSION}: cached (${dir}/registry)"; return; fi
+  local tmp src start=${SECONDS} pkg=github.com/distribution/distribution/v3
+  tmp="$(mktemp -d "${CACHE}/.registry.XXXXXX")"
+  trap 'rm -rf "${tmp}"' RETURN
+  log "registry ${REGISTRY_VERSION}: building from ${pkg} (first time, ~2 min)..."
+  src="$(cd "${tmp}" && GOWORK=off GOFLAGS=-mod=mod go mod download -json "${pkg}@${REGISTRY_VERSION}" |
+    sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+  [[ -d ${src} ]] || die "failed to download ${pkg}@${REGISTRY_VERSION}"
+  (cd "${src}" && GOWORK=off GOFLAGS=-mod=mod go build -trimpath \
+    -ldflags "-s -w -X ${pkg}/version.version=${REGISTRY_VERSION} -X ${pkg}/version.mainpkg=${pkg}" \
+    -o "${tmp}/registry" ./cmd/registry)
+  mkdir -p "${dir}"
+  mv -f "${tmp}/registry" "${dir}/registry"
+  "${dir}/registry" --version >&2
+  mark_built "${dir}"
+  log "registry ${REGISTRY_VERSION}: built in $(elapsed "${start}") -> ${dir}/registry"
+}
+
 main() {
   local targets=("$@")
   [[ ${#targets[@]} -gt 0 ]] || targets=(all)
@@ -409,9 +442,10 @@ main() {
       containerd) build_containerd ;;
       runc) build_runc ;;
       promtool) build_promtool ;;
-      all) build_etcd; build_kubernetes; build_helm; build_nvidia_device_plugin; build_containerd; build_runc; build_promtool ;;
+      registry) build_registry ;;
+      all) build_etcd; build_kubernetes; build_helm; build_nvidia_device_plugin; build_containerd; build_runc; build_promtool; build_registry ;;
       -h|--help) sed -n '2,10p' "${BASH_SOURCE[0]}"; return ;;
-      *) die "unknown tool ${t} (want etcd, kubernetes, helm, nvidia-device-plugin, containerd, runc or all)" ;;
+      *) die "unknown tool ${t} (want etcd, kubernetes, helm, nvidia-device-plugin, containerd, runc, promtool, registry or all)" ;;
     esac
   done
 }
