@@ -208,7 +208,7 @@ func memoryTable(rows []memoryRow) string {
 		}
 		ready := fmt.Sprintf("%.1f", x.readyIn.Seconds())
 		if x.notReady {
-			ready = fmt.Sprintf("not in %.0f", x.readyIn.Seconds())
+			ready = "not in " + x.readyIn.String()
 		}
 		fmt.Fprintf(&b, "| %d | %s | %s | %s | %.1f | %.1f | %s | %.1f | %.1f anonymous + %.1f files | %.1f / %.1f / %.1f |\n",
 			x.nodes, limitName(x.limit), soft, ready, x.cpu.Seconds(), kib(x.idle.hwm), within,
