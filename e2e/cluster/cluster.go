@@ -68,6 +68,10 @@ type Options struct {
 	KubeletFlags []string
 	// KubeletConfig may edit the KubeletConfiguration before it is written.
 	KubeletConfig func(cfg map[string]any)
+	// Registry starts a private registry (the CNCF distribution registry of
+	// hack/tools.sh) on loopback, which the node's containerd pulls from:
+	// Cluster.RegistryHost.
+	Registry bool
 	// Timeout bounds Start; 3 minutes when zero.
 	Timeout time.Duration
 	// Logger receives progress; discarded when unset.
@@ -118,6 +122,10 @@ type Cluster struct {
 	// first address, is the "kubernetes" Service's ClusterIP, which pods reach
 	// the API server at (see serviceProxy).
 	ServiceSubnet, KubernetesServiceIP string
+	// RegistryHost is the private registry's 127.0.0.1:<port> (plain HTTP,
+	// no authentication), where images pushed are what the node's containerd
+	// pulls as RegistryHost/<repository>:<tag>; empty unless Options.Registry.
+	RegistryHost string
 	// Clientset talks to the cluster as admin.
 	Clientset *kubernetes.Clientset
 
@@ -236,6 +244,7 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		fn   func(context.Context) error
 	}{
 		{"prepare", c.prepare},
+		{"registry", c.startRegistry},
 		{"control plane", c.startControlPlane},
 		{"node", c.startNode},
 		{"ready", c.waitUsable},
@@ -276,7 +285,7 @@ func (c *Cluster) prepare(ctx context.Context) error {
 			return fmt.Errorf("failed to create %s: %w", d, err)
 		}
 	}
-	names := []string{"etcdClient", "etcdPeer", "apiserver", "controllerManager", "scheduler", "kubelet", "kubeletHealthz", "containerdMetrics"}
+	names := []string{"etcdClient", "etcdPeer", "apiserver", "controllerManager", "scheduler", "kubelet", "kubeletHealthz", "containerdMetrics", "registry"}
 	ports, err := freePorts(len(names))
 	if err != nil {
 		return err

@@ -251,9 +251,14 @@ state = %[2]q
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = %[8]q
     conf_dir = %[9]q
+
+  # Registry hosts (hosts.toml per host), as for a private registry: the
+  # cluster's own when Options.Registry is set.
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = %[10]q
 `,
 		filepath.Join(dir, "root"), filepath.Join(dir, "state"), socket, socket+".ttrpc",
-		filepath.Join(dir, "opt"), PauseImage, filepath.Join(dir, "runc"), cniBinDir, cniConfDir)
+		filepath.Join(dir, "opt"), PauseImage, filepath.Join(dir, "runc"), cniBinDir, cniConfDir, registryHostsDir(dir))
 }
 
 // PauseImage is the sandbox image containerd 1.6 expects; the launcher builds a

@@ -93,6 +93,11 @@ state = %[2]q
     [plugins.'io.containerd.cri.v1.images'.pinned_images]
       sandbox = %[6]q
 
+    # Registry hosts (hosts.toml per host), as for a private registry: the
+    # cluster's own when Options.Registry is set.
+    [plugins.'io.containerd.cri.v1.images'.registry]
+      config_path = %[14]q
+
   [plugins.'io.containerd.cri.v1.runtime']
     # This machine refuses to lower oom_score_adj; without this every sandbox
     # fails with runc's "can't get final child's PID from pipe: EOF".
@@ -133,5 +138,5 @@ state = %[2]q
 `,
 		filepath.Join(dir, "root"), filepath.Join(dir, "state"), socket, socket+".ttrpc",
 		filepath.Join(dir, "opt"), PauseImage, b.ContainerdShim, filepath.Join(dir, "runc"), b.Runc,
-		cniBinDir, cniConfDir, nriSocketInNamespace, metrics)
+		cniBinDir, cniConfDir, nriSocketInNamespace, metrics, registryHostsDir(dir))
 }
