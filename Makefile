@@ -24,6 +24,10 @@ build: ## build bin/gpu-injector (cgo, for NVML)
 image: ## the container image without Docker (go-containerregistry): _output/gpu-injector-image.tar (this machine, docker-archive) and _output/gpu-injector-image-oci.tar (linux/amd64 + linux/arm64 index, OCI image layout tar; reproducible, SOURCE_DATE_EPOCH; installs the arm64 cross compiler if missing)
 	go run ./hack/image -o _output/gpu-injector-image.tar -oci _output/gpu-injector-image-oci.tar
 
+.PHONY: release
+release: ## a release into _output/release/ (docs/release.md): make release VERSION=x.y.z; RELEASE_FLAGS="--push REGISTRY" also pushes image and chart
+	hack/release.sh $(RELEASE_FLAGS) $(VERSION)
+
 .PHONY: test
 test: ## everything CI runs: lint, unit, golden, chart and the e2e suite on a real local cluster
 	hack/test.sh
