@@ -86,11 +86,12 @@ type Env struct {
 	// RepoRoot is the gpu-injector checkout the binary was built from.
 	RepoRoot string
 	// Binary is the gpu-injector binary the API-only nodes' probes run (and
-	// `gpu-injector mutate` for the demo); ImageTar is `make image`'s image of
-	// the same source, which the kubelet runs.
-	Binary   string
-	ImageTar string
-	Cluster  *cluster.Cluster
+	// `gpu-injector mutate` for the demo); ImageLayout is `make image`'s
+	// image of the same source (an OCI image layout), which the environment
+	// pushes to the cluster's registry (ImageRef) and the kubelet pulls.
+	Binary      string
+	ImageLayout string
+	Cluster     *cluster.Cluster
 	// Clientset talks to the cluster as admin.
 	Clientset *kubernetes.Clientset
 	// Kubeconfig is an admin kubeconfig; Kubectl and Helm are the binaries.
@@ -190,8 +191,8 @@ func Up(ctx context.Context, opts Options) (_ *Env, err error) {
 		{"starting the local cluster (etcd, kube-apiserver, scheduler, controller-manager, containerd, kubelet)", e.startCluster},
 		{"starting NVIDIA's device plugin " + deviceplugin.Version + " as a DaemonSet pod (--pass-device-specs, the stand-in's NVML): " + fmt.Sprintf("%d x %s on %s", e.KubeletNode().GPUs, GPUResource, e.KubeletNode().Name), e.startDevicePlugin},
 		{"registering the API-only GPU nodes", e.createAPINodes},
-		{"importing the image into the node's containerd (ctr -n k8s.io images import)", e.importImage},
-		{"helm install " + Release + " charts/gpu-injector -n " + Namespace + " --create-namespace (image values, probe on GPU nodes) --wait", e.installChart},
+		{"pushing the image index and the packaged chart to the cluster's registry (remote.WriteIndex, helm package, helm push)", e.publish},
+		{"helm install " + Release + " oci://<registry>/charts/gpu-injector --version " + ChartVersion + " -n " + Namespace + " --create-namespace (image values, probe on GPU nodes) --wait", e.installChart},
 		{"starting the API-only nodes' probes (local processes, tokens bound to a pod on each node)", e.startProbes},
 		{"waiting for every node's layout and for the webhook to see them", e.waitLayouts},
 		{"building the driverless workload image", e.buildImages},
@@ -329,6 +330,8 @@ func (e *Env) startCluster(ctx context.Context) error {
 			LabelGPUPresent:  "true",
 		},
 		LogsDir: filepath.Join(e.LogsDir, "cluster"),
+		// The chart and its image come from here, as from a private registry.
+		Registry: true,
 		// The API-only nodes never heartbeat: without this the node lifecycle
 		// controller marks them unreachable and taints them.
 		ControllerManagerFlags: []string{"--controllers=*,-node-lifecycle-controller"},
@@ -434,10 +437,6 @@ func (e *Env) TokenKubeconfig(ctx context.Context, sa string, pod *corev1.Pod, f
 		return fmt.Errorf("failed to write kubeconfig %s: %w", file, err)
 	}
 	return os.Chmod(file, 0o600)
-}
-
-func (e *Env) importImage(ctx context.Context) error {
-	return e.Cluster.ImportImage(ctx, e.ImageTar)
 }
 
 func (e *Env) startProbes(ctx context.Context) error {

@@ -8,11 +8,15 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"sort"
 	"strings"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -22,12 +26,14 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 )
 
-// ImageRepository and ImageTag name the gpu-injector image that `make image`
-// builds and the environment imports into the node's containerd: the values a
-// user of a private registry sets, nothing else.
+// ImageName and ImageTag name the gpu-injector image that `make image`'s
+// program builds and the environment pushes to the cluster's registry
+// (ImageRef); ChartVersion is the version the chart is packaged and pushed
+// with, its appVersion ImageTag, so the chart's default tag is the image's.
 const (
-	ImageRepository = "gpu-injector.local/gpu-injector"
-	ImageTag        = "e2e"
+	ImageName    = "gpu-injector"
+	ImageTag     = "e2e"
+	ChartVersion = "0.0.0-e2e"
 )
 
 // Label selectors of the chart's pods.
@@ -42,12 +48,15 @@ const (
 	ProbeDaemonSet    = Release + "-nodeprobe"
 )
 
-// buildImage runs `make image`'s program into the environment's folder.
+// buildImage runs `make image`'s program into the environment's folder: the
+// image index as an OCI image layout, which publish pushes once the
+// cluster's registry runs.
 func (e *Env) buildImage(ctx context.Context) error {
-	e.ImageTar = filepath.Join(e.Dir, "images", "gpu-injector.tar")
-	// Only this machine's platform: the node runs it; the multi-platform index
-	// (-oci) would cross-compile for nothing.
-	cmd := exec.CommandContext(ctx, "go", "run", "./hack/image", "-o", e.ImageTar, "-oci=", "-ref", ImageRepository+":"+ImageTag)
+	e.ImageLayout = filepath.Join(e.Dir, "images", "gpu-injector-oci")
+	// Only this machine's platform: the node runs it; linux/arm64 would
+	// cross-compile for nothing (hack/image's TestPushPull pulls both).
+	cmd := exec.CommandContext(ctx, "go", "run", "./hack/image", "-o=", "-oci=", "-layout", e.ImageLayout,
+		"-platforms", "linux/"+runtime.GOARCH, "-ref", "gpu-injector.local/"+ImageName+":"+ImageTag)
 	cmd.Dir = e.RepoRoot
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("failed to build the image (go run ./hack/image): %w\n%s", err, out)
@@ -55,15 +64,65 @@ func (e *Env) buildImage(ctx context.Context) error {
 	return nil
 }
 
+// ImageRef is the image in the cluster's registry: what the chart's pods pull.
+func (e *Env) ImageRef() string {
+	return e.Cluster.RegistryHost + "/" + ImageName + ":" + ImageTag
+}
+
+// ChartRef is the chart in the cluster's registry, as helm install names it.
+func (e *Env) ChartRef() string {
+	return "oci://" + e.Cluster.RegistryHost + "/charts/gpu-injector"
+}
+
+// publish does what a maintainer's release does, into the cluster's
+// registry: pushes the image index (go-containerregistry's remote.WriteIndex),
+// then `helm package`s the chart with ChartVersion and appVersion ImageTag
+// and `helm push`es it.
+func (e *Env) publish(ctx context.Context) error {
+	p, err := layout.FromPath(e.ImageLayout)
+	if err != nil {
+		return fmt.Errorf("failed to read the image layout %s: %w", e.ImageLayout, err)
+	}
+	top, err := p.ImageIndex()
+	if err != nil {
+		return fmt.Errorf("failed to read the image layout %s: %w", e.ImageLayout, err)
+	}
+	m, err := top.IndexManifest()
+	if err != nil || len(m.Manifests) != 1 {
+		return fmt.Errorf("the image layout %s lists %d indexes, want 1 (%v)", e.ImageLayout, len(m.Manifests), err)
+	}
+	idx, err := top.ImageIndex(m.Manifests[0].Digest)
+	if err != nil {
+		return fmt.Errorf("failed to read the image index of %s: %w", e.ImageLayout, err)
+	}
+	ref, err := name.NewTag(e.ImageRef())
+	if err != nil {
+		return err
+	}
+	if err := remote.WriteIndex(ref, idx, remote.WithContext(ctx)); err != nil {
+		return fmt.Errorf("failed to push the image index to %s: %w", ref, err)
+	}
+	charts := filepath.Join(e.Dir, "charts")
+	if _, err := e.HelmCommand(ctx, "package", filepath.Join(e.RepoRoot, "charts", "gpu-injector"),
+		"--version", ChartVersion, "--app-version", ImageTag, "--destination", charts); err != nil {
+		return err
+	}
+	tgz := filepath.Join(charts, "gpu-injector-"+ChartVersion+".tgz")
+	if _, err := e.HelmCommand(ctx, "push", tgz, "oci://"+e.Cluster.RegistryHost+"/charts", "--plain-http"); err != nil {
+		return err
+	}
+	return nil
+}
+
 // HelmValues are the --set values of the environment's helm install and
-// upgrade: the image, as a user of a private registry sets it, and
-// Options.ChartValues.
+// upgrade: the image in the cluster's registry, as a user of a private
+// registry sets it, and Options.ChartValues. The tag is the packaged chart's
+// appVersion already; set, it says which image the tests expect.
 func (e *Env) HelmValues() []string {
 	return append([]string{
-		"image.repository=" + ImageRepository,
+		"image.repository=" + e.Cluster.RegistryHost + "/" + ImageName,
 		"image.tag=" + ImageTag,
-		// Imported into the node's containerd; nothing can be pulled here.
-		"image.pullPolicy=Never",
+		"image.pullPolicy=IfNotPresent",
 	}, e.opts.ChartValues...)
 }
 
@@ -100,10 +159,10 @@ func (e *Env) helmArgs(sets ...string) []string {
 	return args
 }
 
-// installChart is the README's helm install, with the image values and the
-// probe on GPU nodes only.
+// installChart is the README's helm install from an OCI registry, the
+// cluster's, with the image values and the probe on GPU nodes only.
 func (e *Env) installChart(ctx context.Context) error {
-	args := []string{"install", Release, filepath.Join(e.RepoRoot, "charts", "gpu-injector"),
+	args := []string{"install", Release, e.ChartRef(), "--version", ChartVersion, "--plain-http",
 		"--namespace", Namespace, "--create-namespace", "--wait", "--timeout", "5m"}
 	args = append(args, e.helmArgs()...)
 	if _, err := e.HelmCommand(ctx, args...); err != nil {
@@ -490,12 +549,13 @@ func (e *Env) WaitProbeDaemonSet(ctx context.Context) error {
 	})
 }
 
-// UpgradeChart runs `helm upgrade` of the release with HelmValues and the
+// UpgradeChart runs `helm upgrade` of the release (the chart in the
+// cluster's registry, as installed) with HelmValues and the
 // extra --set values (none: back to the installed values), waits for the
 // rollout (a configuration change rolls the pods through their checksum
 // annotation), and until every ready webhook replica sees every node's layout.
 func (e *Env) UpgradeChart(ctx context.Context, sets ...string) error {
-	args := []string{"upgrade", Release, filepath.Join(e.RepoRoot, "charts", "gpu-injector"),
+	args := []string{"upgrade", Release, e.ChartRef(), "--version", ChartVersion, "--plain-http",
 		"--namespace", Namespace, "--wait", "--timeout", "4m"}
 	args = append(args, e.helmArgs(sets...)...)
 	if _, err := e.HelmCommand(ctx, args...); err != nil {
