@@ -23,7 +23,7 @@
 # registry (loopback and private addresses always do for the image).
 #
 # Reproducible: every timestamp is SOURCE_DATE_EPOCH's (default: the last commit's
-# time), so the same commit gives the same image digest.
+# time), so the same commit gives the same files and the same image digest.
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -83,6 +83,12 @@ awk -v repo="${IMAGE_REPOSITORY}" '
 "${HELM}" package "${work}/gpu-injector" --version "${version}" --app-version "${version}" --destination "${out}" >&2
 chart="${out}/gpu-injector-${version}.tgz"
 [[ -f ${chart} ]] || die "helm package did not write ${chart}"
+# helm stamps each entry with the packaging time: the same files again, sorted, stamped
+# SOURCE_DATE_EPOCH, without owners or gzip's name and time, so one commit gives one chart.
+mkdir "${work}/unpacked"
+tar -xzf "${chart}" -C "${work}/unpacked"
+tar -C "${work}/unpacked" --sort=name --mtime="@${SOURCE_DATE_EPOCH}" --owner=0 --group=0 --numeric-owner \
+  --format=ustar -cf - gpu-injector | gzip -n -9 >"${chart}"
 
 # The chart must agree with itself: version, appVersion and every image it renders.
 shown="$("${HELM}" show chart "${chart}")"
