@@ -1,0 +1,103 @@
+//go:build e2e
+
+package cluster
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+)
+
+// TestRegistryPull proves, on each runtime's containerd (1.6's CRI
+// registry config_path, 2.x's cri.v1.images one), that a pod pulls from the
+// cluster's registry over plain HTTP through the hosts.toml alone: an image
+// pushed there and never imported runs with pullPolicy IfNotPresent, and
+// the kubelet's event says it pulled it.
+func TestRegistryPull(t *testing.T) {
+	for _, rt := range []Runtime{RuntimeDebian, RuntimeNRI} {
+		t.Run(string(rt), func(t *testing.T) {
+			ctx := t.Context()
+			c, err := Start(ctx, Options{
+				NodeName:      "registry-node-1",
+				Runtime:       rt,
+				Registry:      true,
+				KeepOnFailure: os.Getenv("KEEP_CLUSTER") != "",
+				Logger:        testr.NewWithOptions(t, testr.Options{Verbosity: 1}),
+			})
+			if err != nil {
+				t.Fatalf("start: %v", err)
+			}
+			t.Cleanup(func() {
+				if t.Failed() {
+					c.MarkFailed()
+				}
+				if err := c.Stop(); err != nil {
+					t.Errorf("stop: %v", err)
+				}
+			})
+			if c.RegistryHost == "" {
+				t.Fatal("RegistryHost is empty with Options.Registry")
+			}
+			// The pause program as an image, pushed and not imported.
+			tarPath, err := buildPause(ctx, filepath.Join(t.TempDir(), "pause"), "gpu-injector.local/pause:push")
+			if err != nil {
+				t.Fatal(err)
+			}
+			img, err := tarball.ImageFromPath(tarPath, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ref := c.RegistryHost + "/e2e/pause:v1"
+			tag, err := name.NewTag(ref)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := remote.Write(tag, img, remote.WithContext(ctx)); err != nil {
+				t.Fatalf("push %s: %v", ref, err)
+			}
+			pod := &corev1.Pod{
+				ObjectMeta: metav1.ObjectMeta{Name: "pulled", Namespace: "default"},
+				Spec: corev1.PodSpec{Containers: []corev1.Container{{
+					Name: "pause", Image: ref, ImagePullPolicy: corev1.PullIfNotPresent,
+				}}},
+			}
+			if _, err := c.Clientset.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			var last *corev1.Pod
+			err = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 90*time.Second, true, func(ctx context.Context) (bool, error) {
+				p, err := c.Clientset.CoreV1().Pods("default").Get(ctx, "pulled", metav1.GetOptions{})
+				if err != nil {
+					return false, nil
+				}
+				last = p
+				return p.Status.Phase == corev1.PodRunning, nil
+			})
+			if err != nil {
+				t.Fatalf("pod from %s not running: %v; status %+v\ncontainerd log:\n%s", ref, err, last.Status, tailFile(c.LogPath("containerd"), 30))
+			}
+			events, err := c.Clientset.CoreV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=pulled,reason=Pulled"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			pulled := false
+			for _, ev := range events.Items {
+				pulled = pulled || strings.HasPrefix(ev.Message, `Successfully pulled image "`+ref+`"`)
+			}
+			if !pulled {
+				t.Errorf("no event says the kubelet pulled %s: %+v", ref, events.Items)
+			}
+		})
+	}
+}
