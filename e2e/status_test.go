@@ -18,6 +18,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
@@ -255,6 +256,7 @@ func TestStatusPrometheus(t *testing.T) {
 	if err := prom.Start(); err != nil {
 		t.Fatalf("failed to start %s: %v", bin, err)
 	}
+	promStart := time.Now()
 	t.Cleanup(func() {
 		_ = prom.Process.Kill()
 		_ = prom.Wait()
@@ -281,6 +283,14 @@ func TestStatusPrometheus(t *testing.T) {
 		return len(up) == 1 && up[0].value() == float64(len(webhookTargets)+2) && len(calls) > 0 && len(injected) > 0, nil
 	})
 
+	if dataDir := os.Getenv("GPU_INJECTOR_DASHBOARD_DATA"); dataDir != "" {
+		t.Run("dashboard data", func(t *testing.T) {
+			writeDashboardData(t, base, ns, promStart, dataDir)
+		})
+		// The load above took minutes of the test's context.
+		ctx = testContext(t)
+	}
+
 	t.Run("every dashboard query runs; those of a working cluster have data", func(t *testing.T) {
 		b, err := os.ReadFile(filepath.Join(testEnv.RepoRoot, "charts", "gpu-injector", "files", "dashboard.json"))
 		if err != nil {
@@ -300,10 +310,9 @@ func TestStatusPrometheus(t *testing.T) {
 		// Series a working cluster without pools, denials or probe errors
 		// lacks: those queries must run, not answer.
 		mayBeEmpty := regexp.MustCompile(`gpu_injector_pools|gpu_injector_probe_errors_total|rejection_count|fail_open_count|gpu_injector_pods_denied_total`)
-		vars := strings.NewReplacer("$__rate_interval", "1m", "$__range", "5m", "$namespace", env.Namespace)
 		for _, p := range d.Panels {
 			for _, tg := range p.Targets {
-				q := vars.Replace(tg.Expr)
+				q := dashboardVars.Replace(tg.Expr)
 				res, err := promQuery(ctx, base, q)
 				switch {
 				case err != nil:
@@ -366,6 +375,116 @@ func TestStatusPrometheus(t *testing.T) {
 			return active == len(want), nil
 		})
 	})
+}
+
+// dashboardVars stands for the dashboard's Grafana variables.
+var dashboardVars = strings.NewReplacer("$__rate_interval", "1m", "$__range", "5m", "$namespace", env.Namespace)
+
+// writeDashboardData keeps admissions going until Prometheus holds at least
+// three minutes of samples and a probe has run in them (the probes run every
+// 5 minutes, and their duration panel shows nothing in between), then writes,
+// for every panel of the dashboard, each target's range query over that
+// window into dir as one JSON file: what hack/dashboard-plot.sh draws, since
+// Grafana itself cannot run here.
+func writeDashboardData(t *testing.T, base, ns string, start time.Time, dir string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
+	defer cancel()
+	const window, most, step = 3 * time.Minute, 8 * time.Minute, 5 * time.Second
+	probes := func() float64 {
+		res, _ := promQuery(ctx, base, `sum(gpu_injector_probe_duration_seconds_count)`)
+		if len(res) == 0 {
+			return 0
+		}
+		return res[0].value()
+	}
+	first, probed := probes(), time.Time{}
+	for i := 0; time.Since(start) < most; i++ {
+		_, _ = client().CoreV1().Pods(ns).Create(ctx, gpuPod(fmt.Sprintf("dashboard-%d", i), podOpts{resource: gpu}), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		if probed.IsZero() && probes() > first {
+			probed = time.Now()
+		}
+		// A minute after the probe, for the panels' 1m rates to show it.
+		if time.Since(start) >= window && !probed.IsZero() && time.Since(probed) > 75*time.Second {
+			break
+		}
+		time.Sleep(time.Second)
+	}
+	if probed.IsZero() {
+		t.Logf("no probe ran in the %s window: the probe duration panel has no value", most)
+	}
+	end := time.Now()
+
+	b, err := os.ReadFile(filepath.Join(testEnv.RepoRoot, "charts", "gpu-injector", "files", "dashboard.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d struct {
+		Panels []struct {
+			ID          int    `json:"id"`
+			Title       string `json:"title"`
+			Type        string `json:"type"`
+			FieldConfig struct {
+				Defaults struct {
+					Unit string `json:"unit"`
+				} `json:"defaults"`
+			} `json:"fieldConfig"`
+			Targets []struct {
+				Expr         string `json:"expr"`
+				LegendFormat string `json:"legendFormat"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal(b, &d); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	type target struct {
+		Expr         string          `json:"expr"`
+		Query        string          `json:"query"`
+		LegendFormat string          `json:"legendFormat"`
+		Result       json.RawMessage `json:"result"`
+	}
+	for _, p := range d.Panels {
+		if len(p.Targets) == 0 {
+			continue // a row
+		}
+		out := struct {
+			ID      int      `json:"id"`
+			Title   string   `json:"title"`
+			Type    string   `json:"type"`
+			Unit    string   `json:"unit,omitempty"`
+			Start   int64    `json:"start"`
+			End     int64    `json:"end"`
+			Step    int      `json:"step"`
+			Targets []target `json:"targets"`
+		}{ID: p.ID, Title: p.Title, Type: p.Type, Unit: p.FieldConfig.Defaults.Unit, Start: start.Unix(), End: end.Unix(), Step: int(step.Seconds())}
+		for _, tg := range p.Targets {
+			q := dashboardVars.Replace(tg.Expr)
+			var resp struct {
+				Status string `json:"status"`
+				Error  string `json:"error"`
+				Data   struct {
+					Result json.RawMessage `json:"result"`
+				} `json:"data"`
+			}
+			u := fmt.Sprintf("%s/api/v1/query_range?query=%s&start=%d&end=%d&step=%d", base, url.QueryEscape(q), out.Start, out.End, out.Step)
+			if err := promGet(ctx, u, &resp); err != nil || resp.Status != "success" {
+				t.Fatalf("panel %q: %s: %v %s", p.Title, q, err, resp.Error)
+			}
+			out.Targets = append(out.Targets, target{Expr: tg.Expr, Query: q, LegendFormat: tg.LegendFormat, Result: resp.Data.Result})
+		}
+		b, err := json.MarshalIndent(out, "", "  ")
+		if err != nil {
+			t.Fatal(err)
+		}
+		name := filepath.Join(dir, fmt.Sprintf("panel-%02d.json", p.ID))
+		if err := os.WriteFile(name, append(b, '\n'), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("panel %q: wrote %s", p.Title, name)
+	}
 }
 
 func writeYAML(t *testing.T, path string, v any) {
