@@ -26,6 +26,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
@@ -69,7 +71,9 @@ type Index struct {
 	expires atomic.Int64
 }
 
-// nodeState is what the index remembers of one Node between events.
+// nodeState is what the index remembers of one Node between events. It is
+// kept for every node, so it holds no string of its own: its strings are
+// the interned labels' and its pool key is interned (80 bytes a node).
 type nodeState struct {
 	info *inject.NodeInfo
 	// ownGPUs are the GPUs of the node's allocatable, before DRA's are
@@ -80,16 +84,17 @@ type nodeState struct {
 	// source is the annotation and fingerprint label last seen, so an
 	// unchanged value is neither decoded again nor logged and counted again.
 	source layoutSource
-	// rejection is the reason the source was rejected, if it was.
-	rejection string
 	// wedged is set while the node is ready and schedulable but its probe
 	// marks the driver wedged.
 	wedged *inject.WedgedNode
-	// pool is the node's pool key; member its value in the pool view, when
-	// isMember (it is ready and probed).
-	pool     string
-	member   string
+	// pool is the node's pool key (info.Pool), zero for none: the handle
+	// keeps the one copy of the key that the pool's nodes share.
+	pool unique.Handle[string]
+	// isMember is set when the node is a member of its pool (ready and
+	// probed); its value there is poolValue.
 	isMember bool
+	// rejected is set when source was rejected (and logged and counted).
+	rejected bool
 }
 
 // layoutSource is what a node publishes about its layout. The annotation,
@@ -166,15 +171,21 @@ func (idx *Index) Add(n *corev1.Node) { idx.Update(n) }
 
 // Update records the current state of a Node. It keeps nothing of n that
 // the caller may change later.
-func (idx *Index) Update(n *corev1.Node) { idx.update(n, nil) }
-
-// update is Update with the node's labels already interned, if labels is
-// not nil (a streamed Node's, whose label map Transform cut down).
-func (idx *Index) update(n *corev1.Node, labels *inject.Labels) {
+func (idx *Index) Update(n *corev1.Node) {
 	idx.mu.Lock()
 	defer idx.mu.Unlock()
 	b := newBatch()
-	idx.record(n, labels, b)
+	f := idx.factsOf(n, idx.nodes[n.Name], idx.draGPUs[n.Name])
+	idx.record(&f, b)
+	idx.flush(b)
+}
+
+// updateFacts records a node that Transform read while it streamed.
+func (idx *Index) updateFacts(f *nodeFacts) {
+	idx.mu.Lock()
+	defer idx.mu.Unlock()
+	b := newBatch()
+	idx.record(f, b)
 	idx.flush(b)
 }
 
@@ -182,30 +193,48 @@ func (idx *Index) update(n *corev1.Node, labels *inject.Labels) {
 // not in it. It publishes once for the whole list, where Update publishes
 // once per Node and copies its layout's node list each time.
 func (idx *Index) Replace(nodes []*corev1.Node) {
-	list := make([]streamedNode, len(nodes))
+	list := make([]any, len(nodes))
 	for i, n := range nodes {
-		list[i].Node = n
+		list[i] = n
 	}
-	idx.replace(list)
+	if err := idx.replace(list); err != nil {
+		// Only a nil Node gets here.
+		panic(err)
+	}
 }
 
-// replace is Replace of Nodes as a reflector hands them over: streamed ones
-// with their labels interned, listed ones as they are.
-func (idx *Index) replace(nodes []streamedNode) {
+// replace is Replace of a list as a reflector hands it over: Nodes that
+// Transform read while they streamed (streamedNode), or whole Nodes of a
+// list that was not streamed. A list of anything else changes nothing.
+func (idx *Index) replace(list []any) error {
+	for _, obj := range list {
+		if _, ok := nodeName(obj); !ok {
+			return fmt.Errorf("failed to record a node: got %T", obj)
+		}
+	}
 	idx.mu.Lock()
 	defer idx.mu.Unlock()
 	b := newBatch()
-	seen := make(map[string]bool, len(nodes))
-	for _, n := range nodes {
-		seen[n.Name] = true
-		idx.record(n.Node, n.labels, b)
+	seen := make(map[string]struct{}, len(list))
+	for _, obj := range list {
+		var f *nodeFacts
+		switch o := obj.(type) {
+		case *streamedNode:
+			f = &o.nodeFacts
+		case *corev1.Node:
+			facts := idx.factsOf(o, idx.nodes[o.Name], idx.draGPUs[o.Name])
+			f = &facts
+		}
+		seen[f.info.Name] = struct{}{}
+		idx.record(f, b)
 	}
 	for name := range idx.nodes {
-		if !seen[name] {
+		if _, ok := seen[name]; !ok {
 			idx.forget(name, b)
 		}
 	}
 	idx.flush(b)
+	return nil
 }
 
 // batch holds the changes of one or more Nodes, published together: the
@@ -233,35 +262,36 @@ func (idx *Index) flush(b *batch) {
 	}
 }
 
-// record is Update under idx.mu, publishing through b.
-func (idx *Index) record(n *corev1.Node, labels *inject.Labels, b *batch) {
-	old := idx.nodes[n.Name]
-	info := idx.nodeInfo(n, labels, old)
-	eligible := nodeEligible(n)
-	source := layoutSource{label: n.Labels[layout.LabelFingerprint]}
-	if ann := n.Annotations[layout.AnnotationLayout]; old != nil && old.source.annotation.Value() == ann {
-		// Most events are status updates: compare rather than hash again.
-		source.annotation = old.source.annotation
-	} else {
-		source.annotation = unique.Make(ann)
+// record is Update of a node's facts under idx.mu, publishing through b.
+// It changes nothing that f points to: a streamed list's facts may be
+// recorded by more than one index (benchmarks do).
+func (idx *Index) record(f *nodeFacts, b *batch) {
+	name := f.info.Name
+	old := idx.nodes[name]
+	info := f.info
+	if dra := idx.draGPUs[name]; dra != f.dra {
+		// Read while streamed, without the index's lock: add the DRA GPUs
+		// the index knows of now.
+		c := *info
+		c.AllocatableGPUs = min(f.own+dra, MaxNodeGPUs)
+		c.GPUs = c.GPUs.WithDRA(dra)
+		info = &c
 	}
-	own := info.AllocatableGPUs
-	info.AllocatableGPUs = min(own+idx.draGPUs[n.Name], MaxNodeGPUs)
-	st := &nodeState{info: info, ownGPUs: own, source: source}
-	if eligible {
+	st := &nodeState{info: info, ownGPUs: f.own, source: f.source, pool: f.pool}
+	if f.eligible() {
 		switch {
-		case old != nil && old.source == source && old.rejection != "":
+		case old != nil && old.source == f.source && old.rejected:
 			// Same rejected value as before: already logged and counted.
-			st.rejection = old.rejection
-		case old != nil && old.source == source && old.fingerprint != "":
+			st.rejected = true
+		case old != nil && old.source == f.source && old.fingerprint != "":
 			st.fingerprint = old.fingerprint
 		default:
-			idx.admit(n, st)
+			idx.admit(f, st)
 		}
 	}
-	idx.nodes[n.Name] = st
-	idx.recordWedged(n, info, old, st, b)
-	poolChanged := idx.setPoolMember(n.Name, old, st, n)
+	idx.nodes[name] = st
+	idx.recordWedged(f, info, old, st, b)
+	poolChanged := idx.setPoolMember(name, old, st, f)
 
 	oldFP := ""
 	if old != nil {
@@ -277,7 +307,7 @@ func (idx *Index) record(n *corev1.Node, labels *inject.Labels, b *batch) {
 	}
 	b.publish = true
 	if oldFP != "" && oldFP != st.fingerprint {
-		idx.removeNode(oldFP, n.Name, b)
+		idx.removeNode(oldFP, name, b)
 	}
 	if st.fingerprint != "" {
 		idx.putNode(st.fingerprint, info, b)
@@ -344,30 +374,25 @@ func (idx *Index) forget(name string, b *batch) {
 	}
 }
 
-// recordWedged keeps st.wedged and idx.wedged in step with n: a node that
+// recordWedged keeps st.wedged and idx.wedged in step with f: a node that
 // is ready and schedulable but wedged. An event that changes nothing of it (a
 // heartbeat) keeps the published WedgedNode.
-func (idx *Index) recordWedged(n *corev1.Node, info *inject.NodeInfo, old, st *nodeState, b *batch) {
-	if !nodeWedged(n) {
+func (idx *Index) recordWedged(f *nodeFacts, info *inject.NodeInfo, old, st *nodeState, b *batch) {
+	name := info.Name
+	if !f.wedged() {
 		if old != nil && old.wedged != nil {
-			delete(idx.wedged, n.Name)
+			delete(idx.wedged, name)
 			b.wedged = true
 		}
 		return
 	}
-	reason := cleanReason(n.Annotations[layout.AnnotationStateReason])
-	if old != nil && old.wedged != nil && old.wedged.Reason == reason && infoEqual(old.wedged.Node, info) {
+	if old != nil && old.wedged != nil && old.wedged.Reason == f.reason && infoEqual(old.wedged.Node, info) {
 		st.wedged = old.wedged
 		return
 	}
-	st.wedged = &inject.WedgedNode{Node: info, Reason: reason}
-	idx.wedged[n.Name] = st.wedged
+	st.wedged = &inject.WedgedNode{Node: info, Reason: f.reason}
+	idx.wedged[name] = st.wedged
 	b.wedged = true
-}
-
-// nodeWedged: a node that would be a candidate, but for its wedged driver.
-func nodeWedged(n *corev1.Node) bool {
-	return n.Labels[layout.LabelState] == layout.StateWedged && !n.Spec.Unschedulable && nodeReady(n)
 }
 
 // maxReasonBytes bounds the state-reason a denial quotes: enough for the
@@ -398,23 +423,22 @@ func cleanReason(s string) string {
 // admit checks a ready node's published layout, setting st.fingerprint or
 // st.rejection. A layout already known under the same source is not decoded
 // again: one decode per fingerprint, not per node.
-func (idx *Index) admit(n *corev1.Node, st *nodeState) {
-	raw, hasRaw := n.Annotations[layout.AnnotationLayout]
-	label := n.Labels[layout.LabelFingerprint]
+func (idx *Index) admit(f *nodeFacts, st *nodeState) {
+	label := st.source.label
 	if ls, ok := idx.layouts[label]; ok && ls.source == st.source {
 		st.fingerprint = label
 		return
 	}
 	reject := func(reason string, err error) {
-		st.rejection = reason
+		st.rejected = true
 		layoutsRejected.WithLabelValues(reason).Inc()
-		idx.log.Info("ignoring the layout published by node", "node", n.Name, "reason", reason, "error", err.Error())
+		idx.log.Info("ignoring the layout published by node", "node", f.info.Name, "reason", reason, "error", err.Error())
 	}
-	if !hasRaw {
+	if !f.hasLayout {
 		reject(RejectDecode, fmt.Errorf("node is labelled %s=%s but has no %s annotation", layout.LabelState, layout.StateReady, layout.AnnotationLayout))
 		return
 	}
-	plan, err := layout.Decode(raw)
+	plan, err := layout.Decode(st.source.annotation.Value())
 	if err != nil {
 		reject(RejectDecode, err)
 		return
@@ -513,22 +537,75 @@ func (idx *Index) publish(changed []string) {
 	layoutsKnown.Set(float64(known))
 }
 
-// nodeEligible: only a node that could run a pod now may lend its layout.
-func nodeEligible(n *corev1.Node) bool {
-	return n.Labels[layout.LabelState] == layout.StateReady && !n.Spec.Unschedulable && nodeReady(n)
+// nodeFacts is what the index reads of a Node, taken from it once: from a
+// watch event's Node under the index's lock, or by Transform while a list
+// streams, so that a streamed list is held as these rather than as Nodes.
+// Nothing in it refers to the Node: its strings are the interned labels'
+// and annotation's, or the node's name.
+type nodeFacts struct {
+	// info is the NodeInfo to publish if the node changed, its GPUs with dra
+	// DRA GPUs (0 when Transform read it: record adds the index's).
+	info *inject.NodeInfo
+	dra  int64
+	// own are the GPUs of the node's allocatable alone, capped.
+	own int64
+	// pool is the node's pool key, interned; info.Pool is its value.
+	pool   unique.Handle[string]
+	source layoutSource
+	// hasLayout is set when the node has the layout annotation at all.
+	hasLayout bool
+	// state is the probe's state label.
+	state string
+	// reason is the node's state-reason made fit for a denial, read only
+	// for a wedged node.
+	reason               string
+	ready, unschedulable bool
 }
 
-// nodeInfo is what the index keeps of n; labels are n's labels interned,
-// if not nil; old is what it kept before, if any.
-func (idx *Index) nodeInfo(n *corev1.Node, labels *inject.Labels, old *nodeState) *inject.NodeInfo {
-	info := &inject.NodeInfo{Name: n.Name, Pool: PoolKey(n.Labels, idx.cfg.Pinning.NodeLabels)}
-	switch {
-	case labels != nil:
-		info.Labels = *labels
-	case old != nil && old.info != nil && old.info.Labels.SameAs(n.Labels):
+// eligible: only a node that could run a pod now may lend its layout.
+func (f *nodeFacts) eligible() bool {
+	return f.state == layout.StateReady && !f.unschedulable && f.ready
+}
+
+// wedged: a node that would be a candidate, but for its wedged driver.
+func (f *nodeFacts) wedged() bool {
+	return f.state == layout.StateWedged && !f.unschedulable && f.ready
+}
+
+// factsOf reads n; old is what the index keeps of it, if anything, whose
+// interned values are reused when n has the same; dra are the node's DRA
+// GPUs.
+func (idx *Index) factsOf(n *corev1.Node, old *nodeState, dra int64) nodeFacts {
+	f := nodeFacts{dra: dra, ready: nodeReady(n), unschedulable: n.Spec.Unschedulable}
+	info := &inject.NodeInfo{Name: n.Name}
+	f.info = info
+	if old != nil && old.info.Labels.SameAs(n.Labels) {
 		info.Labels = old.info.Labels
-	default:
+	} else {
 		info.Labels = inject.NewLabels(n.Labels)
+	}
+	// The values read by key are taken from the interned labels, so that
+	// they keep no string of the Node.
+	f.state = info.Labels.Get(layout.LabelState)
+	f.source.label = info.Labels.Get(layout.LabelFingerprint)
+	if key := PoolKey(n.Labels, idx.cfg.Pinning.NodeLabels); key != "" {
+		if old != nil && old.pool != (unique.Handle[string]{}) && old.pool.Value() == key {
+			f.pool = old.pool
+		} else {
+			f.pool = unique.Make(key)
+		}
+		info.Pool = f.pool.Value()
+	}
+	ann, has := n.Annotations[layout.AnnotationLayout]
+	f.hasLayout = has
+	if old != nil && old.source.annotation.Value() == ann {
+		// Most events are status updates: compare rather than hash again.
+		f.source.annotation = old.source.annotation
+	} else {
+		f.source.annotation = unique.Make(ann)
+	}
+	if f.wedged() {
+		f.reason = cleanReason(n.Annotations[layout.AnnotationStateReason])
 	}
 	for _, t := range n.Spec.Taints {
 		if t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute {
@@ -539,14 +616,14 @@ func (idx *Index) nodeInfo(n *corev1.Node, labels *inject.Labels, old *nodeState
 	// array holds only costs an allocation.
 	var arr [8]inject.GPUResource
 	entries := arr[:0]
-	if dra := idx.draGPUs[n.Name]; dra > 0 {
+	if dra > 0 {
 		entries = append(entries, inject.GPUResource{Name: inject.DRAResource, Count: dra})
 	}
 	for name, q := range n.Status.Allocatable {
 		if idx.cfg.IsGPUResource(string(name)) {
 			if v := q.Value(); v > 0 {
 				v = min(v, MaxNodeGPUs)
-				info.AllocatableGPUs += v
+				f.own += v
 				if inject.ValidResourceName(string(name)) {
 					entries = append(entries, inject.GPUResource{Name: string(name), Count: v})
 				}
@@ -555,14 +632,15 @@ func (idx *Index) nodeInfo(n *corev1.Node, labels *inject.Labels, old *nodeState
 	}
 	slices.SortFunc(entries, func(a, b inject.GPUResource) int { return strings.Compare(a.Name, b.Name) })
 	var oldGPUs inject.GPUResources
-	if old != nil && old.info != nil {
+	if old != nil {
 		oldGPUs = old.info.GPUs
 	}
 	info.GPUs = inject.MakeGPUResources(entries, oldGPUs)
 	// The count comes from the node itself and weighs in the layout choice:
 	// bound it, so one node cannot outweigh a pool or overflow the sum.
-	info.AllocatableGPUs = min(info.AllocatableGPUs, MaxNodeGPUs)
-	return info
+	f.own = min(f.own, MaxNodeGPUs)
+	info.AllocatableGPUs = min(f.own+dra, MaxNodeGPUs)
+	return f
 }
 
 // MaxNodeGPUs caps what one node counts for in a layout's GPU total: above
@@ -582,101 +660,75 @@ func infoEqual(a, b *inject.NodeInfo) bool {
 	return true
 }
 
-// Transform strips a Node down to what the index reads. The index keeps no
-// Node, but a reflector streaming the first list holds all of them until the
-// list ends (NodeStore.Transformer); on a large cluster images and
-// managedFields alone are most of each object's size, and a GPU operator
-// node's hundred labels most of the rest (about 9 KiB a map). So the labels
-// are interned here, while the list streams, and the Node keeps only the
-// few the index reads by key: the reflector holds a streamedNode of a few
-// hundred bytes per node instead of a map, and what the index keeps is made
-// while each Node's garbage is still short-lived, not among thousands of
-// Nodes that all die at once when the list ends (which left the heap's
-// spans half empty). Other objects pass through unchanged.
+// Transform reads a Node of a streamed list as it arrives (the reflector
+// calls it, NodeStore.Transformer, before its temporary store) and hands
+// the reflector a streamedNode instead: what the index will keep of the
+// node, its labels and layout annotation interned, with its name, UID and
+// resourceVersion, about 200 bytes a node beyond what the index keeps. The
+// reflector holds every item until the list ends, then hands them all to
+// NodeStore.Replace at once: Nodes held there, even stripped, each kept its
+// own copy of the layout annotation (a few KiB), and were most of the first
+// list's peak, about four times what the index keeps at 65,000 nodes. So
+// what the index keeps is built while the list streams, and Replace only
+// files it: each Node is garbage once read, and what lives on is made while
+// that garbage is short-lived, not among thousands of Nodes that all die
+// when the list ends. Transform reads nothing of the index but its
+// configuration, so it takes no lock; the DRA GPUs, which it cannot read,
+// are added when the node is recorded. It changes nothing of obj. Other
+// objects pass through unchanged.
 func (idx *Index) Transform(obj any) (any, error) {
 	n, ok := obj.(*corev1.Node)
-	if !ok {
+	if !ok || n == nil {
 		return obj, nil
 	}
-	labels := inject.NewLabels(n.Labels)
-	n.Labels = idx.labelsReadByKey(n.Labels)
-	n.ManagedFields = nil
-	n.OwnerReferences = nil
-	n.Finalizers = nil
-	var ann map[string]string
-	for k, v := range n.Annotations {
-		if strings.HasPrefix(k, layout.Prefix) {
-			if ann == nil {
-				ann = map[string]string{}
-			}
-			ann[k] = v
-		}
-	}
-	n.Annotations = ann
-	n.Spec = corev1.NodeSpec{Unschedulable: n.Spec.Unschedulable, Taints: n.Spec.Taints}
-	status := corev1.NodeStatus{}
-	for _, c := range n.Status.Conditions {
-		if c.Type == corev1.NodeReady {
-			status.Conditions = []corev1.NodeCondition{{Type: c.Type, Status: c.Status}}
-			break
-		}
-	}
-	for name, q := range n.Status.Allocatable {
-		if idx.cfg.IsGPUResource(string(name)) {
-			if status.Allocatable == nil {
-				status.Allocatable = corev1.ResourceList{}
-			}
-			status.Allocatable[name] = q
-		}
-	}
-	n.Status = status
-	return &streamedNode{Node: n, labels: &labels}, nil
+	return &streamedNode{nodeFacts: idx.factsOf(n, nil, 0), uid: n.UID, resourceVersion: n.ResourceVersion}, nil
 }
 
-// labelsReadByKey are the labels of m that the index reads by key rather
-// than through a NodeInfo's Labels: the probe's state and fingerprint, and
-// the pool's keys.
-func (idx *Index) labelsReadByKey(m map[string]string) map[string]string {
-	var out map[string]string
-	keep := func(k string) {
-		if v, ok := m[k]; ok {
-			if out == nil {
-				out = make(map[string]string, 2+len(idx.cfg.Pinning.NodeLabels))
-			}
-			out[k] = v
-		}
-	}
-	keep(layout.LabelState)
-	keep(layout.LabelFingerprint)
-	for _, k := range idx.cfg.Pinning.NodeLabels {
-		keep(k)
-	}
-	return out
-}
-
-// streamedNode is what Transform makes of a Node: the stripped Node, whose
-// label map holds only the labels read by key, and all its labels interned
-// (nil for a Node that did not go through Transform). It is a
-// runtime.Object and a metav1.Object through the Node, so a reflector's
-// temporary store keys it as it would the Node.
+// streamedNode is what Transform makes of a Node: its facts, and the name,
+// UID and resourceVersion that identify the Node. A reflector's temporary
+// store keys items before it transforms them, so it reads none of this;
+// client-go's data consistency check (KUBE_WATCHLIST_INCONSISTENCY_DETECTOR)
+// compares the items' metadata by UID, which is why it is a runtime.Object
+// with metadata.
 type streamedNode struct {
-	*corev1.Node
-	labels *inject.Labels
+	nodeFacts
+	uid             types.UID
+	resourceVersion string
 }
 
-// asNode is a Node as a reflector hands it to the store: streamed through
-// Transform or not.
-func asNode(obj any) (streamedNode, bool) {
+var (
+	_ runtime.Object            = &streamedNode{}
+	_ metav1.ObjectMetaAccessor = &streamedNode{}
+)
+
+// GetObjectKind has no kind to tell: the object is never encoded.
+func (*streamedNode) GetObjectKind() schema.ObjectKind { return schema.EmptyObjectKind }
+
+// DeepCopyObject copies s; what its facts point to is never changed.
+func (s *streamedNode) DeepCopyObject() runtime.Object {
+	c := *s
+	return &c
+}
+
+// GetObjectMeta is the metadata that identifies the Node.
+func (s *streamedNode) GetObjectMeta() metav1.Object {
+	return &metav1.ObjectMeta{Name: s.info.Name, UID: s.uid, ResourceVersion: s.resourceVersion}
+}
+
+// nodeName is the name of a Node as a reflector hands it to the store:
+// streamed through Transform or not.
+func nodeName(obj any) (string, bool) {
 	switch n := obj.(type) {
 	case *streamedNode:
-		if n == nil || n.Node == nil {
-			return streamedNode{}, false
+		if n != nil && n.info != nil {
+			return n.info.Name, true
 		}
-		return *n, true
 	case *corev1.Node:
-		return streamedNode{Node: n}, n != nil
+		if n != nil {
+			return n.Name, true
+		}
 	}
-	return streamedNode{}, false
+	return "", false
 }
 
 // Watch lists and watches Nodes into the index until ctx ends. The index is
@@ -713,12 +765,19 @@ func (s NodeStore) Add(obj any) error { return s.Update(obj) }
 
 // Update records a Node.
 func (s NodeStore) Update(obj any) error {
-	n, ok := asNode(obj)
-	if !ok {
-		return fmt.Errorf("failed to record a node: got %T", obj)
+	switch n := obj.(type) {
+	case *streamedNode:
+		if n != nil && n.info != nil {
+			s.idx.updateFacts(&n.nodeFacts)
+			return nil
+		}
+	case *corev1.Node:
+		if n != nil {
+			s.idx.Update(n)
+			return nil
+		}
 	}
-	s.idx.update(n.Node, n.labels)
-	return nil
+	return fmt.Errorf("failed to record a node: got %T", obj)
 }
 
 // Delete forgets a Node.
@@ -726,32 +785,26 @@ func (s NodeStore) Delete(obj any) error {
 	if t, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
 		obj = t.Obj
 	}
-	n, ok := asNode(obj)
+	name, ok := nodeName(obj)
 	if !ok {
 		return fmt.Errorf("failed to forget a node: got %T", obj)
 	}
-	s.idx.Delete(n.Name)
+	s.idx.Delete(name)
 	return nil
 }
 
 // Replace records a full list: every Node in it, and forgets those not in
 // it (deleted while the watch was down).
 func (s NodeStore) Replace(list []any, _ string) error {
-	nodes := make([]streamedNode, 0, len(list))
-	for _, obj := range list {
-		n, ok := asNode(obj)
-		if !ok {
-			return fmt.Errorf("failed to record a node: got %T", obj)
-		}
-		nodes = append(nodes, n)
+	if err := s.idx.replace(list); err != nil {
+		return err
 	}
-	s.idx.replace(nodes)
 	if !s.idx.listed.Swap(true) {
-		// The first list is the largest the process ever holds at once:
-		// every Node, decoded whole, and the index being built from them.
-		// Left to itself the runtime would keep that peak resident until
-		// the next collection and return it over minutes; a webhook lives
-		// on what the index keeps, a tenth of it at thousands of nodes.
+		// The first list makes the most garbage the process ever makes:
+		// every Node decoded whole (about 80 KB allocated a node, to keep
+		// 1.5 KB). Left to itself the runtime would keep the heap that
+		// garbage grew resident and return it over minutes; a webhook
+		// lives on what the index keeps.
 		debug.FreeOSMemory()
 	}
 	return nil
@@ -760,7 +813,8 @@ func (s NodeStore) Replace(list []any, _ string) error {
 // Resync has nothing to do: the index is not a queue.
 func (NodeStore) Resync() error { return nil }
 
-// Transformer strips the Nodes a reflector holds while it streams a list.
+// Transformer reads the Nodes of a streamed list as they arrive, so that the
+// reflector holds what the index keeps of them rather than the Nodes.
 func (s NodeStore) Transformer() toolscache.TransformFunc { return s.idx.Transform }
 
 // nodeNames are the names of the Nodes the index knows.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"net/http"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -420,30 +421,23 @@ func TestIndexTransform(t *testing.T) {
 		t.Fatal(err)
 	}
 	sn := out.(*streamedNode)
-	s := sn.Node
-	if sn.labels == nil || sn.labels.Len() != len(full.Labels) || !sn.labels.SameAs(full.Labels) {
-		t.Errorf("interned labels = %v, want every label of the node %v", sn.labels.Map(), full.Labels)
+	if !reflect.DeepEqual(n, full) {
+		t.Errorf("transform changed the Node")
 	}
-	if _, ok := s.Labels["kubernetes.io/hostname"]; ok || len(s.Labels) != 2 {
-		t.Errorf("label map = %v, want only the probe's state and fingerprint", s.Labels)
+	if sn.info.Name != "n1" || !sn.info.Labels.SameAs(full.Labels) {
+		t.Errorf("interned labels = %v, want every label of the node %v", sn.info.Labels.Map(), full.Labels)
 	}
-	if s.ManagedFields != nil || s.Status.Images != nil || s.Status.Capacity != nil || s.Status.Addresses != nil {
-		t.Errorf("transform kept bulk: %+v", s)
+	if sn.source.annotation.Value() != full.Annotations[layout.AnnotationLayout] || !sn.hasLayout || sn.source.label != p.Fingerprint() {
+		t.Errorf("layout source = %+v, want the node's annotation and label", sn.source)
 	}
-	if s.Spec.PodCIDR != "" || s.Spec.PodCIDRs != nil || s.Spec.ProviderID != "" {
-		t.Errorf("transform kept spec fields: %+v", s.Spec)
+	if sn.state != layout.StateReady || !sn.ready || sn.unschedulable || sn.own != 8 || sn.info.AllocatableGPUs != 8 {
+		t.Errorf("facts = %+v, want a ready node of 8 GPUs", sn.nodeFacts)
 	}
-	if len(s.Annotations) != 1 || s.Annotations[layout.AnnotationLayout] == "" {
-		t.Errorf("annotations = %v, want only ours", s.Annotations)
+	if len(sn.info.Taints) != 1 {
+		t.Errorf("taints = %v", sn.info.Taints)
 	}
-	if len(s.Status.Conditions) != 1 || s.Status.Conditions[0].Type != corev1.NodeReady || s.Status.Conditions[0].Message != "" {
-		t.Errorf("conditions = %+v, want Ready alone, without message", s.Status.Conditions)
-	}
-	if len(s.Status.Allocatable) != 1 {
-		t.Errorf("allocatable = %v, want the GPU resource alone", s.Status.Allocatable)
-	}
-	if len(s.Spec.Taints) != 1 {
-		t.Errorf("taints = %v", s.Spec.Taints)
+	if m := sn.GetObjectMeta(); m.GetName() != "n1" || m.GetResourceVersion() != full.ResourceVersion || m.GetUID() != full.UID {
+		t.Errorf("metadata = %+v, want the Node's name, UID and resourceVersion", m)
 	}
 	if err := NewNodeStore(idx).Add(sn); err != nil {
 		t.Fatal(err)
@@ -465,8 +459,8 @@ func TestIndexTransform(t *testing.T) {
 	pcfg.Pinning.NodeLabels = []string{"karpenter.sh/nodepool"}
 	pn := gputest.Node("n2", p, 8, func(n *corev1.Node) { n.Labels["karpenter.sh/nodepool"] = "gpu" })
 	pout, _ := NewIndex(pcfg, logr.Discard()).Transform(pn)
-	if m := pout.(*streamedNode).Labels; len(m) != 3 || m["karpenter.sh/nodepool"] != "gpu" {
-		t.Errorf("label map with pinning by pool = %v, want the pool key kept", m)
+	if got := pout.(*streamedNode).info.Pool; got != "karpenter.sh/nodepool=gpu" {
+		t.Errorf("pool with pinning by pool = %q, want the pool key", got)
 	}
 	// Other objects pass through untouched.
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "x", ManagedFields: []metav1.ManagedFieldsEntry{{}}}}

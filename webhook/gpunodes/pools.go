@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unique"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -102,53 +103,64 @@ func PoolKey(labels map[string]string, keys []string) string {
 	return b.String()
 }
 
-// poolMember is a node's value in its pool, and whether it is a member.
-func poolMember(n *corev1.Node, st *nodeState) (string, bool) {
-	if !nodeReady(n) || n.Spec.Unschedulable {
-		return "", false
+// poolMember reports whether a node is a member of its pool: ready,
+// schedulable and probed. A node that just joined is not probed yet, and
+// says nothing either way.
+func poolMember(f *nodeFacts) bool {
+	return f.ready && !f.unschedulable && f.state != ""
+}
+
+// poolValue is a member's value in its pool: its fingerprint, or
+// rejectedMember.
+func (st *nodeState) poolValue() string {
+	if st.fingerprint != "" {
+		return st.fingerprint
 	}
-	switch {
-	case n.Labels[layout.LabelState] == "":
-		// Not probed yet: a node that just joined. It says nothing either way.
-		return "", false
-	case st.fingerprint != "":
-		return st.fingerprint, true
-	default:
-		return rejectedMember, true
+	return rejectedMember
+}
+
+// poolKey is the node's pool key, "" for none.
+func (st *nodeState) poolKey() string {
+	if st.pool == (unique.Handle[string]{}) {
+		return ""
 	}
+	return st.pool.Value()
 }
 
 // setPoolMember records a node's place in the pool view; it reports whether
 // the view changed.
-func (idx *Index) setPoolMember(name string, old, st *nodeState, n *corev1.Node) bool {
+func (idx *Index) setPoolMember(name string, old, st *nodeState, f *nodeFacts) bool {
 	if !idx.cfg.Pinning.ByPool() {
 		return false
 	}
-	if n != nil {
-		st.pool = st.info.Pool
-		st.member, st.isMember = poolMember(n, st)
+	if f != nil {
+		st.isMember = poolMember(f)
 	}
-	if old != nil && st != nil && old.pool == st.pool && old.isMember == st.isMember && old.member == st.member {
+	if old != nil && st != nil && old.pool == st.pool && old.isMember == st.isMember && (!st.isMember || old.poolValue() == st.poolValue()) {
 		return false
 	}
-	if old != nil && old.pool != "" && old.isMember {
-		ps := idx.pools[old.pool]
-		ps.remove(name)
-		if len(ps.members) == 0 {
-			delete(idx.pools, old.pool)
+	if old != nil && old.isMember {
+		if key := old.poolKey(); key != "" {
+			ps := idx.pools[key]
+			ps.remove(name)
+			if len(ps.members) == 0 {
+				delete(idx.pools, key)
+			}
 		}
 	}
-	if st != nil && st.pool != "" && st.isMember {
-		ps := idx.pools[st.pool]
-		if ps == nil {
-			labels := make(map[string]string, len(idx.cfg.Pinning.NodeLabels))
-			for _, k := range idx.cfg.Pinning.NodeLabels {
-				labels[k] = n.Labels[k]
+	if st != nil && st.isMember {
+		if key := st.poolKey(); key != "" {
+			ps := idx.pools[key]
+			if ps == nil {
+				labels := make(map[string]string, len(idx.cfg.Pinning.NodeLabels))
+				for _, k := range idx.cfg.Pinning.NodeLabels {
+					labels[k] = st.info.Labels.Get(k)
+				}
+				ps = &poolState{labels: labels, members: map[string]string{}, counts: map[string]int{}}
+				idx.pools[key] = ps
 			}
-			ps = &poolState{labels: labels, members: map[string]string{}, counts: map[string]int{}}
-			idx.pools[st.pool] = ps
+			ps.add(name, st.poolValue())
 		}
-		ps.add(name, st.member)
 	}
 	return (old != nil && old.isMember) || (st != nil && st.isMember)
 }
