@@ -3,8 +3,10 @@
 package e2e
 
 import (
+	"context"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -63,5 +65,48 @@ func TestImageFromRegistry(t *testing.T) {
 		} else {
 			t.Logf("%s %s", reason, seen[reason])
 		}
+	}
+}
+
+// TestImageNotPullable: a release whose image the registry does not have
+// (a mirror not copied yet, a wrong tag) fails `helm install --wait`, and
+// what docs/troubleshooting.md tells a user to run names the image and the
+// registry's answer: the pods' Failed events. A second release, in a
+// namespace of its own, with the image values of the first but a tag that
+// was never pushed; uninstalled at the end.
+func TestImageNotPullable(t *testing.T) {
+	const release = "gpu-injector-badimage"
+	ns := release
+	bad := testEnv.Cluster.RegistryHost + "/" + env.ImageName + ":not-pushed"
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		if out, err := testEnv.HelmCommand(ctx, "uninstall", release, "-n", ns, "--wait", "--timeout", "90s"); err != nil {
+			t.Errorf("helm uninstall: %v\n%s", err, out)
+		}
+		_ = testEnv.Clientset.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{})
+	})
+	out, err := testEnv.HelmCommand(t.Context(), "install", release, testEnv.ChartRef(), "--version", env.ChartVersion, "--plain-http",
+		"-n", ns, "--create-namespace", "--wait", "--timeout", "40s",
+		"--set-string", `nodeprobe.nodeSelector.nvidia\.com/gpu\.present=true`,
+		"--set", "image.repository="+testEnv.Cluster.RegistryHost+"/"+env.ImageName, "--set", "image.tag=not-pushed")
+	if err == nil {
+		t.Fatalf("helm install --wait of an image the registry lacks succeeded:\n%s", out)
+	}
+	t.Logf("helm install --wait failed as it should: %s", strings.TrimSpace(out))
+	events, err := testEnv.Clientset.CoreV1().Events(ns).List(t.Context(), metav1.ListOptions{FieldSelector: "reason=Failed"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := ""
+	for _, ev := range events.Items {
+		if strings.HasPrefix(ev.Message, `Failed to pull image "`+bad+`"`) && strings.Contains(ev.Message, "not found") {
+			found = ev.InvolvedObject.Name + ": " + ev.Message
+		}
+	}
+	if found == "" {
+		t.Errorf("no Failed event that names %s and the registry's \"not found\" in %s (%d Failed events)", bad, ns, len(events.Items))
+	} else {
+		t.Logf("Failed %s", found)
 	}
 }
