@@ -2,7 +2,8 @@
 // etcd, kube-apiserver, kube-controller-manager, kube-scheduler, containerd and a
 // kubelet that runs pods, all on loopback in a temporary folder, with fresh
 // certificates. It is what the e2e tests and `make demo` run against. Binaries
-// come from hack/tools.sh and hack/install-runtime.sh; nothing is pulled.
+// come from hack/tools.sh and hack/install-runtime.sh; with Options.Registry,
+// images are pulled from the cluster's own registry on loopback, nowhere else.
 package cluster
 
 import (

@@ -3,10 +3,8 @@ package cluster
 import (
 	"archive/tar"
 	"bytes"
+	"compress/gzip"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"io"
 	"io/fs"
@@ -17,6 +15,12 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
 )
 
 // ImageConfig is the part of an OCI image config a test image may need.
@@ -32,84 +36,45 @@ type ImageConfig struct {
 // host path. A host file is copied with its mode (symlinks followed, so a
 // library's SONAME link becomes the library); a host folder is copied whole,
 // symlinks inside it kept as links. Parent folders are created as needed.
-// Nothing else goes in: a test image holds exactly what it is given.
+// Nothing else goes in: a test image holds exactly what it is given. The
+// archive itself is go-containerregistry's, as the release image's is.
 func WriteImage(tarPath, ref string, files map[string]string, cfg ImageConfig) error {
-	layer, err := buildLayer(files)
+	data, err := buildLayer(files)
 	if err != nil {
 		return fmt.Errorf("failed to build layer of %s: %w", ref, err)
 	}
-	layerSum := sha256.Sum256(layer)
-	diffID := "sha256:" + hex.EncodeToString(layerSum[:])
-
-	config := map[string]any{
-		"architecture": "amd64",
-		"os":           "linux",
-		"created":      time.Unix(0, 0).UTC().Format(time.RFC3339),
-		"config": map[string]any{
-			"Entrypoint": cfg.Entrypoint,
-			"Env":        cfg.Env,
-		},
-		"rootfs": map[string]any{"type": "layers", "diff_ids": []string{diffID}},
-	}
-	configJSON, err := json.Marshal(config)
+	// Test images are imported once and thrown away: no compression to wait for.
+	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil },
+		tarball.WithCompressionLevel(gzip.NoCompression))
 	if err != nil {
-		return fmt.Errorf("failed to encode image config of %s: %w", ref, err)
+		return fmt.Errorf("failed to make the layer of %s: %w", ref, err)
 	}
-	configSum := sha256.Sum256(configJSON)
-	configName := hex.EncodeToString(configSum[:]) + ".json"
-	layerName := hex.EncodeToString(layerSum[:]) + "/layer.tar"
-	manifest, err := json.Marshal([]map[string]any{{
-		"Config":   configName,
-		"RepoTags": []string{ref},
-		"Layers":   []string{layerName},
-	}})
+	img, err := mutate.AppendLayers(empty.Image, layer)
 	if err != nil {
-		return fmt.Errorf("failed to encode manifest of %s: %w", ref, err)
+		return fmt.Errorf("failed to make image %s: %w", ref, err)
 	}
-
+	cf, err := img.ConfigFile()
+	if err != nil {
+		return fmt.Errorf("failed to read the config of %s: %w", ref, err)
+	}
+	cf = cf.DeepCopy()
+	cf.Architecture, cf.OS = "amd64", "linux"
+	cf.Created = v1.Time{Time: time.Unix(0, 0).UTC()}
+	cf.Config.Entrypoint, cf.Config.Env = cfg.Entrypoint, cfg.Env
+	if img, err = mutate.ConfigFile(img, cf); err != nil {
+		return fmt.Errorf("failed to set the config of %s: %w", ref, err)
+	}
+	tag, err := name.NewTag(ref)
+	if err != nil {
+		return fmt.Errorf("failed to parse image name %q: %w", ref, err)
+	}
 	if err := os.MkdirAll(filepath.Dir(tarPath), 0o755); err != nil {
 		return fmt.Errorf("failed to create image dir: %w", err)
 	}
-	f, err := os.Create(tarPath)
-	if err != nil {
-		return fmt.Errorf("failed to create image %s: %w", tarPath, err)
-	}
-	tw := tar.NewWriter(f)
-	for _, e := range []struct {
-		name string
-		data []byte
-	}{
-		{configName, configJSON},
-		{layerName, layer},
-		{"manifest.json", manifest},
-	} {
-		if err := writeTarFile(tw, e.name, e.data, 0o644); err != nil {
-			f.Close()
-			return fmt.Errorf("failed to write image %s: %w", tarPath, err)
-		}
-	}
-	if err := tw.Close(); err != nil {
-		f.Close()
-		return fmt.Errorf("failed to finish image %s: %w", tarPath, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("failed to close image %s: %w", tarPath, err)
+	if err := tarball.WriteToFile(tarPath, tag, img); err != nil {
+		return fmt.Errorf("failed to write image %s: %w", tarPath, err)
 	}
 	return nil
-}
-
-func writeTarFile(tw *tar.Writer, name string, data []byte, mode int64) error {
-	dir := path.Dir(name)
-	if dir != "." {
-		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: dir + "/", Mode: 0o755}); err != nil {
-			return err
-		}
-	}
-	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: mode, Size: int64(len(data))}); err != nil {
-		return err
-	}
-	_, err := tw.Write(data)
-	return err
 }
 
 // layerEntry is one node of the image's file tree.

@@ -2,13 +2,14 @@ package cluster
 
 import (
 	"archive/tar"
-	"bytes"
-	"encoding/json"
 	"io"
 	"os"
 	"path/filepath"
 	"sort"
 	"testing"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
 )
 
 // readTar returns name -> content (or link target) of every entry.
@@ -59,36 +60,24 @@ func TestWriteImage(t *testing.T) {
 	}, ImageConfig{Entrypoint: []string{"/usr/bin/prog"}})
 	must(err)
 
-	f, err := os.Open(tarPath)
+	tag, err := name.NewTag("example.local/img:v1")
 	must(err)
-	defer f.Close()
-	outer, _ := readTar(t, f)
-
-	var manifest []struct {
-		Config   string
-		RepoTags []string
-		Layers   []string
+	img, err := tarball.ImageFromPath(tarPath, &tag)
+	must(err)
+	cf, err := img.ConfigFile()
+	must(err)
+	if len(cf.Config.Entrypoint) != 1 || cf.Config.Entrypoint[0] != "/usr/bin/prog" || cf.Architecture != "amd64" || cf.OS != "linux" {
+		t.Errorf("config: entrypoint %v, platform %s/%s", cf.Config.Entrypoint, cf.OS, cf.Architecture)
 	}
-	must(json.Unmarshal([]byte(outer["manifest.json"]), &manifest))
-	if len(manifest) != 1 || len(manifest[0].Layers) != 1 || len(manifest[0].RepoTags) != 1 || manifest[0].RepoTags[0] != "example.local/img:v1" {
-		t.Fatalf("manifest = %+v", manifest)
+	layers, err := img.Layers()
+	must(err)
+	if len(layers) != 1 {
+		t.Fatalf("%d layers, want 1", len(layers))
 	}
-	var cfg struct {
-		Config struct{ Entrypoint []string }
-		RootFS struct {
-			DiffIDs []string `json:"diff_ids"`
-		} `json:"rootfs"`
-	}
-	must(json.Unmarshal([]byte(outer[manifest[0].Config]), &cfg))
-	if len(cfg.Config.Entrypoint) != 1 || cfg.Config.Entrypoint[0] != "/usr/bin/prog" {
-		t.Errorf("entrypoint = %v", cfg.Config.Entrypoint)
-	}
-	wantDiff := "sha256:" + filepath.Dir(manifest[0].Layers[0])
-	if len(cfg.RootFS.DiffIDs) != 1 || cfg.RootFS.DiffIDs[0] != wantDiff {
-		t.Errorf("diff_ids = %v, want [%s]", cfg.RootFS.DiffIDs, wantDiff)
-	}
-
-	layer, headers := readTar(t, bytes.NewReader([]byte(outer[manifest[0].Layers[0]])))
+	rc, err := layers[0].Uncompressed()
+	must(err)
+	defer rc.Close()
+	layer, headers := readTar(t, rc)
 	want := map[string]string{
 		"usr/":                       "",
 		"usr/bin/":                   "",
