@@ -48,7 +48,8 @@ e2e() {
 	stage "Prometheus (Debian package, when missing: the suite checks the chart's alerts and dashboard against it)"
 	hack/prometheus-e2e.sh --install
 	stage "end-to-end tests on a real kube-apiserver, scheduler, controller-manager and kubelet"
-	go test -count=1 -tags e2e -timeout 60m -v ./e2e/...
+	# hack/image: the release image's docker-archive imported into a real containerd.
+	go test -count=1 -tags e2e -timeout 60m -v ./e2e/... ./hack/image/
 }
 
 need_gcc
