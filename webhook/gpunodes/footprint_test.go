@@ -1,14 +1,24 @@
 package gpunodes_test
 
 import (
+	"context"
+	"errors"
 	"flag"
 	"os"
 	"runtime"
+	"runtime/debug"
+	"runtime/metrics"
 	"runtime/pprof"
+	"strconv"
 	"testing"
 	"time"
 
 	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	kruntime "k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	toolscache "k8s.io/client-go/tools/cache"
 
 	"github.com/gpu-injector/gpu-injector/config"
 	"github.com/gpu-injector/gpu-injector/hack/loadtest/workload"
@@ -107,4 +117,81 @@ func liveHeap() uint64 {
 		time.Sleep(10 * time.Millisecond)
 	}
 	return m.HeapAlloc
+}
+
+var (
+	streamedListNodes = flag.Int("streamed-list-nodes", 5000, "nodes that BenchmarkIndexStreamedList streams")
+	streamedListSoft  = flag.Int64("streamed-list-soft-limit", 0, "the Go soft memory limit in bytes while BenchmarkIndexStreamedList runs (0: none)")
+)
+
+// BenchmarkIndexStreamedList is the webhook's first list in process: the
+// load script's nodes streamed as an API server streams a list (watch-list:
+// Added events, then the bookmark) into the index through client-go's
+// reflector, each Node encoded and decoded as protobuf on its way, so that
+// it makes the garbage a real list makes. It reports the time until the
+// index is ready, the most the collector found live and the most heap
+// objects (live and garbage) while the list streamed, and the collections
+// it took. -streamed-list-nodes sets the size (65000 for the largest
+// cluster), -streamed-list-soft-limit a Go soft memory limit (234881024 is
+// a 256Mi container's); run it alone, with -benchtime 1x.
+func BenchmarkIndexStreamedList(b *testing.B) {
+	if *streamedListSoft > 0 {
+		defer debug.SetMemoryLimit(debug.SetMemoryLimit(*streamedListSoft))
+	}
+	nodes := *streamedListNodes
+	for b.Loop() {
+		lw := &toolscache.ListWatch{
+			ListWithContextFunc: func(context.Context, metav1.ListOptions) (kruntime.Object, error) {
+				return nil, errors.New("the benchmark streams its lists")
+			},
+			WatchFuncWithContext: func(_ context.Context, o metav1.ListOptions) (watch.Interface, error) {
+				w := watch.NewFakeWithChanSize(64, false)
+				if o.SendInitialEvents == nil || !*o.SendInitialEvents {
+					return w, nil
+				}
+				go func() {
+					for i := range nodes {
+						data, err := workload.ReadyNode(i).Marshal()
+						if err != nil {
+							panic(err)
+						}
+						n := &corev1.Node{}
+						if err := n.Unmarshal(data); err != nil {
+							panic(err)
+						}
+						n.ResourceVersion = strconv.Itoa(10 + i)
+						w.Add(n)
+					}
+					w.Action(watch.Bookmark, &corev1.Node{ObjectMeta: metav1.ObjectMeta{ResourceVersion: strconv.Itoa(10 + nodes),
+						Annotations: map[string]string{metav1.InitialEventsAnnotationKey: "true"}}})
+				}()
+				return w, nil
+			},
+		}
+		samples := []metrics.Sample{{Name: "/gc/heap/live:bytes"}, {Name: "/memory/classes/heap/objects:bytes"}, {Name: "/gc/cycles/total:gc-cycles"}}
+		metrics.Read(samples)
+		cycles := samples[2].Value.Uint64()
+		idx := gpunodes.NewIndex(config.Default(), logr.Discard())
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); idx.Watch(ctx, lw) }()
+		start := time.Now()
+		var live, objects uint64
+		for !idx.Ready() {
+			if time.Since(start) > 5*time.Minute {
+				b.Fatal("the index is not ready after 5 minutes")
+			}
+			metrics.Read(samples)
+			live, objects = max(live, samples[0].Value.Uint64()), max(objects, samples[1].Value.Uint64())
+			time.Sleep(5 * time.Millisecond)
+		}
+		ready := time.Since(start)
+		metrics.Read(samples)
+		cancel()
+		<-done
+		b.ReportMetric(ready.Seconds(), "s-to-ready")
+		b.ReportMetric(float64(live)/(1<<20), "live-max-MiB")
+		b.ReportMetric(float64(objects)/(1<<20), "heap-objects-max-MiB")
+		b.ReportMetric(float64(samples[2].Value.Uint64()-cycles), "gc-cycles")
+	}
 }
