@@ -13,6 +13,7 @@ import (
 	"maps"
 	"net/http"
 	"os"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -256,6 +257,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	// Started with the caches, not after them as a manager runnable would
 	// be: the pool memory's writer waits for the index.
+	paceFirstList(mgrCtx, idx, log)
 	go idx.Watch(mgrCtx, nodeLW)
 	var dra *gpunodes.DRA
 	if draServed {
@@ -390,6 +392,40 @@ func (r mismatchRunner) Start(ctx context.Context) error { return r.m.Run(ctx, r
 
 // NeedLeaderElection: one replica reads pods and writes Events.
 func (mismatchRunner) NeedLeaderElection() bool { return true }
+
+// listGCPercent is the collector's pace while the first list of Nodes
+// streams. Each Node decodes into tens of kilobytes that are garbage as soon
+// as the index has its few hundred bytes, and at the default pace that
+// garbage is let grow to what is live: at 65,000 nodes a resident peak 1.65
+// times the idle size. Collecting at a quarter costs the list's CPU, once,
+// for a peak close to what the index keeps.
+const listGCPercent = 25
+
+// paceFirstList collects garbage at listGCPercent until the index holds the
+// first list (whose store then gives the freed memory back to the system),
+// then restores the pace it found (GOGC). A collector turned off, or one
+// already collecting more often, is left as it is.
+func paceFirstList(ctx context.Context, idx *gpunodes.Index, log logr.Logger) {
+	prev := debug.SetGCPercent(listGCPercent)
+	if prev < 0 || prev <= listGCPercent {
+		debug.SetGCPercent(prev)
+		return
+	}
+	go func() {
+		t := time.NewTicker(100 * time.Millisecond)
+		defer t.Stop()
+		for !idx.Ready() {
+			select {
+			case <-ctx.Done():
+				debug.SetGCPercent(prev)
+				return
+			case <-t.C:
+			}
+		}
+		debug.SetGCPercent(prev)
+		log.V(1).Info("first list of nodes indexed: garbage collection back to its pace", "gcPercent", prev)
+	}()
+}
 
 // firstListPeak is the Go memory (the resident set less the binary's
 // pages) that the first list of a cluster's nodes took in the last
