@@ -429,9 +429,9 @@ func paceFirstList(ctx context.Context, idx *gpunodes.Index, log logr.Logger) {
 
 // firstListPeak is the Go memory (the resident set less the binary's
 // pages) that the first list of a cluster's nodes took in the last
-// measurements, without a soft limit: 101-105 MiB resident with 5,000 nodes
-// of 114 labels, 261 MiB with 20,000 (docs/helm.md, "Memory").
-func firstListPeak(nodes int64) int64 { return 25<<20 + nodes*10850 }
+// measurements: 23.5, 58 and 170.5 MiB with 5,000, 20,000 and 65,000 nodes
+// of 114 labels (docs/helm.md, "Memory").
+func firstListPeak(nodes int64) int64 { return 12<<20 + nodes*2600 }
 
 // warnIfMemoryShort says at start, before the first list, when the soft
 // memory limit is below what that list took in the last measurements for
