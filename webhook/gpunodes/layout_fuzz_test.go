@@ -21,8 +21,8 @@ import (
 // (or anyone who may write Nodes) controls: the layout annotation, the
 // fingerprint and state labels, a label of its own, and the allocatable GPU
 // count. The index must admit only layouts that validate and match their
-// fingerprint, count GPUs within bounds, read the same from a Node its cache
-// transform stripped, and any pod injected from what it admitted must get
+// fingerprint, count GPUs within bounds, read the same from what its
+// transform made of a streamed Node, and any pod injected from what it admitted must get
 // read-only hostPaths inside the allowlist.
 func FuzzNodeLayout(f *testing.F) {
 	byFP := config.Default()
