@@ -220,33 +220,45 @@ build_helm_locked() {
   log "helm ${HELM_VERSION}: built in $(elapsed "${start}") -> ${dir}/helm"
 }
 
-build_nvidia_device_plugin() {
-  local dir; dir="$(tool_dir nvidia-device-plugin "${NVIDIA_DEVICE_PLUGIN_VERSION}")"
-  if is_cached "${dir}" nvidia-device-plugin; then mark_built "${dir}"; log "nvidia-device-plugin ${NVIDIA_DEVICE_PLUGIN_VERSION}: cached (${dir}/nvidia-device-plugin)"; return; fi
-  with_lock "${dir}" build_nvidia_device_plugin_locked "${dir}"
-}
-
 # NVIDIA's k8s-device-plugin, as its release image carries it: the e2e suite and
 # the GPU machine's cluster run it as a DaemonSet pod, as users do. `go install
 # module@version` asks the proxy for the module's version list (for deprecation
-# notices), which it refuses for this module, so the build runs in the module's
-# own folder of the module cache. cgo: go-nvml loads libnvidia-ml with dlopen.
-build_nvidia_device_plugin_locked() {
-  local dir="$1"
-  if is_cached "${dir}" nvidia-device-plugin; then mark_built "${dir}"; log "nvidia-device-plugin ${NVIDIA_DEVICE_PLUGIN_VERSION}: cached (${dir}/nvidia-device-plugin)"; return; fi
+# notices), which it refuses for this module, hence build_module_command. Its
+# vendor folder is used (GOFLAGS empty). cgo: go-nvml loads libnvidia-ml with dlopen.
+build_nvidia_device_plugin() {
+  build_module_command nvidia-device-plugin "${NVIDIA_DEVICE_PLUGIN_VERSION}" github.com/NVIDIA/k8s-device-plugin \
+    cmd/nvidia-device-plugin "-X github.com/NVIDIA/k8s-device-plugin/internal/info.version=${NVIDIA_DEVICE_PLUGIN_VERSION}" \
+    "~1 min" GOFLAGS= CGO_ENABLED=1
+}
+
+# build_module_command TOOL VERSION MODULE CMD LDFLAGS DURATION [VAR=VALUE...]: the
+# command CMD of MODULE@VERSION, built in the module's own folder of the module
+# cache (its go.mod, its replace directives or vendor folder, none of ours) and
+# cached like the other tools as TOOL. The VARs are the build's environment, after
+# GOWORK=off (a go.work above the cache must not take it over) and GOFLAGS=-mod=mod.
+build_module_command() {
+  local tool=$1 version=$2
+  local dir; dir="$(tool_dir "${tool}" "${version}")"
+  if is_cached "${dir}" "${tool}"; then mark_built "${dir}"; log "${tool} ${version}: cached (${dir}/${tool})"; return; fi
+  with_lock "${dir}" build_module_command_locked "${dir}" "$@"
+}
+
+build_module_command_locked() {
+  local dir=$1 tool=$2 version=$3 module=$4 cmd=$5 ldflags=$6 duration=$7
+  shift 7
+  if is_cached "${dir}" "${tool}"; then mark_built "${dir}"; log "${tool} ${version}: cached (${dir}/${tool})"; return; fi
   local tmp src start=${SECONDS}
-  tmp="$(mktemp -d "${CACHE}/.nvidia-device-plugin.XXXXXX")"
+  tmp="$(mktemp -d "${CACHE}/.${tool}.XXXXXX")"
   trap 'rm -rf "${tmp}"' RETURN
-  log "nvidia-device-plugin ${NVIDIA_DEVICE_PLUGIN_VERSION}: building from github.com/NVIDIA/k8s-device-plugin (first time, ~1 min)..."
-  src="$(cd "${tmp}" && GOFLAGS=-mod=mod go mod download -json "github.com/NVIDIA/k8s-device-plugin@${NVIDIA_DEVICE_PLUGIN_VERSION}" |
+  log "${tool} ${version}: building from ${module} (first time, ${duration})..."
+  src="$(cd "${tmp}" && GOWORK=off GOFLAGS=-mod=mod go mod download -json "${module}@${version}" |
     sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
-  [[ -d ${src} ]] || die "failed to download github.com/NVIDIA/k8s-device-plugin@${NVIDIA_DEVICE_PLUGIN_VERSION}"
-  (cd "${src}" && GOFLAGS= CGO_ENABLED=1 go build -trimpath -ldflags "-s -w -X github.com/NVIDIA/k8s-device-plugin/internal/info.version=${NVIDIA_DEVICE_PLUGIN_VERSION}" \
-    -o "${tmp}/nvidia-device-plugin" ./cmd/nvidia-device-plugin)
+  [[ -d ${src} ]] || die "failed to download ${module}@${version}"
+  (cd "${src}" && env GOWORK=off GOFLAGS=-mod=mod "$@" go build -trimpath -ldflags "-s -w ${ldflags}" -o "${tmp}/${tool}" "./${cmd}")
   mkdir -p "${dir}"
-  mv -f "${tmp}/nvidia-device-plugin" "${dir}/nvidia-device-plugin"
+  mv -f "${tmp}/${tool}" "${dir}/${tool}"
   mark_built "${dir}"
-  log "nvidia-device-plugin ${NVIDIA_DEVICE_PLUGIN_VERSION}: built in $(elapsed "${start}") -> ${dir}/nvidia-device-plugin"
+  log "${tool} ${version}: built in $(elapsed "${start}") -> ${dir}/${tool}"
 }
 
 # need_packages PKG...: installs the Debian packages the cgo builds below need
@@ -369,64 +381,25 @@ build_runc_locked() {
 # promtool, Prometheus's rule checker and rule unit test runner: hack/monitoring-test.sh
 # runs the chart's alerts through it. Prometheus's Go module numbers its releases
 # v0.3MM.P for Prometheus 3.MM.P. Its go.mod has no replace directives, so it builds in
-# its own folder of the module cache, as NVIDIA's device plugin does (GOWORK=off: a
-# go.work above the cache must not take it over).
+# its own folder of the module cache (build_module_command).
 PROMTOOL_VERSION="${PROMTOOL_VERSION:-v0.316.0}"
 
 build_promtool() {
-  local dir; dir="$(tool_dir promtool "${PROMTOOL_VERSION}")"
-  if is_cached "${dir}" promtool; then mark_built "${dir}"; log "promtool ${PROMTOOL_VERSION}: cached (${dir}/promtool)"; return; fi
-  with_lock "${dir}" build_promtool_locked "${dir}"
-}
-
-build_promtool_locked() {
-  local dir="$1"
-  if is_cached "${dir}" promtool; then mark_built "${dir}"; log "promtool ${PROMTOOL_VERSION}: cached (${dir}/promtool)"; return; fi
-  local tmp src start=${SECONDS}
-  tmp="$(mktemp -d "${CACHE}/.promtool.XXXXXX")"
-  trap 'rm -rf "${tmp}"' RETURN
-  log "promtool ${PROMTOOL_VERSION}: building from github.com/prometheus/prometheus (first time, ~5 min: its service discovery links every cloud's SDK)..."
-  src="$(cd "${tmp}" && GOWORK=off GOFLAGS=-mod=mod go mod download -json "github.com/prometheus/prometheus@${PROMTOOL_VERSION}" |
-    sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
-  [[ -d ${src} ]] || die "failed to download github.com/prometheus/prometheus@${PROMTOOL_VERSION}"
-  (cd "${src}" && GOWORK=off GOFLAGS=-mod=mod go build -trimpath -ldflags "-s -w" -o "${tmp}/promtool" ./cmd/promtool)
-  mkdir -p "${dir}"
-  mv -f "${tmp}/promtool" "${dir}/promtool"
-  mark_built "${dir}"
-  log "promtool ${PROMTOOL_VERSION}: built in $(elapsed "${start}") -> ${dir}/promtool"
+  build_module_command promtool "${PROMTOOL_VERSION}" github.com/prometheus/prometheus cmd/promtool "" \
+    "~5 min: its service discovery links every cloud's SDK"
 }
 
 # The CNCF distribution registry (the `registry` of Docker's registry:3 image): the
 # local cluster's private registry, which containerd pulls gpu-injector's image
 # from and helm installs its chart from (e2e/cluster/registry.go, which names the
 # same version). Its go.mod has no replace directives: built in its own folder of
-# the module cache, as promtool is.
+# the module cache (build_module_command).
 REGISTRY_VERSION="${REGISTRY_VERSION:-v3.1.0}"
 
 build_registry() {
-  local dir; dir="$(tool_dir registry "${REGISTRY_VERSION}")"
-  if is_cached "${dir}" registry; then mark_built "${dir}"; log "registry ${REGISTRY_VERSION}: cached (${dir}/registry)"; return; fi
-  with_lock "${dir}" build_registry_locked "${dir}"
-}
-
-build_registry_locked() {
-  local dir="$1"
-  if is_cached "${dir}" registry; then mark_built "${dir}"; log "registry ${REGISTRY_VERSION}: cached (${dir}/registry)"; return; fi
-  local tmp src start=${SECONDS} pkg=github.com/distribution/distribution/v3
-  tmp="$(mktemp -d "${CACHE}/.registry.XXXXXX")"
-  trap 'rm -rf "${tmp}"' RETURN
-  log "registry ${REGISTRY_VERSION}: building from ${pkg} (first time, ~2 min)..."
-  src="$(cd "${tmp}" && GOWORK=off GOFLAGS=-mod=mod go mod download -json "${pkg}@${REGISTRY_VERSION}" |
-    sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
-  [[ -d ${src} ]] || die "failed to download ${pkg}@${REGISTRY_VERSION}"
-  (cd "${src}" && GOWORK=off GOFLAGS=-mod=mod go build -trimpath \
-    -ldflags "-s -w -X ${pkg}/version.version=${REGISTRY_VERSION} -X ${pkg}/version.mainpkg=${pkg}" \
-    -o "${tmp}/registry" ./cmd/registry)
-  mkdir -p "${dir}"
-  mv -f "${tmp}/registry" "${dir}/registry"
-  "${dir}/registry" --version >&2
-  mark_built "${dir}"
-  log "registry ${REGISTRY_VERSION}: built in $(elapsed "${start}") -> ${dir}/registry"
+  local pkg=github.com/distribution/distribution/v3
+  build_module_command registry "${REGISTRY_VERSION}" "${pkg}" cmd/registry \
+    "-X ${pkg}/version.version=${REGISTRY_VERSION} -X ${pkg}/version.mainpkg=${pkg}" "~2 min"
 }
 
 main() {
