@@ -156,8 +156,10 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 
+	var holdWhy error
 	if memoryLimit > 0 {
-		warnIfMemoryShort(ctx, restCfg, memoryLimit, log)
+		_, containerLimit, _, _ := nodeagent.MemoryLimit(os.Getenv)
+		holdWhy = checkListMemory(ctx, restCfg, memoryLimit, containerLimit, log)
 	}
 
 	SetBuildInfo(version.Version)
@@ -257,8 +259,14 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	// Started with the caches, not after them as a manager runnable would
 	// be: the pool memory's writer waits for the index.
-	paceFirstList(mgrCtx, idx, log)
-	go idx.Watch(mgrCtx, nodeLW)
+	if holdWhy != nil {
+		// Not ready, and saying why, rather than killed for its memory over
+		// and over: a crash loop says only OOMKilled.
+		go repeatHold(mgrCtx, holdWhy, log)
+	} else {
+		paceFirstList(mgrCtx, idx, log)
+		go idx.Watch(mgrCtx, nodeLW)
+	}
 	var dra *gpunodes.DRA
 	if draServed {
 		dra = gpunodes.NewDRA(cfg, idx, mgr.GetAPIReader(), log.WithName("dra"))
@@ -433,31 +441,73 @@ func paceFirstList(ctx context.Context, idx *gpunodes.Index, log logr.Logger) {
 // of 114 labels (docs/helm.md, "Memory").
 func firstListPeak(nodes int64) int64 { return 12<<20 + nodes*2600 }
 
-// warnIfMemoryShort says at start, before the first list, when the soft
-// memory limit is below what that list took in the last measurements for
-// this many nodes: if the container is then killed for its memory, the last
-// line of its log says why. It costs one list of one Node; a failure to
-// count is logged and changes nothing.
-func warnIfMemoryShort(ctx context.Context, cfg *rest.Config, limit int64, log logr.Logger) {
+// binaryPages is what the container's memory holds of the binary's file
+// besides the Go runtime's own memory (measured: 29 MiB).
+const binaryPages = 32 << 20
+
+// listVerdict judges a memory limit against the first list of nodes, from
+// the last measurements (firstListPeak): hold when even the container's
+// limit is below what the list took, so the container would be killed
+// while it lists; warn when the soft limit is below it, so the collector
+// works hard to stay under. need is the measured figure, the binary's
+// pages included.
+func listVerdict(nodes, soft, container int64) (hold, warn bool, need int64) {
+	need = firstListPeak(nodes) + binaryPages
+	return container > 0 && need > container, soft > 0 && need-binaryPages > soft, need
+}
+
+// checkListMemory counts the nodes before the first list (one list of one
+// Node, whose answer says how many remain) and judges the memory limit
+// against them (listVerdict). It returns why the webhook must not list, or
+// nil. A failure to count is logged and changes nothing. An explicit
+// GOMEMLIMIT, which the operator chose, is never judged: soft is then the
+// runtime's and container 0.
+func checkListMemory(ctx context.Context, cfg *rest.Config, soft, container int64, log logr.Logger) error {
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		log.Error(err, "failed to count the nodes against the memory limit")
-		return
+		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	// The API server counts what a paginated list leaves out.
 	l, err := cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{Limit: 1})
 	if err != nil {
 		log.Error(fmt.Errorf("failed to count the nodes: %w", err), "failed to count the nodes against the memory limit")
-		return
+		return nil
 	}
 	nodes := int64(len(l.Items))
 	if l.RemainingItemCount != nil {
 		nodes += *l.RemainingItemCount
 	}
-	if need := firstListPeak(nodes); need > limit {
+	hold, warn, need := listVerdict(nodes, soft, container)
+	switch {
+	case hold:
+		// Room for what the list took and a quarter more, in 64 MiB steps.
+		raise := (need*5/4 + 64<<20 - 1) / (64 << 20) * 64
+		err := fmt.Errorf("the container's memory limit %s is below the %s that the first list of %d nodes took when measured: not listing, so not ready, rather than killed while listing; raise webhook.resources.limits.memory to %dMi or more (docs/helm.md, Memory), or set GOMEMLIMIT on the container to list anyway",
+			mibString(container), mibString(need), nodes, raise)
+		log.Error(err, "not listing the nodes, so not ready: the memory limit is too small")
+		return err
+	case warn:
 		log.Info("warning: the memory limit may be too small for the first list of this many nodes; if the container is OOMKilled, raise webhook.resources.limits.memory (docs/helm.md, Memory)",
-			"nodes", nodes, "memoryLimit", fmt.Sprintf("%.1fMiB", float64(limit)/(1<<20)), "measuredPeak", fmt.Sprintf("%.1fMiB", float64(need)/(1<<20)))
+			"nodes", nodes, "memoryLimit", mibString(soft), "measuredPeak", mibString(need-binaryPages))
+	}
+	return nil
+}
+
+// repeatHold says every minute why the webhook is not ready, so that the
+// reason is in any stretch of its log an operator reads.
+func repeatHold(ctx context.Context, why error, log logr.Logger) {
+	t := time.NewTicker(time.Minute)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			log.Error(why, "not listing the nodes, so not ready: the memory limit is too small")
+		}
 	}
 }
+
+func mibString(b int64) string { return fmt.Sprintf("%.1fMiB", float64(b)/(1<<20)) }
