@@ -282,6 +282,16 @@ func TestStatusPrometheus(t *testing.T) {
 		injected, _ := promQuery(ctx, base, `sum(rate(gpu_injector_pods_injected_total[1m])) > 0`)
 		return len(up) == 1 && up[0].value() == float64(len(webhookTargets)+2) && len(calls) > 0 && len(injected) > 0, nil
 	})
+	// A probe runs every 5 minutes: one now, after Prometheus has its counters
+	// from before, so that the probe's panels have something to show.
+	if err := testEnv.ProbeNow(ctx, probe.Spec.NodeName); err != nil {
+		t.Fatalf("failed to make the probe probe: %v", err)
+	}
+	waitFor(t, runTimeout, "Prometheus to see the probe's new probe", func(ctx context.Context) (bool, error) {
+		probed, _ := promQuery(ctx, base, `increase(gpu_injector_probe_duration_seconds_count[15m]) > 0`)
+		scraped, _ := promQuery(ctx, base, `count_over_time(gpu_injector_probe_node_writes_total[1m]) >= 2`)
+		return len(probed) > 0 && len(scraped) > 0, nil
+	})
 
 	if dataDir := os.Getenv("GPU_INJECTOR_DASHBOARD_DATA"); dataDir != "" {
 		t.Run("dashboard data", func(t *testing.T) {
