@@ -11,30 +11,10 @@ import (
 	"github.com/go-logr/logr"
 
 	"github.com/gpu-injector/gpu-injector/config"
+	"github.com/gpu-injector/gpu-injector/hack/loadtest/workload"
 	"github.com/gpu-injector/gpu-injector/layout"
 	"github.com/gpu-injector/gpu-injector/nriplugin/statedir"
 )
-
-// loosePlan is a driver installed from distribution packages (Ubuntu's
-// nvidia-driver-570): its files sit loose in shared system folders, so the
-// plan mounts each of them, 19 in all, as the probe plans it for such a node.
-func loosePlan(version string) layout.Plan {
-	libs := []string{"libcuda.so", "libcuda.so.1", "libcuda.so." + version, "libcudadebugger.so.1",
-		"libnvidia-ml.so.1", "libnvidia-ml.so." + version, "libnvidia-ptxjitcompiler.so.1",
-		"libnvidia-ptxjitcompiler.so." + version, "libnvidia-nvvm.so.4", "libnvidia-nvvm.so." + version,
-		"libnvidia-cfg.so.1", "libnvidia-gpucomp.so." + version, "libnvidia-allocator.so.1", "libnvidia-opencl.so.1"}
-	bins := []string{"nvidia-smi", "nvidia-debugdump", "nvidia-persistenced", "nvidia-cuda-mps-control", "nvidia-cuda-mps-server"}
-	p := layout.Plan{SchemaVersion: layout.SchemaVersion, DriverVersion: version, CUDADriverVersion: "12.8",
-		LibraryPaths: []string{"/usr/local/nvidia/lib64"}}
-	for _, l := range libs {
-		p.Mounts = append(p.Mounts, layout.Mount{HostPath: "/usr/lib/x86_64-linux-gnu/" + l, ContainerPath: "/usr/local/nvidia/lib64/" + l, Kind: layout.KindFile})
-	}
-	for _, b := range bins {
-		p.Mounts = append(p.Mounts, layout.Mount{HostPath: "/usr/bin/" + b, ContainerPath: "/usr/local/nvidia/bin/" + b, Kind: layout.KindFile})
-	}
-	p.Normalize()
-	return p
-}
 
 // folderPlan is a driver in its own folder, mounted whole.
 func folderPlan(version string) layout.Plan {
@@ -101,7 +81,7 @@ func mountsOf(adj *api.ContainerAdjustment) []*api.Mount {
 }
 
 func TestCreateContainer(t *testing.T) {
-	loose := loosePlan("570.133.20")
+	loose := workload.LooseFilePlan("570.133.20")
 	folder := folderPlan("580.159.04")
 	toolkit := layout.Plan{SchemaVersion: layout.SchemaVersion, DriverVersion: "580.159.04", RuntimeInjection: layout.RuntimeToolkit}
 	tooMany := strings.Repeat("a,", layout.MaxRuntimeMarkerBytes/2) + "main"
@@ -148,7 +128,7 @@ func TestCreateContainer(t *testing.T) {
 }
 
 func TestCreateContainerTargetMounted(t *testing.T) {
-	loose, folder := loosePlan("570.133.20"), folderPlan("580.159.04")
+	loose, folder := workload.LooseFilePlan("570.133.20"), folderPlan("580.159.04")
 	for name, tc := range map[string]struct {
 		plan layout.Plan
 		dst  string
@@ -185,7 +165,7 @@ func TestCreateContainerTargetMounted(t *testing.T) {
 func TestCreateContainerNoLayout(t *testing.T) {
 	outside := folderPlan("580.159.04")
 	outside.Mounts[0].HostPath = "/etc"
-	kernel := loosePlan("570.133.20")
+	kernel := workload.LooseFilePlan("570.133.20")
 	kernel.Mounts[0].HostPath = "/usr/local/nvidia/proc/1/root"
 	for name, tc := range map[string]struct {
 		write func(dir string) error
@@ -231,7 +211,7 @@ func TestCreateContainerNoLayout(t *testing.T) {
 // TestCreateContainerDriverUpgrade replaces layout.json as the probe does
 // after an upgrade: the next container gets the new driver's mounts.
 func TestCreateContainerDriverUpgrade(t *testing.T) {
-	old, next := loosePlan("570.133.20"), loosePlan("580.95.05")
+	old, next := workload.LooseFilePlan("570.133.20"), workload.LooseFilePlan("580.95.05")
 	p, _ := newPlugin(t, &old)
 	create := func() []*api.Mount {
 		t.Helper()
@@ -281,7 +261,7 @@ func TestIsGPUDevicePath(t *testing.T) {
 // creation on a node: the unmarked fast path, and a marked GPU container
 // given a 19-file plan (the stat of layout.json included).
 func BenchmarkCreateContainer(b *testing.B) {
-	plan := loosePlan("570.133.20")
+	plan := workload.LooseFilePlan("570.133.20")
 	for name, tc := range map[string]struct {
 		pod *api.PodSandbox
 		ctr *api.Container

@@ -20,6 +20,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/gpu-injector/gpu-injector/config"
+	"github.com/gpu-injector/gpu-injector/hack/loadtest/workload"
 	"github.com/gpu-injector/gpu-injector/internal/nodeagent"
 	"github.com/gpu-injector/gpu-injector/layout"
 	"github.com/gpu-injector/gpu-injector/nriplugin/statedir"
@@ -120,7 +121,7 @@ func waitFor(t *testing.T, what string, ok func() bool) {
 func TestAgainstTheRuntime(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "nri.sock")
 	dir := t.TempDir()
-	plan := loosePlan("570.133.20")
+	plan := workload.LooseFilePlan("570.133.20")
 	if err := statedir.WriteLayout(dir, &plan, statedir.NoLayout{}); err != nil {
 		t.Fatal(err)
 	}

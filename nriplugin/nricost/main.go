@@ -22,6 +22,7 @@ import (
 	"github.com/containerd/nri/pkg/api"
 	nrilog "github.com/containerd/nri/pkg/log"
 
+	"github.com/gpu-injector/gpu-injector/hack/loadtest/workload"
 	"github.com/gpu-injector/gpu-injector/layout"
 	"github.com/gpu-injector/gpu-injector/nriplugin/statedir"
 )
@@ -65,7 +66,7 @@ func run() error {
 			return err
 		}
 	}
-	plan := loosePlan()
+	plan := workload.LooseFilePlan("570.133.20")
 	if err := statedir.WriteLayout(state, &plan, statedir.NoLayout{}); err != nil {
 		return err
 	}
@@ -138,21 +139,4 @@ func memory(pid int) string {
 		}
 	}
 	return strings.Join(out, ", ")
-}
-
-// loosePlan is a driver of 19 loose files, as a distribution's packages
-// install it (Ubuntu's nvidia-driver-570).
-func loosePlan() layout.Plan {
-	const v = "570.133.20"
-	p := layout.Plan{SchemaVersion: layout.SchemaVersion, DriverVersion: v, LibraryPaths: []string{"/usr/local/nvidia/lib64"}}
-	for _, l := range []string{"libcuda.so", "libcuda.so.1", "libcuda.so." + v, "libcudadebugger.so.1",
-		"libnvidia-ml.so.1", "libnvidia-ml.so." + v, "libnvidia-ptxjitcompiler.so.1", "libnvidia-ptxjitcompiler.so." + v,
-		"libnvidia-nvvm.so.4", "libnvidia-nvvm.so." + v, "libnvidia-cfg.so.1", "libnvidia-gpucomp.so." + v,
-		"libnvidia-allocator.so.1", "libnvidia-opencl.so.1"} {
-		p.Mounts = append(p.Mounts, layout.Mount{HostPath: "/usr/lib/x86_64-linux-gnu/" + l, ContainerPath: "/usr/local/nvidia/lib64/" + l, Kind: layout.KindFile})
-	}
-	for _, b := range []string{"nvidia-smi", "nvidia-debugdump", "nvidia-persistenced", "nvidia-cuda-mps-control", "nvidia-cuda-mps-server"} {
-		p.Mounts = append(p.Mounts, layout.Mount{HostPath: "/usr/bin/" + b, ContainerPath: "/usr/local/nvidia/bin/" + b, Kind: layout.KindFile})
-	}
-	return p
 }
