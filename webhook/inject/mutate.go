@@ -93,7 +93,7 @@ func Mutate(in Input, cfg *config.Configuration) Result {
 	level := in.NamespaceLabels[labelPodSecurityEnforce]
 	forbidsHostPath := level == "baseline" || level == "restricted"
 	rt := m.runtimeChoice(pod, targets, in.Layouts, prev, forbidsHostPath, legacy, renamed, &need)
-	if rt.use {
+	if rt.layout != nil {
 		m.injectRuntime(ed, targets, rt, legacy, warn)
 		res = done(ReasonAlreadyInjected)
 		if res.Decision == DecisionInjected {

@@ -17,18 +17,21 @@ import (
 // runtimeDecision is whether the pod's driver comes from the NRI plugin of
 // the node it lands on, rather than from hostPath volumes in its spec.
 type runtimeDecision struct {
-	use bool
 	// pin keeps the pod on nodes whose plugin is registered, when some node
 	// it could use has none and hostPath is not an option there.
 	pin bool
 	// libs are the library folders of the layouts the pod may land on, for
 	// LD_LIBRARY_PATH: the plan of the node decides the files, not the folders.
 	libs []string
-	// layout is the Result.Layout of a runtime injection.
+	// layout is the Result.Layout of a runtime injection; nil when the
+	// driver goes in as hostPath volumes.
 	layout *Layout
 	// why says why runtime injection was not chosen.
 	why string
 }
+
+// noPluginWhy is why a pod no layout with the plugin can take gets hostPath.
+const noPluginWhy = "no GPU node layout the pod can use has gpu-injector's NRI plugin registered on all its nodes (label " + layout.LabelNRIPlugin + "=" + layout.NRIProtocol + ")"
 
 // runtimeChoice decides between runtime injection and hostPath volumes.
 // Runtime injection needs no pin: the node the pod lands on mounts its own
@@ -57,6 +60,11 @@ func (m matcher) runtimeChoice(pod *corev1.Pod, targets []containerRef, layouts 
 	case len(legacy) > 0 && cfg.LegacyMounts == config.LegacyMountsKeep:
 		return runtimeDecision{why: "its hand-written driver mounts are kept (legacyMounts: " + config.LegacyMountsKeep + ")"}
 	}
+	if !again && !slices.ContainsFunc(layouts, (*Layout).NRIReady) {
+		// Most clusters: no node runs the plugin, so no layout needs the
+		// pod's constraints checked a second time on every request.
+		return runtimeDecision{why: noPluginWhy}
+	}
 	affinity := nodeaffinity.GetRequiredNodeAffinity(pod)
 	var match *affinityNode
 	if hasRequiredAffinity(pod) {
@@ -74,7 +82,7 @@ func (m matcher) runtimeChoice(pod *corev1.Pod, targets []containerRef, layouts 
 			others++
 		}
 	}
-	d := runtimeDecision{use: true, layout: &Layout{Runtime: true}}
+	d := runtimeDecision{layout: &Layout{Runtime: true}}
 	for _, l := range ready {
 		for _, p := range l.Plan.LibraryPaths {
 			if !slices.Contains(d.libs, p) {
@@ -93,7 +101,7 @@ func (m matcher) runtimeChoice(pod *corev1.Pod, targets []containerRef, layouts 
 	case len(ready) == 0 && others == 0:
 		return runtimeDecision{why: "no ready GPU node fits the pod"}
 	case len(ready) == 0:
-		return runtimeDecision{why: "no GPU node layout the pod can use has gpu-injector's NRI plugin registered on all its nodes (label " + layout.LabelNRIPlugin + "=" + layout.NRIProtocol + ")"}
+		return runtimeDecision{why: noPluginWhy}
 	case others == 0:
 		return d
 	case forbidsHostPath || cfg.DriverDelivery == config.DeliveryRuntime:
