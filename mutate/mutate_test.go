@@ -416,3 +416,62 @@ func TestReinjectsStaleTemplates(t *testing.T) {
 		t.Errorf("second run: %v, changed=%v\n%s", err, again != out, stderr2)
 	}
 }
+
+// TestDemoManifestsOnNRINodes runs the demo's classic manifests, written
+// before runtime injection existed, against a cluster where some nodes run
+// gpu-injector's NRI plugin: the K80 pod, whose nodes all have the plugin,
+// is marked for it and gets no hostPath; the nvidia-smi Job, which may land
+// on nodes without it, gets hostPath volumes and no marker; a second run
+// changes nothing.
+func TestDemoManifestsOnNRINodes(t *testing.T) {
+	const nriNodes = "../webhook/inject/testdata/nodes-nri.yaml"
+	for name, tc := range map[string]struct {
+		file    string
+		runtime bool
+	}{
+		"k80 pod, every node it can use has the plugin": {"cuda-check-k80.yaml", true},
+		"nvidia-smi Job, some nodes without the plugin": {"nvidia-smi-job.yaml", false},
+	} {
+		t.Run(name, func(t *testing.T) {
+			file := filepath.Join("..", "hack", "demo", "manifests", tc.file)
+			out, stderr, err := runMutate(t, "", "-f", file, "--nodes", nriNodes)
+			if err != nil {
+				t.Fatalf("mutate: %v\n%s", err, stderr)
+			}
+			var obj struct {
+				Metadata metav1.ObjectMeta `json:"metadata"`
+				Spec     struct {
+					corev1.PodSpec
+					Template corev1.PodTemplateSpec `json:"template"`
+				} `json:"spec"`
+			}
+			if err := yaml.Unmarshal([]byte(out), &obj); err != nil {
+				t.Fatal(err)
+			}
+			meta, spec := obj.Metadata, obj.Spec.PodSpec
+			if len(obj.Spec.Template.Spec.Containers) > 0 {
+				meta, spec = obj.Spec.Template.ObjectMeta, obj.Spec.Template.Spec
+			}
+			hostPaths := 0
+			for _, v := range spec.Volumes {
+				if v.HostPath != nil {
+					hostPaths++
+				}
+			}
+			marker, marked := meta.Annotations[layout.AnnotationRuntimeInject]
+			if tc.runtime && (!marked || hostPaths > 0) {
+				t.Errorf("marker %q (present %v), %d hostPath volumes: want the marker and none", marker, marked, hostPaths)
+			}
+			if !tc.runtime && (marked || hostPaths == 0) {
+				t.Errorf("marker %q (present %v), %d hostPath volumes: want hostPath volumes and no marker", marker, marked, hostPaths)
+			}
+			again, stderr2, err := runMutate(t, out, "-f", "-", "--nodes", nriNodes)
+			if err != nil {
+				t.Fatalf("second run: %v\n%s", err, stderr2)
+			}
+			if again != out {
+				t.Errorf("a second run changed the output")
+			}
+		})
+	}
+}
