@@ -14,7 +14,8 @@ const EnvLDLibraryPath = envLDLibraryPath
 
 // WedgedWhy is wedgedWhy for a pod that renames and requests nothing.
 func WedgedWhy(pod *corev1.Pod, wedged []*WedgedNode) string {
-	return wedgedWhy(pod, wedged, nil, nil)
+	r := &request{wedged: wedged, affinity: newNodeAffinity(pod)}
+	return r.wedgedWhy(pod, nil)
 }
 
 // RemoveLibraryDirs removes dirs (but keep) from the LD_LIBRARY_PATH of the
@@ -25,7 +26,17 @@ func RemoveLibraryDirs(pod *corev1.Pod, i int, dirs, keep []string) []jsonpatch.
 	return ed.patch
 }
 
-// LegacyMounts counts the pod's hand-written driver mounts.
-func LegacyMounts(cfg *config.Configuration, pod *corev1.Pod, layouts []*Layout, ours []string) int {
-	return len(matcher{cfg: cfg}.legacyMounts(pod, containerRefs(pod), layouts, ours))
+// LegacyMounts counts the pod's hand-written driver mounts; recorded are the
+// volumes an earlier injection's record lists.
+func LegacyMounts(cfg *config.Configuration, pod *corev1.Pod, layouts []*Layout, recorded []string) int {
+	r := &request{cfg: cfg}
+	return len(r.legacyMounts(pod, containerRefs(pod), layouts, recorded))
+}
+
+// Decide is the decision Mutate would carry out on in, by name: its
+// outcome, reason and delivery.
+func Decide(in Input, cfg *config.Configuration) (outcome, reason, delivery string) {
+	r := newRequest(in, cfg)
+	d := r.decide()
+	return d.outcome.String(), d.reason.String(), d.delivery.String()
 }

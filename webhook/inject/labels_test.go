@@ -79,8 +79,9 @@ func TestLabels(t *testing.T) {
 	}
 }
 
-// TestAffinityNodeReadsAsFullNode: the matcher given only the labels the
-// pod's selectors name decides as it does given every label of the node.
+// TestAffinityNodeReadsAsFullNode: a node's nodeSelector and required
+// affinity checks, which give the affinity only the labels it names, decide
+// as the scheduler's matcher does given every label of the node.
 func TestAffinityNodeReadsAsFullNode(t *testing.T) {
 	nodes := []*NodeInfo{
 		{Name: "gpu-1", Labels: NewLabels(map[string]string{"zone": "a", "gpus": "8", "gpu": "h100", "pool": "train", "kubernetes.io/hostname": "gpu-1"})},
@@ -108,12 +109,12 @@ func TestAffinityNodeReadsAsFullNode(t *testing.T) {
 			pod := &corev1.Pod{Spec: corev1.PodSpec{NodeSelector: sel, Affinity: &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
 				RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: ts}}}}}
 			affinity := nodeaffinity.GetRequiredNodeAffinity(pod)
-			match := newAffinityNode(pod)
+			r := &request{affinity: newNodeAffinity(pod)}
 			for _, n := range nodes {
 				want, wantErr := affinity.Match(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.Name, Labels: n.Labels.Map()}})
-				got, gotErr := affinity.Match(match.of(n))
-				if got != want || (gotErr == nil) != (wantErr == nil) {
-					t.Errorf("terms %d, nodeSelector %v, node %s: matched %v (%v) with the named labels, %v (%v) with all", i, sel, n.Name, got, gotErr, want, wantErr)
+				got := r.nodeMismatch(pod, n, nil)
+				if (got.kind == fits) != want {
+					t.Errorf("terms %d, nodeSelector %v, node %s: mismatch %v with the named labels, matched %v (%v) with all", i, sel, n.Name, got.kind, want, wantErr)
 				}
 			}
 		}

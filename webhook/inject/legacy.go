@@ -33,9 +33,9 @@ type legacyMount struct {
 }
 
 // legacyMounts finds the hand-written driver mounts of the target containers,
-// in container and mount order. Volumes the webhook injected (ours) are not
-// hand-written.
-func (m matcher) legacyMounts(pod *corev1.Pod, targets []containerRef, layouts []*Layout, ours []string) []legacyMount {
+// in container and mount order. The volumes an earlier injection's record
+// lists (recorded) are not hand-written.
+func (r *request) legacyMounts(pod *corev1.Pod, targets []containerRef, layouts []*Layout, recorded []string) []legacyMount {
 	// A name two volumes share is ambiguous: which one a mount means is not
 	// said (the API server refuses such a pod after admission), so neither
 	// is replaced.
@@ -45,10 +45,10 @@ func (m matcher) legacyMounts(pod *corev1.Pod, targets []containerRef, layouts [
 	}
 	hostPaths := map[string]string{}
 	for _, v := range pod.Spec.Volumes {
-		if v.HostPath == nil || seen[v.Name] > 1 || slices.Contains(ours, v.Name) || !path.IsAbs(v.HostPath.Path) {
+		if v.HostPath == nil || seen[v.Name] > 1 || slices.Contains(recorded, v.Name) || !path.IsAbs(v.HostPath.Path) {
 			continue
 		}
-		if p := path.Clean(v.HostPath.Path); m.isDriverPath(p, layouts) || m.isSharedDriverFolder(p) {
+		if p := path.Clean(v.HostPath.Path); r.isDriverPath(p, layouts) || r.isSharedDriverFolder(p) {
 			hostPaths[v.Name] = p
 		}
 	}
@@ -70,7 +70,7 @@ func (m matcher) legacyMounts(pod *corev1.Pod, targets []containerRef, layouts [
 			// A whole shared folder (/usr/bin, /usr/lib64) is the driver's
 			// only where the recipes put the driver; anywhere else it is the
 			// user's business.
-			if m.isSharedDriverFolder(hp) && !m.isClassicLocation(mp) || !m.isDriverLocation(mp, layouts) {
+			if r.isSharedDriverFolder(hp) && !r.isClassicLocation(mp) || !r.isDriverLocation(mp, layouts) {
 				continue
 			}
 			out = append(out, legacyMount{container: ref, name: c.Name, volumeMount: vm, hostPath: hp})
@@ -82,15 +82,15 @@ func (m matcher) legacyMounts(pod *corev1.Pod, targets []containerRef, layouts [
 // isDriverPath reports whether p is a driver folder or file: one the host path
 // allowlist admits (a driver folder, or a driver file in a shared system
 // folder), or a published layout's host path or a path inside one.
-func (m matcher) isDriverPath(p string, layouts []*Layout) bool {
+func (r *request) isDriverPath(p string, layouts []*Layout) bool {
 	// The walks up the folders below end at "/": only a clean absolute path
 	// gets there (a pod's mountPath may be anything).
 	if p == "/" || !path.IsAbs(p) || path.Clean(p) != p {
 		return false
 	}
-	for _, a := range m.cfg.HostPaths.Entries() {
+	for _, a := range r.cfg.HostPaths.Entries() {
 		if a.FilesOnly {
-			if ok, _ := path.Match(a.Path, path.Dir(p)); ok && m.isDriverFileName(path.Base(p)) {
+			if ok, _ := path.Match(a.Path, path.Dir(p)); ok && r.isDriverFileName(path.Base(p)) {
 				return true
 			}
 			continue
@@ -119,8 +119,8 @@ func (m matcher) isDriverPath(p string, layouts []*Layout) bool {
 // isSharedDriverFolder reports whether p is a shared system folder that holds
 // driver files (a filesOnly allowlist entry): the recipes mounted /usr/bin or
 // /usr/lib64/nvidia's parent whole to reach nvidia-smi or libcuda.
-func (m matcher) isSharedDriverFolder(p string) bool {
-	for _, a := range m.cfg.HostPaths.Entries() {
+func (r *request) isSharedDriverFolder(p string) bool {
+	for _, a := range r.cfg.HostPaths.Entries() {
 		if ok, _ := path.Match(a.Path, p); ok && a.FilesOnly {
 			return true
 		}
@@ -130,8 +130,8 @@ func (m matcher) isSharedDriverFolder(p string) bool {
 
 // isClassicLocation reports whether a container path is under /usr/local/nvidia
 // or the configured container folders.
-func (m matcher) isClassicLocation(p string) bool {
-	for _, d := range []string{legacyDriverDir, m.cfg.ContainerPaths.LibraryDir, m.cfg.ContainerPaths.BinaryDir} {
+func (r *request) isClassicLocation(p string) bool {
+	for _, d := range []string{legacyDriverDir, r.cfg.ContainerPaths.LibraryDir, r.cfg.ContainerPaths.BinaryDir} {
 		if p == d || strings.HasPrefix(p, d+"/") {
 			return true
 		}
@@ -139,8 +139,8 @@ func (m matcher) isClassicLocation(p string) bool {
 	return false
 }
 
-func (m matcher) isDriverFileName(name string) bool {
-	for _, pat := range m.cfg.HostPaths.DriverFilePatterns {
+func (r *request) isDriverFileName(name string) bool {
+	for _, pat := range r.cfg.HostPaths.DriverFilePatterns {
 		if ok, _ := path.Match(pat, name); ok {
 			return true
 		}
@@ -155,8 +155,8 @@ func (m matcher) isDriverFileName(name string) bool {
 //
 // Also any folder named nvidia*: operators' configs put the driver's tools at
 // /usr/local/bin/nvidia, for instance.
-func (m matcher) isDriverLocation(p string, layouts []*Layout) bool {
-	if m.isClassicLocation(p) || m.isDriverPath(p, layouts) {
+func (r *request) isDriverLocation(p string, layouts []*Layout) bool {
+	if r.isClassicLocation(p) || r.isDriverPath(p, layouts) {
 		return true
 	}
 	for _, el := range strings.Split(p, "/") {
@@ -178,23 +178,24 @@ func layoutHasHostPath(plan layout.Plan, p string) bool {
 	return false
 }
 
-// keepsLegacy filters the layouts to those whose host paths hold every
-// hand-mounted one (legacyMounts: Keep), and says why none does.
-func keepsLegacy(layouts []*Layout, legacy []legacyMount) ([]*Layout, string) {
-	var fit []*Layout
-	for _, l := range layouts {
-		ok := l.Plan.RuntimeInjection == ""
-		for _, lm := range legacy {
-			ok = ok && layoutHasHostPath(l.Plan, lm.hostPath)
-		}
-		if ok {
-			fit = append(fit, l)
+// holdsLegacy reports whether a plan's host paths hold every hand-mounted
+// one, so that the pod may keep its mounts (legacyMounts: Keep) on its nodes.
+func holdsLegacy(plan layout.Plan, legacy []legacyMount) bool {
+	if plan.RuntimeInjection != "" {
+		return false
+	}
+	for _, lm := range legacy {
+		if !layoutHasHostPath(plan, lm.hostPath) {
+			return false
 		}
 	}
-	if len(fit) > 0 {
-		return fit, ""
-	}
-	return nil, fmt.Sprintf("the pod mounts the driver by hand (%s) and legacyMounts is %s: no ready layout has %s; remove those volumes to have the node's driver injected",
+	return true
+}
+
+// legacyKeptWhy says why no layout fits a pod whose hand-written driver
+// mounts are kept.
+func legacyKeptWhy(legacy []legacyMount) string {
+	return fmt.Sprintf("the pod mounts the driver by hand (%s) and legacyMounts is %s: no ready layout has %s; remove those volumes to have the node's driver injected",
 		describeLegacy(legacy), config.LegacyMountsKeep, strings.Join(legacyHostPaths(legacy), ", "))
 }
 
@@ -266,18 +267,18 @@ func replacement(l *Layout, mountPath string) string {
 
 // replaceLegacy drops the hand-written driver mounts, and each volume that no
 // container mounts any more, saying what replaces them.
-func replaceLegacy(ed *editor, legacy []legacyMount, l *Layout, warn func(string, ...any)) {
-	pod := ed.pod
+func replaceLegacy(c *change, legacy []legacyMount, l *Layout) {
+	pod := c.pod
 	for _, lm := range legacy {
-		c := lm.container.get(pod)
-		i := slices.IndexFunc(c.VolumeMounts, func(vm corev1.VolumeMount) bool {
+		ctr := lm.container.get(pod)
+		i := slices.IndexFunc(ctr.VolumeMounts, func(vm corev1.VolumeMount) bool {
 			return vm.Name == lm.volumeMount.Name && vm.MountPath == lm.volumeMount.MountPath
 		})
 		if i < 0 {
 			continue
 		}
-		ed.do(removeMount{container: lm.container, index: i})
-		warn("container %q: the hand-written driver mount of host path %s at %s is replaced by %s",
+		c.do(removeMount{container: lm.container, index: i})
+		c.warn("container %q: the hand-written driver mount of host path %s at %s is replaced by %s",
 			lm.name, lm.hostPath, lm.volumeMount.MountPath, replacement(l, lm.volumeMount.MountPath))
 	}
 	done := map[string]bool{}
@@ -288,11 +289,11 @@ func replaceLegacy(ed *editor, legacy []legacyMount, l *Layout, warn func(string
 		}
 		done[name] = true
 		if users := volumeUsers(pod, name); len(users) > 0 {
-			warn("volume %q (host path %s) is kept: still mounted by %s", name, lm.hostPath, strings.Join(users, ", "))
+			c.warn("volume %q (host path %s) is kept: still mounted by %s", name, lm.hostPath, strings.Join(users, ", "))
 			continue
 		}
 		if i := slices.IndexFunc(pod.Spec.Volumes, func(v corev1.Volume) bool { return v.Name == name }); i >= 0 {
-			ed.do(removeVolume{index: i})
+			c.do(removeVolume{index: i})
 		}
 	}
 }

@@ -95,9 +95,9 @@ func describeLayout(l *Layout) string {
 }
 
 // staleWhy says why an earlier injection no longer fits.
-func (m matcher) staleWhy(prev *layout.Injected) string {
+func (r *request) staleWhy(prev *layout.Injected) string {
 	if prev.StaticLayout != "" {
-		if _, ok := m.cfg.Static(prev.StaticLayout); !ok {
+		if _, ok := r.cfg.Static(prev.StaticLayout); !ok {
 			return "which is no longer in the configuration"
 		}
 		return "which changed in the configuration"
@@ -115,8 +115,8 @@ func (m matcher) staleWhy(prev *layout.Injected) string {
 // the same pin. The node selector of a pool or a static layout stays: it
 // names labels the user may have written too, and keeps the pod in its pool.
 // Nothing else of the pod is touched. next is nil when nothing comes in.
-func (m matcher) removeInjection(ed *editor, prev *layout.Injected, next *Layout, targets []containerRef) {
-	pod := ed.pod
+func (r *request) removeInjection(c *change, prev *layout.Injected, next *Layout) {
+	pod := c.pod
 	old := map[string]corev1.Volume{}
 	for _, v := range pod.Spec.Volumes {
 		if v.HostPath != nil && slices.Contains(prev.Volumes, v.Name) {
@@ -140,9 +140,9 @@ func (m matcher) removeInjection(ed *editor, prev *layout.Injected, next *Layout
 		refs = append(refs, containerRef{ephemeralContainers, i})
 	}
 	for _, ref := range refs {
-		c := ref.get(pod)
+		ctr := ref.get(pod)
 		var dirs []string
-		for _, vm := range c.VolumeMounts {
+		for _, vm := range ctr.VolumeMounts {
 			v, ok := old[vm.Name]
 			if !ok || !path.IsAbs(vm.MountPath) {
 				continue
@@ -153,41 +153,41 @@ func (m matcher) removeInjection(ed *editor, prev *layout.Injected, next *Layout
 			}
 			dirs = append(dirs, d)
 		}
-		target := slices.Contains(targets, ref)
-		for i := len(c.VolumeMounts) - 1; i >= 0; i-- {
-			vm := c.VolumeMounts[i]
+		target := slices.Contains(r.targets, ref)
+		for i := len(ctr.VolumeMounts) - 1; i >= 0; i-- {
+			vm := ctr.VolumeMounts[i]
 			if _, ok := old[vm.Name]; !ok {
 				continue
 			}
 			if cp, ok := keep[vm.Name]; ok && target && vm.MountPath == cp {
 				continue
 			}
-			ed.do(removeMount{container: ref, index: i})
+			c.do(removeMount{container: ref, index: i})
 		}
-		if len(dirs) > 0 && m.cfg.LDLibraryPath != config.LDLibraryPathOff {
-			removeLibraryDirs(ed, ref, dirs, libs)
+		if len(dirs) > 0 && r.cfg.LDLibraryPath != config.LDLibraryPathOff {
+			removeLibraryDirs(&c.editor, ref, dirs, libs)
 		}
 	}
 	for i := len(pod.Spec.Volumes) - 1; i >= 0; i-- {
 		name := pod.Spec.Volumes[i].Name
-		if _, ours := old[name]; !ours {
+		if _, recorded := old[name]; !recorded {
 			continue
 		}
 		if _, kept := keep[name]; kept {
 			continue
 		}
-		ed.do(removeVolume{index: i})
+		c.do(removeVolume{index: i})
 	}
 
 	if fp := prev.Fingerprint; fp != "" {
 		samePin := next != nil && next.Static == "" && next.Pool == "" && next.Fingerprint == fp
 		if pod.Spec.NodeSelector[layout.LabelFingerprint] == fp && !samePin {
-			ed.do(removeNodeSelector{key: layout.LabelFingerprint})
+			c.do(removeNodeSelector{key: layout.LabelFingerprint})
 		}
 		// The next pool's marker replaces it; without a pool the marker would
 		// have the elected replica report a mismatch that is none.
 		if pod.Labels[layout.LabelPinnedLayout] == fp && (next == nil || next.Pool == "") {
-			ed.do(removeLabel{key: layout.LabelPinnedLayout})
+			c.do(removeLabel{key: layout.LabelPinnedLayout})
 		}
 	}
 }
@@ -210,8 +210,8 @@ func removeLibraryDirs(ed *editor, ref containerRef, dirs, keep []string) {
 	old := c.Env[idx].Value
 	var rest []string
 	for _, el := range strings.Split(old, ":") {
-		ours := slices.ContainsFunc(dirs, func(d string) bool { return el == d || strings.HasPrefix(el, d+"/") })
-		if ours && !slices.Contains(keep, el) {
+		injected := slices.ContainsFunc(dirs, func(d string) bool { return el == d || strings.HasPrefix(el, d+"/") })
+		if injected && !slices.Contains(keep, el) {
 			continue
 		}
 		rest = append(rest, el)

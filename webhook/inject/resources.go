@@ -142,13 +142,13 @@ type gpuNeed struct {
 // requestedGPUResources lists the GPU resources the pod's containers and
 // init containers request (limits or requests above 0), sorted: what the
 // scheduler will look for on a node.
-func (m matcher) requestedGPUResources(pod *corev1.Pod) gpuNeed {
-	need := gpuNeed{dra: m.resources}
-	for _, r := range containerRefs(pod) {
-		c := r.get(pod)
+func (r *request) requestedGPUResources(pod *corev1.Pod) gpuNeed {
+	need := gpuNeed{dra: r.gpuResources}
+	for _, ref := range containerRefs(pod) {
+		c := ref.get(pod)
 		for _, rl := range []corev1.ResourceList{c.Resources.Limits, c.Resources.Requests} {
 			for name, q := range rl {
-				if !q.IsZero() && m.isGPU(name) && !slices.Contains(need.names, string(name)) {
+				if !q.IsZero() && r.isGPU(name) && !slices.Contains(need.names, string(name)) {
 					need.names = append(need.names, string(name))
 				}
 			}
@@ -169,9 +169,8 @@ func (nd *gpuNeed) nodeLacks(r GPUResources) []string {
 	if r.value() == "" {
 		// Nothing known yet: the probe can publish before the device plugin
 		// registers (a node just up, the GPU operator still starting). Such
-		// a node stays a candidate, as it was before resources were
-		// checked: the pod waits Pending for the plugin instead of being
-		// denied.
+		// a node stays a candidate: the pod waits Pending for the plugin
+		// instead of being denied.
 		return nil
 	}
 	var missing []string

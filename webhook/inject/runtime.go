@@ -6,8 +6,6 @@ import (
 	"slices"
 	"strings"
 
-	corev1 "k8s.io/api/core/v1"
-	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 	"sigs.k8s.io/yaml"
 
 	"github.com/gpu-injector/gpu-injector/config"
@@ -24,14 +22,57 @@ type runtimeDecision struct {
 	// LD_LIBRARY_PATH: the plan of the node decides the files, not the folders.
 	libs []string
 	// layout is the Result.Layout of a runtime injection; nil when the
-	// driver goes in as hostPath volumes.
+	// plugin does not serve the pod, and why says why.
 	layout *Layout
-	// why says why runtime injection was not chosen.
-	why string
+	why    noRuntime
+	// others counts the layouts the pod can use whose nodes lack the plugin
+	// (noRuntimeSomeNodes).
+	others int
 }
 
-// noPluginWhy is why a pod no layout with the plugin can take gets hostPath.
-const noPluginWhy = "no GPU node layout the pod can use has gpu-injector's NRI plugin registered on all its nodes (label " + layout.LabelNRIPlugin + "=" + layout.NRIProtocol + ")"
+// noRuntime is why the NRI plugin does not serve a pod.
+type noRuntime uint8
+
+const (
+	runtimeServes noRuntime = iota
+	// noRuntimeNames: the target containers' names are not all distinct
+	// DNS labels, which the plugin's marker needs.
+	noRuntimeNames
+	// noRuntimeConfigured: driverDelivery is HostPath.
+	noRuntimeConfigured
+	// noRuntimeHostPath: the pod already carries the driver as volumes.
+	noRuntimeHostPath
+	// noRuntimeLegacyKept: its hand-written driver mounts are kept.
+	noRuntimeLegacyKept
+	// noRuntimePlugin: no layout the pod can use has the plugin on every node.
+	noRuntimePlugin
+	// noRuntimeNoNode: no ready GPU node fits the pod.
+	noRuntimeNoNode
+	// noRuntimeSomeNodes: some of the layouts the pod can use have nodes
+	// without the plugin, and hostPath volumes are an option.
+	noRuntimeSomeNodes
+)
+
+// whyNot says why the NRI plugin does not serve the pod.
+func (d runtimeDecision) whyNot() string {
+	switch d.why {
+	case noRuntimeNames:
+		return "its containers' names are not all distinct DNS labels"
+	case noRuntimeConfigured:
+		return "driverDelivery: " + config.DeliveryHostPath
+	case noRuntimeHostPath:
+		return "the pod already carries the driver as hostPath volumes"
+	case noRuntimeLegacyKept:
+		return "its hand-written driver mounts are kept (legacyMounts: " + config.LegacyMountsKeep + ")"
+	case noRuntimePlugin:
+		return "no GPU node layout the pod can use has gpu-injector's NRI plugin registered on all its nodes (label " + layout.LabelNRIPlugin + "=" + layout.NRIProtocol + ")"
+	case noRuntimeNoNode:
+		return "no ready GPU node fits the pod"
+	case noRuntimeSomeNodes:
+		return fmt.Sprintf("%d of the layouts the pod can use have nodes without gpu-injector's NRI plugin", d.others)
+	}
+	return ""
+}
 
 // runtimeChoice decides between runtime injection and hostPath volumes.
 // Runtime injection needs no pin: the node the pod lands on mounts its own
@@ -39,76 +80,76 @@ const noPluginWhy = "no GPU node layout the pod can use has gpu-injector's NRI p
 // served by registered plugins. Where only some are, the pod is pinned to
 // those only when hostPath is no choice (Pod Security, or driverDelivery:
 // Runtime): a pin on a label of the probe is one an autoscaler does not know.
-func (m matcher) runtimeChoice(pod *corev1.Pod, targets []containerRef, layouts []*Layout, prev *layout.Injected, forbidsHostPath bool, legacy []legacyMount, renamed []corev1.ResourceName, need *gpuNeed) runtimeDecision {
-	cfg := m.cfg
-	again := prev != nil && prev.Runtime != ""
-	names := make([]string, 0, len(targets))
-	for _, ref := range targets {
-		names = append(names, ref.get(pod).Name)
+// A reinvocation keeps the way the pod was given its driver.
+func (r *request) runtimeChoice() runtimeDecision {
+	reinvoked := r.prev != nil && r.prev.Runtime != ""
+	if !reinvoked {
+		if why := r.runtimeRuledOut(); why != runtimeServes {
+			return runtimeDecision{why: why}
+		}
 	}
-	switch {
-	case !again && !markable(names):
-		// The API server refuses such a pod after admission anyway; a marker
-		// the plugin cannot read would only hide why.
-		return runtimeDecision{why: "its containers' names are not all distinct DNS labels"}
-	case again:
-		// A reinvocation: the pod keeps the way it was given its driver.
-	case cfg.DriverDelivery == config.DeliveryHostPath:
-		return runtimeDecision{why: "driverDelivery: " + config.DeliveryHostPath}
-	case prev != nil:
-		return runtimeDecision{why: "the pod already carries the driver as hostPath volumes"}
-	case len(legacy) > 0 && cfg.LegacyMounts == config.LegacyMountsKeep:
-		return runtimeDecision{why: "its hand-written driver mounts are kept (legacyMounts: " + config.LegacyMountsKeep + ")"}
-	}
-	if !again && !slices.ContainsFunc(layouts, (*Layout).NRIReady) {
-		// Most clusters: no node runs the plugin, so no layout needs the
-		// pod's constraints checked a second time on every request.
-		return runtimeDecision{why: noPluginWhy}
-	}
-	affinity := nodeaffinity.GetRequiredNodeAffinity(pod)
-	var match *affinityNode
-	if hasRequiredAffinity(pod) {
-		match = newAffinityNode(pod)
-	}
-	var ready []*Layout
-	others := 0
-	for _, l := range layouts {
-		if layoutFit(pod, l, affinity, match, renamed, need) != "" {
+	var libs []string
+	ready, others := 0, 0
+	for i, l := range r.layouts {
+		if r.fit(&r.asIs, i).kind != fits {
 			continue
 		}
-		if l.NRIReady() {
-			ready = append(ready, l)
-		} else {
+		if !l.NRIReady() {
 			others++
+			continue
 		}
-	}
-	d := runtimeDecision{layout: &Layout{Runtime: true}}
-	for _, l := range ready {
+		ready++
 		for _, p := range l.Plan.LibraryPaths {
-			if !slices.Contains(d.libs, p) {
-				d.libs = append(d.libs, p)
+			if !slices.Contains(libs, p) {
+				libs = append(libs, p)
 			}
 		}
 	}
-	if again {
+	d := runtimeDecision{layout: &Layout{Runtime: true}, libs: libs}
+	if reinvoked {
 		if len(d.libs) == 0 {
-			d.libs = []string{cfg.ContainerPaths.LibraryDir}
+			d.libs = []string{r.cfg.ContainerPaths.LibraryDir}
 		}
-		d.pin = pod.Spec.NodeSelector[layout.LabelNRIPlugin] == layout.NRIProtocol
+		d.pin = r.view.Spec.NodeSelector[layout.LabelNRIPlugin] == layout.NRIProtocol
 		return d
 	}
 	switch {
-	case len(ready) == 0 && others == 0:
-		return runtimeDecision{why: "no ready GPU node fits the pod"}
-	case len(ready) == 0:
-		return runtimeDecision{why: noPluginWhy}
+	case ready == 0 && others == 0:
+		return runtimeDecision{why: noRuntimeNoNode}
+	case ready == 0:
+		return runtimeDecision{why: noRuntimePlugin}
 	case others == 0:
 		return d
-	case forbidsHostPath || cfg.DriverDelivery == config.DeliveryRuntime:
+	case r.hostPathForbidden() || r.cfg.DriverDelivery == config.DeliveryRuntime:
 		d.pin = true
 		return d
 	}
-	return runtimeDecision{why: fmt.Sprintf("%d of the layouts the pod can use have nodes without gpu-injector's NRI plugin", others)}
+	return runtimeDecision{why: noRuntimeSomeNodes, others: others}
+}
+
+// runtimeRuledOut says why the NRI plugin cannot serve a pod injected for the
+// first time before any layout is fitted, runtimeServes if it may.
+func (r *request) runtimeRuledOut() noRuntime {
+	names := make([]string, 0, len(r.targets))
+	for _, ref := range r.targets {
+		names = append(names, ref.get(r.view).Name)
+	}
+	switch {
+	case !markable(names):
+		// The API server refuses such a pod after admission anyway; a marker
+		// the plugin cannot read would only hide why.
+		return noRuntimeNames
+	case r.cfg.DriverDelivery == config.DeliveryHostPath:
+		return noRuntimeConfigured
+	case r.prev != nil:
+		return noRuntimeHostPath
+	case len(r.legacy) > 0 && r.cfg.LegacyMounts == config.LegacyMountsKeep:
+		return noRuntimeLegacyKept
+	case !slices.ContainsFunc(r.layouts, (*Layout).NRIReady):
+		// No layout has the plugin: none is fitted for it.
+		return noRuntimePlugin
+	}
+	return runtimeServes
 }
 
 // markable reports whether containers can be named in a marker the plugin
@@ -123,41 +164,41 @@ func markable(names []string) bool {
 // that a runtime with NRI's default validator does not create them without
 // the plugin, LD_LIBRARY_PATH, and the injection record. No volume, no pin
 // on a layout: the node the pod lands on picks its driver.
-func (m matcher) injectRuntime(ed *editor, targets []containerRef, d runtimeDecision, legacy []legacyMount, warn func(string, ...any)) {
-	pod := ed.pod
-	if len(legacy) > 0 {
-		replaceLegacy(ed, legacy, d.layout, warn)
+func (r *request) injectRuntime(c *change, d runtimeDecision) {
+	pod := c.pod
+	if len(r.legacy) > 0 {
+		replaceLegacy(c, r.legacy, d.layout)
 	}
-	names := make([]string, 0, len(targets))
-	for _, ref := range targets {
+	names := make([]string, 0, len(r.targets))
+	for _, ref := range r.targets {
 		names = append(names, ref.get(pod).Name)
-		m.mergeLDLibraryPath(ed, ref, d.libs, warn)
+		r.mergeLDLibraryPath(c, ref, d.libs)
 	}
 	marker := layout.FormatRuntimeMarker(names)
 	if have, ok := pod.Annotations[layout.AnnotationRuntimeInject]; ok && have != marker {
-		warn("the pod's annotation %s %q was replaced: only gpu-injector writes it", layout.AnnotationRuntimeInject, layout.Truncate(have, 64))
+		c.warn("the pod's annotation %s %q was replaced: only gpu-injector writes it", layout.AnnotationRuntimeInject, layout.Truncate(have, 64))
 	}
 	if pod.Annotations[layout.AnnotationRuntimeInject] != marker {
-		ed.do(setAnnotation{key: layout.AnnotationRuntimeInject, value: marker})
+		c.do(setAnnotation{key: layout.AnnotationRuntimeInject, value: marker})
 	}
 	for _, name := range names {
-		key, value := requiredPlugins(pod.Annotations, name, warn)
+		key, value := requiredPlugins(pod.Annotations, name, c.warn)
 		if pod.Annotations[key] != value {
-			ed.do(setAnnotation{key: key, value: value})
+			c.do(setAnnotation{key: key, value: value})
 		}
 	}
 	if d.pin {
 		if have, ok := pod.Spec.NodeSelector[layout.LabelNRIPlugin]; !ok {
-			ed.do(addNodeSelector{key: layout.LabelNRIPlugin, value: layout.NRIProtocol})
-			warn("pinned to nodes whose gpu-injector NRI plugin is registered (nodeSelector %s=%s): some GPU nodes this pod could use can only get the driver as hostPath volumes, which are not an option here; an autoscaler adds a node for this pod only if its node template carries that label",
+			c.do(addNodeSelector{key: layout.LabelNRIPlugin, value: layout.NRIProtocol})
+			c.warn("pinned to nodes whose gpu-injector NRI plugin is registered (nodeSelector %s=%s): some GPU nodes this pod could use can only get the driver as hostPath volumes, which are not an option here; an autoscaler adds a node for this pod only if its node template carries that label",
 				layout.LabelNRIPlugin, layout.NRIProtocol)
 		} else if have != layout.NRIProtocol {
-			warn("pod's nodeSelector %s=%s conflicts with the runtime injection's %s=%s; kept the pod's", layout.LabelNRIPlugin, have, layout.LabelNRIPlugin, layout.NRIProtocol)
+			c.warn("pod's nodeSelector %s=%s conflicts with the runtime injection's %s=%s; kept the pod's", layout.LabelNRIPlugin, have, layout.LabelNRIPlugin, layout.NRIProtocol)
 		}
 	}
 	record := layout.Injected{Runtime: layout.InjectedByNRI, Containers: names}.String()
 	if pod.Annotations[layout.AnnotationInjected] != record {
-		ed.do(setAnnotation{key: layout.AnnotationInjected, value: record})
+		c.do(setAnnotation{key: layout.AnnotationInjected, value: record})
 	}
 }
 

@@ -115,7 +115,7 @@ func (l *Layout) NRIReady() bool {
 // mounts, built once per Layout rather than per request: the volume's name
 // (a hash), the volume and a read-only mount of it, and both as the JSON the
 // patch carries. A name that must change to avoid a user's volume is built
-// per request instead (see matcher.inject).
+// per request instead (see freeVolumeNames).
 type preparedMount struct {
 	mount  layout.Mount
 	volume corev1.Volume

@@ -149,28 +149,9 @@ func CheckMutation(t *testing.T, pod *corev1.Pod, nsLabels map[string]string, la
 	before := pod.DeepCopy()
 	in := inject.Input{Pod: pod, NamespaceLabels: nsLabels, Layouts: layouts, Seed: inject.Seed(pod.Namespace + "/" + pod.Name)}
 	res := inject.Mutate(in, cfg)
-	switch res.Decision {
-	case inject.DecisionDenied:
-		// Callers drop a denied pod (the handler sends no patch, the
-		// offline command prints the document as written), so what Mutate
-		// left in it does not matter.
-		if res.Reason == "" {
-			t.Fatalf("denied without a reason")
-		}
+	CheckUnchangedUnlessInjected(t, before, pod, res)
+	if res.Decision != inject.DecisionInjected {
 		return
-	case inject.DecisionSkipped:
-		if len(res.Patch) > 0 || len(res.Edits) > 0 {
-			t.Fatalf("a skipped pod has %d patch operations", len(res.Patch))
-		}
-		if !apiequality.Semantic.DeepEqual(before, pod) {
-			a, _ := json.Marshal(before)
-			b, _ := json.Marshal(pod)
-			t.Fatalf("a %s pod was changed (reason %q):\n%s\n%s", res.Decision, res.Reason, a, b)
-		}
-		return
-	case inject.DecisionInjected:
-	default:
-		t.Fatalf("unknown decision %q", res.Decision)
 	}
 
 	// The patch the webhook sends makes the same pod out of the one it got.
@@ -274,6 +255,38 @@ func CheckMutation(t *testing.T, pod *corev1.Pod, nsLabels map[string]string, la
 	}
 	if res2.Decision == inject.DecisionInjected || len(res2.Patch) > 0 {
 		t.Fatalf("a second run reports a change: %d patch operations", len(res2.Patch))
+	}
+}
+
+// CheckUnchangedUnlessInjected checks what Mutate promises of every pod, the
+// golden cases' and the fuzzed ones alike: a denied or skipped pod is left
+// as it came, its JSON byte for byte, with no edit and no patch, and a denial
+// says why; an injected pod comes with a patch. before is a copy of the pod
+// as it came, after the pod Mutate was given.
+func CheckUnchangedUnlessInjected(t testing.TB, before, after *corev1.Pod, res inject.Result) {
+	t.Helper()
+	switch res.Decision {
+	case inject.DecisionDenied, inject.DecisionSkipped:
+		if len(res.Patch) > 0 || len(res.Edits) > 0 {
+			t.Fatalf("a %s pod has %d edits and %d patch operations (reason %q)", res.Decision, len(res.Edits), len(res.Patch), res.Reason)
+		}
+		a, errA := json.Marshal(before)
+		b, errB := json.Marshal(after)
+		if err := errors.Join(errA, errB); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(a, b) || !apiequality.Semantic.DeepEqual(before, after) {
+			t.Fatalf("a %s pod was changed (reason %q):\n%s\n%s", res.Decision, res.Reason, a, b)
+		}
+		if res.Decision == inject.DecisionDenied && res.Reason == "" {
+			t.Fatalf("denied without a reason")
+		}
+	case inject.DecisionInjected:
+		if len(res.Patch) == 0 {
+			t.Fatalf("decision %s without a patch", res.Decision)
+		}
+	default:
+		t.Fatalf("unknown decision %q", res.Decision)
 	}
 }
 
