@@ -124,15 +124,14 @@ func (d *decision) warn(format string, args ...any) {
 	d.warnings = append(d.warnings, WarnPrefix+fmt.Sprintf(format, args...))
 }
 
-func (d *decision) deny(c reason) decision {
+func (d *decision) deny(c reason) {
 	d.outcome, d.reason = outcomeDeny, c
-	return *d
 }
 
-// decide is the decision on a request, pure as istio's injectRequired:
-// whether the pod gets the driver, how and from which layout, or why it is
-// skipped, admitted without it or denied. It reads the request and changes
-// nothing; apply makes the edits.
+// decide is the decision on a request, kept apart from the edits as istio
+// keeps injectRequired apart from injectPod: whether the pod gets the
+// driver, how and from which layout, or why it is skipped, admitted without
+// it or denied. It changes nothing of the pod; apply makes the edits.
 func (r *request) decide() decision {
 	switch {
 	case r.exempt != reasonNone:
@@ -172,7 +171,8 @@ func (r *request) decideLayout(rt runtimeDecision) decision {
 	d := decision{runtime: rt, dropMarker: marked}
 	if r.hostPathForbidden() {
 		if r.cfg.PodSecurity == config.PodSecurityDeny {
-			return d.deny(reasonPodSecurity)
+			d.deny(reasonPodSecurity)
+			return d
 		}
 		d.warn("%s: the API server will reject this pod", r.podSecurityWhy(rt))
 	}

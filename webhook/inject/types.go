@@ -183,7 +183,8 @@ const (
 	DecisionInjected Decision = "Injected"
 	// DecisionSkipped: the pod was left unchanged; Reason says why.
 	DecisionSkipped Decision = "Skipped"
-	// DecisionDenied: the pod must be rejected; Reason is the user's message.
+	// DecisionDenied: the pod must be rejected, and was left unchanged;
+	// Reason is the user's message.
 	DecisionDenied Decision = "Denied"
 )
 
@@ -220,7 +221,8 @@ type Input struct {
 	GPUClaims []string
 }
 
-// Result is the mutation's answer; Input.Pod is changed in place.
+// Result is the mutation's answer. Input.Pod is changed in place when the
+// Decision is Injected, and left as it came otherwise.
 type Result struct {
 	// Edits are the changes made to the pod, in order; Patch holds the JSON
 	// Patch operations that make them on the pod's JSON. Both are empty
