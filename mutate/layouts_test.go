@@ -15,8 +15,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/gpu-injector/gpu-injector/internal/testfixtures/fakeroot"
 	"github.com/gpu-injector/gpu-injector/nodeprobe"
-	"github.com/gpu-injector/gpu-injector/nodeprobe/fakeroot"
 )
 
 // TestClassicManifestsOnEveryProbedLayout runs `gpu-injector mutate` over

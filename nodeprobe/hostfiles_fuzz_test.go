@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpu-injector/gpu-injector/internal/testfixtures/fakeroot"
 	"github.com/gpu-injector/gpu-injector/layout"
-	"github.com/gpu-injector/gpu-injector/nodeprobe/fakeroot"
 )
 
 // The probe reads a host it does not control: links anyone with root on the
