@@ -60,7 +60,7 @@ func TestClassicManifestsOnEveryProbedLayout(t *testing.T) {
 						t.Fatal(err)
 					}
 					var out, stderr bytes.Buffer
-					if err := Run([]string{"-f", in, "--nodes", nodes}, nil, &out, &stderr); err != nil {
+					if err := Run(Options{File: in, NodeFiles: []string{nodes}}, nil, &out, &stderr); err != nil {
 						t.Fatalf("mutate: %v\n%s", err, stderr.String())
 					}
 					var pod corev1.Pod
@@ -344,7 +344,7 @@ spec:
           claims:
           - name: gpu
 `
-	out, stderr, err := runMutate(t, manifest, "-f", "-", "--nodes", "../webhook/inject/testdata/nodes-modern.yaml", "--nodes", "../webhook/inject/testdata/nodes-dra-slices.yaml")
+	out, stderr, err := runMutate(t, manifest, "-", "../webhook/inject/testdata/nodes-modern.yaml", "../webhook/inject/testdata/nodes-dra-slices.yaml")
 	if err != nil {
 		t.Fatalf("mutate: %v\n%s", err, stderr)
 	}

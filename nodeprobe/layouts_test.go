@@ -139,7 +139,7 @@ func mutateAgainst(t *testing.T, manifest string, pub nodeprobe.Published) []cor
 		t.Fatal(err)
 	}
 	var stdout, stderr bytes.Buffer
-	if err := mutate.Run([]string{"-f", manifest, "--nodes", nodesFile}, nil, &stdout, &stderr); err != nil {
+	if err := mutate.Run(mutate.Options{File: manifest, NodeFiles: []string{nodesFile}}, nil, &stdout, &stderr); err != nil {
 		t.Fatalf("gpu-injector mutate -f %s: %v\n%s", manifest, err, stderr.String())
 	}
 	return podSpecs(t, stdout.Bytes())

@@ -138,7 +138,7 @@ func TestAgainstTheRuntime(t *testing.T) {
 	}
 
 	m := newMetrics()
-	s := &server{opts: &options{socket: sock, stateDir: dir, pluginIndex: "50", healthAddr: "0", metricsAddr: "0"},
+	s := &server{opts: &Options{Socket: sock, StateDir: dir, PluginIndex: "50", HealthAddr: "0", MetricsAddr: "0"},
 		log: nodeagent.NewLogger(io.Discard, 0), metrics: m,
 		plugin: &Plugin{StateDir: dir, Rules: config.Default().Rules(), Log: nodeagent.NewLogger(io.Discard, 0), Count: m.count}}
 	ctx, cancel := context.WithCancel(context.Background())

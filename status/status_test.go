@@ -458,7 +458,7 @@ func TestWidthAndColour(t *testing.T) {
 func TestOutputFormats(t *testing.T) {
 	r := collect(t, &stubDryRun{pod: injectedPod("fp-gpu-a")}, healthy()...)
 	var out bytes.Buffer
-	if err := write(&out, r, &options{output: "json"}); err != nil {
+	if err := write(&out, r, Options{Output: "json"}); err != nil {
 		t.Fatal(err)
 	}
 	var back Report
@@ -469,23 +469,11 @@ func TestOutputFormats(t *testing.T) {
 		t.Errorf("json round trip %+v", back)
 	}
 	out.Reset()
-	if err := write(&out, r, &options{output: "yaml"}); err != nil {
+	if err := write(&out, r, Options{Output: "yaml"}); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(out.String(), "outcome: injected") {
 		t.Errorf("yaml output:\n%s", out.String())
-	}
-}
-
-func TestFlags(t *testing.T) {
-	var stderr bytes.Buffer
-	for _, args := range [][]string{{"-o", "wide"}, {"--color", "sometimes"}, {"extra"}} {
-		if code := Main(context.Background(), args, &bytes.Buffer{}, &stderr); code != ExitUsage {
-			t.Errorf("%v: exit %d, want %d", args, code, ExitUsage)
-		}
-	}
-	if code := Main(context.Background(), []string{"--kubeconfig", "/nonexistent/kubeconfig"}, &bytes.Buffer{}, &stderr); code != ExitError {
-		t.Errorf("unreadable kubeconfig: exit %d, want %d", code, ExitError)
 	}
 }
 
