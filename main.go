@@ -13,12 +13,8 @@ import (
 	"path/filepath"
 	"syscall"
 
-	"github.com/gpu-injector/gpu-injector/mutate"
-	"github.com/gpu-injector/gpu-injector/nodeprobe"
-	"github.com/gpu-injector/gpu-injector/nriplugin"
-	"github.com/gpu-injector/gpu-injector/status"
+	"github.com/gpu-injector/gpu-injector/cmd"
 	"github.com/gpu-injector/gpu-injector/version"
-	"github.com/gpu-injector/gpu-injector/webhook"
 )
 
 const usage = `gpu-injector: users write only a GPU limit; the cluster injects the node's NVIDIA driver.
@@ -60,15 +56,15 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	var err error
 	switch args[0] {
 	case "webhook":
-		err = webhook.Run(ctx, args[1:], stdout, stderr)
+		err = cmd.Webhook(ctx, args[1:], stderr)
 	case "nodeprobe":
-		err = nodeprobe.Run(ctx, args[1:], stdout, stderr)
+		err = cmd.NodeProbe(ctx, args[1:], stdout, stderr)
 	case "nri-plugin":
-		err = nriplugin.Run(ctx, args[1:], stderr)
+		err = cmd.NRIPlugin(ctx, args[1:], stderr)
 	case "mutate":
-		err = mutate.Run(args[1:], stdin, stdout, stderr)
+		err = cmd.Mutate(args[1:], stdin, stdout, stderr)
 	case "status":
-		return status.Main(ctx, args[1:], stdout, stderr)
+		return cmd.Status(ctx, args[1:], stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintln(stdout, version.String())
 	case "help", "-h", "--help":
@@ -77,13 +73,12 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "gpu-injector: unknown command %q\n\n%s", args[0], usage)
 		return 2
 	}
-	switch {
-	case err == nil:
+	if err == nil || errors.Is(err, flag.ErrHelp) {
 		return 0
-	case errors.Is(err, flag.ErrHelp):
-		return 0
-	default:
-		fmt.Fprintf(stderr, "gpu-injector %s: %v\n", args[0], err)
-		return 1
 	}
+	fmt.Fprintf(stderr, "gpu-injector %s: %v\n", args[0], err)
+	if errors.Is(err, cmd.ErrUsage) {
+		return 2
+	}
+	return 1
 }

@@ -21,7 +21,7 @@ import (
 	"github.com/gpu-injector/gpu-injector/e2e/cluster"
 	"github.com/gpu-injector/gpu-injector/e2e/env"
 	"github.com/gpu-injector/gpu-injector/layout"
-	"github.com/gpu-injector/gpu-injector/webhook/gpunodes"
+	"github.com/gpu-injector/gpu-injector/layout/pools"
 )
 
 // poolMemoryName is the chart's <fullname>-pools for the environment's release.
@@ -45,13 +45,13 @@ func TestPoolScaledToZero(t *testing.T) {
 	fp := currentFingerprint(t, kn.Name)
 	cfg := enablePoolPinning(t, "config.pinning.nodeLabels={"+env.LabelAccelerator+"}")
 
-	var mem gpunodes.PoolMemory
+	var mem pools.Memory
 	waitFor(t, 2*time.Minute, "the elected webhook to remember pool "+pool, func(ctx context.Context) (bool, error) {
 		cm, err := client().CoreV1().ConfigMaps(env.Namespace).Get(ctx, poolMemoryName, metav1.GetOptions{})
 		if err != nil {
 			return false, nil
 		}
-		entries, errs := gpunodes.DecodeMemory(cm.Data, cfg, time.Now())
+		entries, errs := pools.DecodeMemory(cm.Data, cfg, time.Now())
 		if len(errs) > 0 {
 			return false, errs[0]
 		}
@@ -241,7 +241,7 @@ func TestPoolScaledToZero(t *testing.T) {
 		},
 	}
 	createPod(t, plain, stray)
-	msg := waitEvent(t, plain, stray.Name, gpunodes.ReasonLayoutMismatch, "publishes layout "+fp)
+	msg := waitEvent(t, plain, stray.Name, pools.ReasonLayoutMismatch, "publishes layout "+fp)
 	t.Logf("event on %s/%s: %s", plain, stray.Name, msg)
 	for _, want := range []string{wrong, "driver 470.82.01", "pool's memory", "node " + kn.Name + " of pool " + pool, "Delete the pod"} {
 		if !strings.Contains(msg, want) {

@@ -20,9 +20,9 @@ import (
 	"github.com/gpu-injector/gpu-injector/e2e/env"
 	"github.com/gpu-injector/gpu-injector/e2e/standin"
 	"github.com/gpu-injector/gpu-injector/e2e/workloads"
+	"github.com/gpu-injector/gpu-injector/internal/testfixtures/fakeroot"
 	"github.com/gpu-injector/gpu-injector/layout"
 	"github.com/gpu-injector/gpu-injector/nodeprobe"
-	"github.com/gpu-injector/gpu-injector/nodeprobe/fakeroot"
 )
 
 // TestNamespaceOptIn: the same GPU pod, on the kubelet node, in a namespace

@@ -15,8 +15,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/gpu-injector/gpu-injector/internal/testfixtures/fakeroot"
 	"github.com/gpu-injector/gpu-injector/nodeprobe"
-	"github.com/gpu-injector/gpu-injector/nodeprobe/fakeroot"
 )
 
 // TestClassicManifestsOnEveryProbedLayout runs `gpu-injector mutate` over
@@ -60,7 +60,7 @@ func TestClassicManifestsOnEveryProbedLayout(t *testing.T) {
 						t.Fatal(err)
 					}
 					var out, stderr bytes.Buffer
-					if err := Run([]string{"-f", in, "--nodes", nodes}, nil, &out, &stderr); err != nil {
+					if err := Run(Options{File: in, NodeFiles: []string{nodes}}, nil, &out, &stderr); err != nil {
 						t.Fatalf("mutate: %v\n%s", err, stderr.String())
 					}
 					var pod corev1.Pod
@@ -344,7 +344,7 @@ spec:
           claims:
           - name: gpu
 `
-	out, stderr, err := runMutate(t, manifest, "-f", "-", "--nodes", "../webhook/inject/testdata/nodes-modern.yaml", "--nodes", "../webhook/inject/testdata/nodes-dra-slices.yaml")
+	out, stderr, err := runMutate(t, manifest, "-", "../webhook/inject/testdata/nodes-modern.yaml", "../webhook/inject/testdata/nodes-dra-slices.yaml")
 	if err != nil {
 		t.Fatalf("mutate: %v\n%s", err, stderr)
 	}

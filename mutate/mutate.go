@@ -8,7 +8,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -45,33 +44,35 @@ var templatePaths = map[string][]string{
 	"PodTemplate":           {"template"},
 }
 
-// Run is the `mutate` subcommand.
-func Run(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("mutate", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	file := fs.String("f", "", "manifests to mutate: multi-document YAML or JSON of Pods and workloads; - for stdin (required)")
-	var nodeFiles stringList
-	fs.Var(&nodeFiles, "nodes", "Node objects (YAML or JSON; `kubectl get nodes -o yaml` output works as is); repeatable (required)")
-	cfgFile := fs.String("config", "", "configuration file (InjectorConfiguration); defaults when empty")
-	namespace := fs.String("namespace", "default", "namespace of documents that name none")
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "Usage: gpu-injector mutate -f FILE --nodes NODES [--config CFG]\n\nPrints the documents of FILE as the webhook would mutate them; warnings go to stderr.")
-		fs.PrintDefaults()
+// Options say what to mutate, against which cluster.
+type Options struct {
+	// File holds the manifests: multi-document YAML or JSON of Pods and
+	// workloads; "-" reads stdin.
+	File string
+	// NodeFiles hold Node objects (YAML or JSON; `kubectl get nodes -o
+	// yaml` output works as is), and any DRA objects that come with them.
+	NodeFiles []string
+	// Config is the injector configuration; nil means the defaults.
+	Config *config.Configuration
+	// Namespace is that of documents that name none; empty means "default".
+	Namespace string
+}
+
+// Run prints the documents of opts.File to stdout as the webhook would mutate
+// them, and warnings to stderr (`gpu-injector mutate`). It wraps ErrDenied
+// when the webhook would deny a document.
+func Run(opts Options, stdin io.Reader, stdout, stderr io.Writer) error {
+	cfg := opts.Config
+	if cfg == nil {
+		cfg = config.Default()
 	}
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if *file == "" || len(nodeFiles) == 0 {
-		fs.Usage()
-		return fmt.Errorf("failed to start: -f and --nodes are required")
-	}
-	cfg, err := config.Load(*cfgFile)
-	if err != nil {
-		return err
+	namespace := opts.Namespace
+	if namespace == "" {
+		namespace = "default"
 	}
 	var nodes []corev1.Node
 	var draObjects []client.Object
-	for _, nf := range nodeFiles {
+	for _, nf := range opts.NodeFiles {
 		ns, objs, err := readCluster(nf)
 		if err != nil {
 			return err
@@ -79,18 +80,18 @@ func Run(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 		nodes = append(nodes, ns...)
 		draObjects = append(draObjects, objs...)
 	}
-	in, err := readInput(*file, stdin)
+	in, err := readInput(opts.File, stdin)
 	if err != nil {
 		return err
 	}
 	docs, isJSON, err := splitDocuments(in)
 	if err != nil {
-		return fmt.Errorf("failed to read %s: %w", *file, err)
+		return fmt.Errorf("failed to read %s: %w", opts.File, err)
 	}
 	// Claims and claim templates applied with the workloads say which pods
 	// claim GPUs, as the cluster's would.
 	for _, doc := range docs {
-		if obj := draDocument(doc, *namespace); obj != nil {
+		if obj := draDocument(doc, namespace); obj != nil {
 			draObjects = append(draObjects, obj)
 		}
 	}
@@ -109,12 +110,12 @@ func Run(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	if w := idx.Wedged(); len(w) > 0 {
 		fmt.Fprintf(stderr, "warning: %d nodes have a wedged NVIDIA driver and get no GPU pods\n", len(w))
 	}
-	m := &mutator{cfg: cfg, layouts: layouts, wedged: idx.Wedged(), dra: dra, namespace: *namespace, stderr: stderr}
+	m := &mutator{cfg: cfg, layouts: layouts, wedged: idx.Wedged(), dra: dra, namespace: namespace, stderr: stderr}
 	var out [][]byte
 	for i, doc := range docs {
 		res, err := m.document(doc, isJSON)
 		if err != nil {
-			return fmt.Errorf("failed to mutate document %d of %s: %w", i+1, *file, err)
+			return fmt.Errorf("failed to mutate document %d of %s: %w", i+1, opts.File, err)
 		}
 		out = append(out, res)
 	}
@@ -142,11 +143,6 @@ func Run(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	}
 	return nil
 }
-
-type stringList []string
-
-func (s *stringList) String() string     { return strings.Join(*s, ",") }
-func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
 
 func stderrLogger(w io.Writer) logr.Logger {
 	return funcr.New(func(prefix, args string) {

@@ -22,10 +22,11 @@ import (
 
 const nodesFile = "../webhook/inject/testdata/nodes.yaml"
 
-func runMutate(t *testing.T, stdin string, args ...string) (string, string, error) {
+// runMutate mutates file ("-" for stdin) against the Nodes of nodes.
+func runMutate(t *testing.T, stdin, file string, nodes ...string) (string, string, error) {
 	t.Helper()
 	var out, errb bytes.Buffer
-	err := Run(args, strings.NewReader(stdin), &out, &errb)
+	err := Run(Options{File: file, NodeFiles: nodes}, strings.NewReader(stdin), &out, &errb)
 	return out.String(), errb.String(), err
 }
 
@@ -47,7 +48,7 @@ func docs(t *testing.T, s string) []string {
 // mounts of the node's driver paths, LD_LIBRARY_PATH and the fingerprint
 // node selector.
 func TestClassicManifests(t *testing.T) {
-	out, stderr, err := runMutate(t, "", "-f", "testdata/classic.yaml", "--nodes", nodesFile)
+	out, stderr, err := runMutate(t, "", "testdata/classic.yaml", nodesFile)
 	if err != nil {
 		t.Fatalf("mutate: %v\n%s", err, stderr)
 	}
@@ -119,7 +120,7 @@ func TestClassicManifests(t *testing.T) {
 	}
 
 	// Mutating the output again changes nothing.
-	again, stderr2, err := runMutate(t, out, "-f", "-", "--nodes", nodesFile)
+	again, stderr2, err := runMutate(t, out, "-", nodesFile)
 	if err != nil {
 		t.Fatalf("second run: %v\n%s", err, stderr2)
 	}
@@ -137,7 +138,7 @@ func TestJSONListAndKubectlNodes(t *testing.T) {
 		t.Fatal(err)
 	}
 	in := `{"apiVersion":"v1","kind":"List","items":[{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p"},"spec":{"containers":[{"name":"c","image":"x","resources":{"limits":{"nvidia.com/gpu":"1"}}}]}},{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"cm"}}]}`
-	out, stderr, err := runMutate(t, in, "-f", "-", "--nodes", nf)
+	out, stderr, err := runMutate(t, in, "-", nf)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, stderr)
 	}
@@ -180,20 +181,21 @@ func TestErrors(t *testing.T) {
 	os.WriteFile(deny, []byte("apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  nodeSelector: {accelerator: none}\n  containers: [{name: c, image: x, resources: {limits: {nvidia.com/gpu: 1}}}]\n"), 0o644)
 
 	tests := map[string]struct {
-		args    []string
+		opts    Options
 		wantErr string
 		denied  bool
 	}{
-		"unparsable input":   {args: []string{"-f", bad, "--nodes", nodesFile}, wantErr: "failed to mutate document 1 of " + bad},
-		"missing file":       {args: []string{"-f", filepath.Join(dir, "nope.yaml"), "--nodes", nodesFile}, wantErr: "no such file"},
-		"nodes not nodes":    {args: []string{"-f", deny, "--nodes", notNode}, wantErr: `document 1 is a "Pod", not a Node`},
-		"no kind":            {args: []string{"-f", noKind, "--nodes", nodesFile}, wantErr: "document has no kind"},
-		"flags missing":      {args: []string{"-f", deny}, wantErr: "-f and --nodes are required"},
-		"denied is an error": {args: []string{"-f", deny, "--nodes", nodesFile}, wantErr: "would deny", denied: true},
+		"unparsable input":   {opts: Options{File: bad, NodeFiles: []string{nodesFile}}, wantErr: "failed to mutate document 1 of " + bad},
+		"missing file":       {opts: Options{File: filepath.Join(dir, "nope.yaml"), NodeFiles: []string{nodesFile}}, wantErr: "no such file"},
+		"nodes not nodes":    {opts: Options{File: deny, NodeFiles: []string{notNode}}, wantErr: `document 1 is a "Pod", not a Node`},
+		"no kind":            {opts: Options{File: noKind, NodeFiles: []string{nodesFile}}, wantErr: "document has no kind"},
+		"denied is an error": {opts: Options{File: deny, NodeFiles: []string{nodesFile}}, wantErr: "would deny", denied: true},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			_, stderr, err := runMutate(t, "", tc.args...)
+			var out, errb bytes.Buffer
+			err := Run(tc.opts, strings.NewReader(""), &out, &errb)
+			stderr := errb.String()
 			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 				t.Fatalf("err = %v, want it to contain %q\n%s", err, tc.wantErr, stderr)
 			}
@@ -235,7 +237,7 @@ spec:
     image: x
     resources: {limits: {nvidia.com/gpu: 1}}
 `
-	out, stderr, err := runMutate(t, in, "-f", "-", "--nodes", nodesFile)
+	out, stderr, err := runMutate(t, in, "-", nodesFile)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, stderr)
 	}
@@ -300,7 +302,7 @@ spec:
           limits:
             alpha.kubernetes.io/nvidia-gpu: 1
 `
-	out, stderr, err := runMutate(t, in, "-f", "-", "--nodes", nodes)
+	out, stderr, err := runMutate(t, in, "-", nodes)
 	if err != nil {
 		t.Fatalf("mutate: %v\n%s", err, stderr)
 	}
@@ -319,7 +321,7 @@ spec:
 	if !strings.Contains(stderr, "added the toleration {key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}") {
 		t.Errorf("stderr lacks the toleration in the rename warning:\n%s", stderr)
 	}
-	again, stderr2, err := runMutate(t, out, "-f", "-", "--nodes", nodes)
+	again, stderr2, err := runMutate(t, out, "-", nodes)
 	if err != nil || again != out {
 		t.Errorf("second run: %v, changed=%v\n%s", err, again != out, stderr2)
 	}
@@ -363,7 +365,7 @@ func TestReinjectsStaleTemplates(t *testing.T) {
 		}
 		in.Write(b)
 	}
-	out, stderr, err := runMutate(t, in.String(), "-f", "-", "--nodes", nodesFile)
+	out, stderr, err := runMutate(t, in.String(), "-", nodesFile)
 	if err != nil {
 		t.Fatalf("mutate: %v\n%s", err, stderr)
 	}
@@ -411,7 +413,7 @@ func TestReinjectsStaleTemplates(t *testing.T) {
 			t.Errorf("%s: nodeSelector = %v, want %v", kind, ps.NodeSelector, want)
 		}
 	}
-	again, stderr2, err := runMutate(t, out, "-f", "-", "--nodes", nodesFile)
+	again, stderr2, err := runMutate(t, out, "-", nodesFile)
 	if err != nil || again != out {
 		t.Errorf("second run: %v, changed=%v\n%s", err, again != out, stderr2)
 	}
@@ -434,7 +436,7 @@ func TestDemoManifestsOnNRINodes(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			file := filepath.Join("..", "hack", "demo", "manifests", tc.file)
-			out, stderr, err := runMutate(t, "", "-f", file, "--nodes", nriNodes)
+			out, stderr, err := runMutate(t, "", file, nriNodes)
 			if err != nil {
 				t.Fatalf("mutate: %v\n%s", err, stderr)
 			}
@@ -465,7 +467,7 @@ func TestDemoManifestsOnNRINodes(t *testing.T) {
 			if !tc.runtime && (marked || hostPaths == 0) {
 				t.Errorf("marker %q (present %v), %d hostPath volumes: want hostPath volumes and no marker", marker, marked, hostPaths)
 			}
-			again, stderr2, err := runMutate(t, out, "-f", "-", "--nodes", nriNodes)
+			again, stderr2, err := runMutate(t, out, "-", nriNodes)
 			if err != nil {
 				t.Fatalf("second run: %v\n%s", err, stderr2)
 			}

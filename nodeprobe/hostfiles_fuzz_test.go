@@ -13,8 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpu-injector/gpu-injector/internal/testfixtures/fakeroot"
 	"github.com/gpu-injector/gpu-injector/layout"
-	"github.com/gpu-injector/gpu-injector/nodeprobe/fakeroot"
+	"github.com/gpu-injector/gpu-injector/nodeprobe/hostroot"
 )
 
 // The probe reads a host it does not control: links anyone with root on the
@@ -71,7 +72,7 @@ func FuzzResolve(f *testing.F) {
 			t.Fatalf("resolve(%q) = %q for a relative path", p, got)
 		}
 		if err != nil {
-			if errors.Is(err, errTooManyLinks) {
+			if errors.Is(err, hostroot.ErrTooManyLinks) {
 				return
 			}
 			if len(p) < 256 && !escapes(p, t0, t1, t2, t3) {
@@ -97,7 +98,7 @@ func FuzzResolve(f *testing.F) {
 		}
 		// The chain of links the probe reports as evidence ends where the
 		// links lead (its '..' are lexical, hence only without them).
-		if chain := h.linkChain(p); p == path.Clean(p) && !escapes(p, t0, t1, t2, t3) && len(chain) < maxSymlinks {
+		if chain := h.linkChain(p); p == path.Clean(p) && !escapes(p, t0, t1, t2, t3) && len(chain) < hostroot.MaxSymlinks {
 			for _, c := range chain {
 				if !path.IsAbs(c) || path.Clean(c) != c {
 					t.Fatalf("linkChain(%q) = %q: %q is not a clean absolute path", p, chain, c)

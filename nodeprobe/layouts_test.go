@@ -20,10 +20,10 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
 
+	"github.com/gpu-injector/gpu-injector/internal/testfixtures/fakeroot"
 	"github.com/gpu-injector/gpu-injector/layout"
 	"github.com/gpu-injector/gpu-injector/mutate"
 	"github.com/gpu-injector/gpu-injector/nodeprobe"
-	"github.com/gpu-injector/gpu-injector/nodeprobe/fakeroot"
 )
 
 // classicManifests are the seed-style manifests the project ships: what
@@ -139,7 +139,7 @@ func mutateAgainst(t *testing.T, manifest string, pub nodeprobe.Published) []cor
 		t.Fatal(err)
 	}
 	var stdout, stderr bytes.Buffer
-	if err := mutate.Run([]string{"-f", manifest, "--nodes", nodesFile}, nil, &stdout, &stderr); err != nil {
+	if err := mutate.Run(mutate.Options{File: manifest, NodeFiles: []string{nodesFile}}, nil, &stdout, &stderr); err != nil {
 		t.Fatalf("gpu-injector mutate -f %s: %v\n%s", manifest, err, stderr.String())
 	}
 	return podSpecs(t, stdout.Bytes())

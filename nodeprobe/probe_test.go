@@ -16,8 +16,8 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/gpu-injector/gpu-injector/config"
+	"github.com/gpu-injector/gpu-injector/internal/testfixtures/fakeroot"
 	"github.com/gpu-injector/gpu-injector/layout"
-	"github.com/gpu-injector/gpu-injector/nodeprobe/fakeroot"
 )
 
 // expected outcome of each fake root, with NVML reporting the layout's

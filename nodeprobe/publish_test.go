@@ -17,8 +17,8 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
+	"github.com/gpu-injector/gpu-injector/internal/testfixtures/fakeroot"
 	"github.com/gpu-injector/gpu-injector/layout"
-	"github.com/gpu-injector/gpu-injector/nodeprobe/fakeroot"
 )
 
 func patches(c *fake.Clientset) []k8stesting.PatchAction {

@@ -1,19 +1,13 @@
 package nodeprobe
 
 import (
-	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"path"
-	"path/filepath"
-	"strings"
+
+	"github.com/gpu-injector/gpu-injector/nodeprobe/hostroot"
 )
-
-// maxSymlinks matches Linux's limit on links followed in one lookup.
-const maxSymlinks = 40
-
-var errTooManyLinks = errors.New("too many levels of symbolic links")
 
 // hostFS reads a host's files through a folder where the host's / is mounted.
 // Every path it takes and returns is a host path (as the host sees it); links
@@ -24,53 +18,11 @@ type hostFS struct {
 }
 
 // osPath is where a host path is on this machine.
-func (h hostFS) osPath(p string) string {
-	return filepath.Join(h.root, filepath.FromSlash(p))
-}
+func (h hostFS) osPath(p string) string { return hostroot.OSPath(h.root, p) }
 
 // resolve returns the host path of what p names after following every link,
 // like realpath(3) run on the host. The last element must exist.
-func (h hostFS) resolve(p string) (string, error) {
-	if !path.IsAbs(p) {
-		return "", fmt.Errorf("failed to resolve %q: not an absolute path", p)
-	}
-	current := "/"
-	todo := strings.Split(p, "/")
-	links := 0
-	for len(todo) > 0 {
-		elem := todo[0]
-		todo = todo[1:]
-		switch elem {
-		case "", ".":
-			continue
-		case "..":
-			current = path.Dir(current)
-			continue
-		}
-		next := path.Join(current, elem)
-		fi, err := os.Lstat(h.osPath(next))
-		if err != nil {
-			return "", fmt.Errorf("failed to resolve %q at %q: %w", p, next, bare(err))
-		}
-		if fi.Mode()&fs.ModeSymlink == 0 {
-			current = next
-			continue
-		}
-		links++
-		if links > maxSymlinks {
-			return "", fmt.Errorf("failed to resolve %q: %w", p, errTooManyLinks)
-		}
-		target, err := os.Readlink(h.osPath(next))
-		if err != nil {
-			return "", fmt.Errorf("failed to resolve %q at %q: %w", p, next, bare(err))
-		}
-		if path.IsAbs(target) {
-			current = "/"
-		}
-		todo = append(strings.Split(target, "/"), todo...)
-	}
-	return current, nil
-}
+func (h hostFS) resolve(p string) (string, error) { return hostroot.Resolve(h.root, p) }
 
 // stat follows links inside the root.
 func (h hostFS) stat(p string) (string, fs.FileInfo, error) {
@@ -109,13 +61,7 @@ func (h hostFS) readFile(p string) ([]byte, error) {
 
 // bare drops the machine path from an os error: messages name host paths
 // only, which are the same on every machine.
-func bare(err error) error {
-	var pe *fs.PathError
-	if errors.As(err, &pe) {
-		return pe.Err
-	}
-	return err
-}
+func bare(err error) error { return hostroot.Bare(err) }
 
 // linkChain lists p and every path its links lead to, in order, each with its
 // folders resolved, ending at the real file (or where the chain broke): the
@@ -125,7 +71,7 @@ func bare(err error) error {
 func (h hostFS) linkChain(p string) []string {
 	chain := []string{p}
 	current := p
-	for range maxSymlinks {
+	for range hostroot.MaxSymlinks {
 		dir, err := h.resolve(path.Dir(current))
 		if err != nil {
 			break

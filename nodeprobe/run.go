@@ -8,7 +8,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"io/fs"
@@ -27,12 +26,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
-	ctrlconfig "sigs.k8s.io/controller-runtime/pkg/client/config"
 	"sigs.k8s.io/yaml"
 
-	"github.com/gpu-injector/gpu-injector/config"
 	"github.com/gpu-injector/gpu-injector/internal/nodeagent"
 	"github.com/gpu-injector/gpu-injector/layout"
 )
@@ -40,101 +35,41 @@ import (
 // retryInterval is the wait after a failed publish.
 const retryInterval = 30 * time.Second
 
-// ErrUsage marks a bad command line; the caller should exit with status 2.
-var ErrUsage = errors.New("usage error")
-
-// ErrNotReady is wrapped by --once when no usable layout was found.
+// ErrNotReady is wrapped by Once when no usable layout was found.
 var ErrNotReady = errors.New("no usable driver layout")
 
-type options struct {
-	once        bool
-	hostRoot    string
-	output      string
-	configFile  string
-	nodeName    string
-	interval    time.Duration
-	kubeconfig  string
-	nvmlLibrary string
-	healthAddr  string
-	metricsAddr string
-	verbosity   int
-	ignoreRI    bool
-	nvmlTimeout time.Duration
-	stateDir    string
+// Options are what the agent needs besides the probe's own options.
+type Options struct {
+	// NodeName is the Node the agent publishes on.
+	NodeName string
+	// Interval is the time between probes; SIGHUP probes at once.
+	Interval time.Duration
+	// HealthAddr serves /healthz and /readyz, MetricsAddr /metrics; "0"
+	// disables either.
+	HealthAddr  string
+	MetricsAddr string
+	// StateDir is the folder shared with the NRI plugin (package
+	// layout/statedir); empty is off.
+	StateDir string
+	// Probe are the options of every probe.
+	Probe ProbeOptions
+	// Client writes the Node.
+	Client kubernetes.Interface
+	Log    logr.Logger
 }
 
-func parseFlags(args []string, stderr io.Writer) (*options, error) {
-	o := &options{}
-	fs := flag.NewFlagSet("nodeprobe", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.BoolVar(&o.once, "once", false, "probe once, print what would be published on the Node, and exit; non-zero when no usable layout was found")
-	fs.StringVar(&o.hostRoot, "host-root", "/host", "folder where the host's / is mounted (read-only)")
-	fs.StringVar(&o.output, "o", "yaml", "output format of --once: yaml or json")
-	fs.StringVar(&o.configFile, "config", "", "configuration file (InjectorConfiguration); empty means defaults")
-	fs.StringVar(&o.nodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME; --once falls back to the hostname)")
-	fs.DurationVar(&o.interval, "interval", 5*time.Minute, "time between probes; SIGHUP probes at once")
-	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file; empty means $KUBECONFIG, in-cluster, then ~/.kube/config")
-	fs.StringVar(&o.nvmlLibrary, "nvml-library", "", "libnvidia-ml file to load (a path on this machine); empty means the host's libnvidia-ml.so.1 under --host-root")
-	fs.StringVar(&o.healthAddr, "health-probe-bind-address", ":8082", "address of /healthz and /readyz; 0 disables")
-	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8083", "address of /metrics; 0 disables")
-	fs.IntVar(&o.verbosity, "v", 0, "log verbosity; 1 logs every probe's notes")
-	fs.DurationVar(&o.nvmlTimeout, "nvml-timeout", DefaultNVMLTimeout, "longest wait for NVML (nvmlInit to nvmlShutdown) before the node is marked wedged")
-	fs.StringVar(&o.stateDir, "state-dir", "", "folder shared with the NRI plugin: the probe writes layout.json there after every probe, and publishes the "+layout.LabelNRIPlugin+" label while the plugin's nri-plugin.json there says it is registered; empty is off")
-	fs.BoolVar(&o.ignoreRI, "ignore-runtime-injection", false, "plan mounts even where the container runtime or the device plugin injects the driver itself (NVIDIA toolkit as the default runtime, CDI specs, GKE's device plugin)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil, err
-		}
-		return nil, fmt.Errorf("%w: %v", ErrUsage, err)
-	}
-	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("%w: unexpected arguments %q", ErrUsage, fs.Args())
-	}
-	if o.output != "yaml" && o.output != "json" {
-		return nil, fmt.Errorf("%w: -o must be yaml or json, not %q", ErrUsage, o.output)
-	}
-	if o.interval <= 0 {
-		return nil, fmt.Errorf("%w: --interval must be positive", ErrUsage)
-	}
-	if o.nvmlTimeout <= 0 {
-		return nil, fmt.Errorf("%w: --nvml-timeout must be positive", ErrUsage)
-	}
-	if !o.once && o.nodeName == "" {
-		return nil, fmt.Errorf("%w: --node-name or $NODE_NAME is required without --once", ErrUsage)
-	}
-	return o, nil
+// Run is the agent (`gpu-injector nodeprobe`): it probes every Interval and
+// publishes the result on the Node until ctx ends.
+func Run(ctx context.Context, o Options) error {
+	return (&daemon{opts: &o, probe: o.Probe, client: o.Client, log: o.Log, metrics: newMetrics()}).run(ctx)
 }
 
-// Run is the nodeprobe subcommand.
-func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	o, err := parseFlags(args, stderr)
-	if err != nil {
-		return err
-	}
-	log := nodeagent.NewLogger(stderr, o.verbosity)
-	nodeagent.SetMemoryLimit(log)
-	cfg, err := config.Load(o.configFile)
-	if err != nil {
-		return err
-	}
-	popts := ProbeOptions{HostRoot: o.hostRoot, NVMLLibrary: o.nvmlLibrary, Config: cfg, IgnoreRuntimeInjection: o.ignoreRI,
-		NVMLWatch: &NVMLWatch{Timeout: o.nvmlTimeout}}
-	if o.once {
-		return runOnce(o, popts, log, stdout)
-	}
-	restCfg, err := restConfig(o.kubeconfig)
-	if err != nil {
-		return err
-	}
-	client, err := kubernetes.NewForConfig(restCfg)
-	if err != nil {
-		return fmt.Errorf("failed to create a Kubernetes client: %w", err)
-	}
-	return (&daemon{opts: o, probe: popts, client: client, log: log, metrics: newMetrics()}).run(ctx)
-}
-
-func runOnce(o *options, popts ProbeOptions, log logr.Logger, stdout io.Writer) error {
-	name := o.nodeName
+// Once probes once with o.Probe and writes to stdout, as a Node in format
+// (yaml or json), what the agent would publish on o.NodeName (the hostname
+// when empty) (`gpu-injector nodeprobe --once`). It wraps ErrNotReady when
+// no usable layout was found; it needs no Client.
+func Once(o Options, format string, stdout io.Writer) error {
+	name := o.NodeName
 	if name == "" {
 		h, err := os.Hostname()
 		if err != nil {
@@ -142,11 +77,11 @@ func runOnce(o *options, popts ProbeOptions, log logr.Logger, stdout io.Writer) 
 		}
 		name = h
 	}
-	res, err := Probe(popts)
+	res, err := Probe(o.Probe)
 	if err != nil {
 		return err
 	}
-	logResult(log, res, 0)
+	logResult(o.Log, res, 0)
 	pub, err := Desired(res)
 	if err != nil {
 		return err
@@ -156,7 +91,7 @@ func runOnce(o *options, popts ProbeOptions, log logr.Logger, stdout io.Writer) 
 		node.Status = &NodeObjectStatus{Conditions: []NodeObjectCondition{{Type: NodeConditionDriverWedged, Status: pub.Wedged.Status, Reason: pub.Wedged.Reason, Message: pub.Wedged.Message}}}
 	}
 	var out []byte
-	if o.output == "json" {
+	if format == "json" {
 		out, err = json.MarshalIndent(node, "", "  ")
 		out = append(out, '\n')
 	} else {
@@ -194,21 +129,6 @@ func logResult(log logr.Logger, res Result, v int) {
 	}
 }
 
-func restConfig(kubeconfig string) (*rest.Config, error) {
-	if kubeconfig != "" {
-		c, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-		if err != nil {
-			return nil, fmt.Errorf("failed to load kubeconfig %q: %w", kubeconfig, err)
-		}
-		return c, nil
-	}
-	c, err := ctrlconfig.GetConfig()
-	if err != nil {
-		return nil, fmt.Errorf("failed to find a Kubernetes configuration: %w", err)
-	}
-	return c, nil
-}
-
 type metrics struct {
 	registry *prometheus.Registry
 	duration prometheus.Histogram
@@ -243,7 +163,7 @@ func promHandler(m *metrics) http.Handler {
 }
 
 type daemon struct {
-	opts    *options
+	opts    *Options
 	probe   ProbeOptions
 	client  kubernetes.Interface
 	log     logr.Logger
@@ -317,25 +237,25 @@ func (d *daemon) run(ctx context.Context) error {
 		d.relabel = make(chan struct{}, 1)
 	}
 	if d.probe.NVMLWatch == nil {
-		d.probe.NVMLWatch = &NVMLWatch{Timeout: d.opts.nvmlTimeout}
+		d.probe.NVMLWatch = &NVMLWatch{}
 	}
 	// The driver answering again is news the node should carry at once,
 	// not at the next interval.
 	d.probe.NVMLWatch.Returned = d.wakeUp
 	errc := make(chan error, 2)
-	if err := nodeagent.Serve(ctx, d.opts.healthAddr, d.healthMux(), errc); err != nil {
+	if err := nodeagent.Serve(ctx, d.opts.HealthAddr, d.healthMux(), errc); err != nil {
 		return err
 	}
-	if err := nodeagent.Serve(ctx, d.opts.metricsAddr, promHandler(d.metrics), errc); err != nil {
+	if err := nodeagent.Serve(ctx, d.opts.MetricsAddr, promHandler(d.metrics), errc); err != nil {
 		return err
 	}
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
 	d.started.Store(d.clock().UnixNano())
-	log := d.log.WithValues("node", d.opts.nodeName)
-	log.Info("node probe started", "hostRoot", d.opts.hostRoot, "interval", d.opts.interval.String(), "nvmlTimeout", d.probe.NVMLWatch.timeout().String(), "stateDir", d.opts.stateDir)
-	if d.opts.stateDir != "" {
+	log := d.log.WithValues("node", d.opts.NodeName)
+	log.Info("node probe started", "hostRoot", d.probe.HostRoot, "interval", d.opts.Interval.String(), "nvmlTimeout", d.probe.NVMLWatch.timeout().String(), "stateDir", d.opts.StateDir)
+	if d.opts.StateDir != "" {
 		d.pluginUp.Store(d.pluginRegistered(log))
 		go d.watchPlugin(ctx, log)
 	}
@@ -359,7 +279,7 @@ func (d *daemon) run(ctx context.Context) error {
 			continue
 		case <-timer.C:
 		}
-		next := d.opts.interval
+		next := d.opts.Interval
 		if err := d.once(ctx, log); err != nil {
 			if errors.Is(err, ErrNVMLReload) {
 				return err
@@ -405,7 +325,7 @@ func (d *daemon) once(ctx context.Context, log logr.Logger) error {
 	}
 	d.lastPub = &pub
 	pub = d.withPlugin(pub)
-	wrote, err := Publish(ctx, d.client, d.opts.nodeName, pub)
+	wrote, err := Publish(ctx, d.client, d.opts.NodeName, pub)
 	// Counted and said even when the condition after the labels failed.
 	if wrote {
 		d.metrics.writes.Inc()
@@ -467,10 +387,10 @@ func (d *daemon) hung() (age, limit time.Duration, hung bool) {
 	if d.started.Load() == 0 || d.opts == nil {
 		return 0, 0, false
 	}
-	timeout := d.opts.nvmlTimeout
-	if timeout <= 0 {
-		timeout = DefaultNVMLTimeout
+	timeout := DefaultNVMLTimeout
+	if d.probe.NVMLWatch != nil {
+		timeout = d.probe.NVMLWatch.timeout()
 	}
-	age, limit = d.clock().Sub(time.Unix(0, since)), hangLimit(d.opts.interval, timeout)
+	age, limit = d.clock().Sub(time.Unix(0, since)), hangLimit(d.opts.Interval, timeout)
 	return age, limit, age > limit
 }

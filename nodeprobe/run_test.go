@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"flag"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -33,9 +32,9 @@ func TestRunOnce(t *testing.T) {
 	for _, format := range []string{"yaml", "json"} {
 		t.Run(format, func(t *testing.T) {
 			var stdout, stderr bytes.Buffer
-			err := Run(context.Background(), []string{"--once", "--host-root", root, "-o", format, "--node-name", "gpu-1"}, &stdout, &stderr)
+			err := Once(Options{NodeName: "gpu-1", Probe: ProbeOptions{HostRoot: root}, Log: nodeagent.NewLogger(&stderr, 0)}, format, &stdout)
 			if err != nil {
-				t.Fatalf("Run: %v\n%s", err, stderr.String())
+				t.Fatalf("Once: %v\n%s", err, stderr.String())
 			}
 			var node NodeObject
 			if err := yaml.UnmarshalStrict(stdout.Bytes(), &node); err != nil {
@@ -69,38 +68,12 @@ func TestRunOnce(t *testing.T) {
 func TestRunOnceNotReady(t *testing.T) {
 	root, _ := buildRoot(t, "no-driver")
 	var stdout, stderr bytes.Buffer
-	err := Run(context.Background(), []string{"--once", "--host-root", root, "--node-name", "cpu-1"}, &stdout, &stderr)
+	err := Once(Options{NodeName: "cpu-1", Probe: ProbeOptions{HostRoot: root}, Log: nodeagent.NewLogger(&stderr, 0)}, "yaml", &stdout)
 	if !errors.Is(err, ErrNotReady) || !strings.Contains(err.Error(), string(ConditionNoDriver)) {
-		t.Fatalf("Run = %v, want ErrNotReady naming the condition", err)
+		t.Fatalf("Once = %v, want ErrNotReady naming the condition", err)
 	}
 	if !strings.Contains(stdout.String(), "gpu-injector.io/state: no-driver") {
 		t.Errorf("the no-driver state is not printed:\n%s", stdout.String())
-	}
-}
-
-func TestRunFlagErrors(t *testing.T) {
-	for name, args := range map[string][]string{
-		"unknown flag":       {"--nope"},
-		"bad output":         {"--once", "-o", "xml"},
-		"no node name":       {"--node-name="},
-		"bad interval":       {"--once", "--interval", "0s"},
-		"stray argument":     {"--once", "extra"},
-		"malformed duration": {"--interval", "soon"},
-		"bad nvml timeout":   {"--once", "--nvml-timeout", "0s"},
-	} {
-		t.Run(name, func(t *testing.T) {
-			t.Setenv("NODE_NAME", "")
-			err := Run(context.Background(), args, io.Discard, io.Discard)
-			if !errors.Is(err, ErrUsage) {
-				t.Errorf("Run(%q) = %v, want ErrUsage", args, err)
-			}
-		})
-	}
-	if err := Run(context.Background(), []string{"-h"}, io.Discard, io.Discard); !errors.Is(err, flag.ErrHelp) {
-		t.Errorf("-h = %v, want flag.ErrHelp", err)
-	}
-	if err := Run(context.Background(), []string{"--once", "--config", "/does/not/exist"}, io.Discard, io.Discard); err == nil || errors.Is(err, ErrUsage) {
-		t.Errorf("missing config = %v, want a plain error", err)
 	}
 }
 
@@ -108,7 +81,7 @@ func TestDaemonOnce(t *testing.T) {
 	root, l := buildRoot(t, "gke-cos")
 	c := fake.NewSimpleClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gke-1"}})
 	d := &daemon{
-		opts:    &options{nodeName: "gke-1"},
+		opts:    &Options{NodeName: "gke-1"},
 		probe:   ProbeOptions{HostRoot: root, OpenNVML: openWith(fakeNVML(l.DriverVersion, 12020, h100))},
 		client:  c,
 		log:     nodeagent.NewLogger(io.Discard, 0),
@@ -182,7 +155,7 @@ func TestDaemonLoop(t *testing.T) {
 		return n
 	}
 	d := &daemon{
-		opts:    &options{nodeName: "gpu-1", interval: time.Hour, healthAddr: "127.0.0.1:0", metricsAddr: "0", hostRoot: root},
+		opts:    &Options{NodeName: "gpu-1", Interval: time.Hour, HealthAddr: "127.0.0.1:0", MetricsAddr: "0"},
 		probe:   ProbeOptions{HostRoot: root, OpenNVML: noNVML},
 		client:  c,
 		log:     nodeagent.NewLogger(io.Discard, 0),
@@ -247,7 +220,7 @@ func TestDaemonHealthzFailsWhenAProbeHangs(t *testing.T) {
 	base := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	var offset atomic.Int64
 	d := &daemon{
-		opts:    &options{nodeName: "gpu-1", interval: time.Minute, healthAddr: "0", metricsAddr: "0", hostRoot: root},
+		opts:    &Options{NodeName: "gpu-1", Interval: time.Minute, HealthAddr: "0", MetricsAddr: "0"},
 		probe:   ProbeOptions{HostRoot: root, OpenNVML: openWith(fakeNVML(l.DriverVersion, 13000, h100))},
 		client:  c,
 		log:     nodeagent.NewLogger(io.Discard, 0),
@@ -309,8 +282,8 @@ func wedgeDaemon(t *testing.T, c *fake.Clientset, timeout time.Duration) (d *dae
 	root, _ := buildRoot(t, "usr-local-nvidia")
 	lib, inits, release := blockingNVML(t, "nvmlInit")
 	d = &daemon{
-		opts:    &options{nodeName: "gpu-1", interval: time.Hour, healthAddr: "0", metricsAddr: "0", hostRoot: root, nvmlTimeout: timeout},
-		probe:   ProbeOptions{HostRoot: root, OpenNVML: openWith(lib)},
+		opts:    &Options{NodeName: "gpu-1", Interval: time.Hour, HealthAddr: "0", MetricsAddr: "0"},
+		probe:   ProbeOptions{HostRoot: root, OpenNVML: openWith(lib), NVMLWatch: &NVMLWatch{Timeout: timeout}},
 		client:  c,
 		log:     nodeagent.NewLogger(io.Discard, 0),
 		metrics: newMetrics(),

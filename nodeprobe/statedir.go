@@ -8,7 +8,7 @@ import (
 	"github.com/go-logr/logr"
 
 	"github.com/gpu-injector/gpu-injector/layout"
-	"github.com/gpu-injector/gpu-injector/nriplugin/statedir"
+	"github.com/gpu-injector/gpu-injector/layout/statedir"
 )
 
 // pluginPoll is how often the probe looks at the NRI plugin's file: a stat
@@ -20,7 +20,7 @@ const pluginPoll = 2 * time.Second
 // or that there is none, so a marked container never gets the mounts of a
 // driver the node no longer has. Without --state-dir it does nothing.
 func (d *daemon) writeState(log logr.Logger, res *Result, probeErr error) {
-	dir := d.opts.stateDir
+	dir := d.opts.StateDir
 	if dir == "" {
 		return
 	}
@@ -48,12 +48,12 @@ func (d *daemon) writeState(log logr.Logger, res *Result, probeErr error) {
 // pluginRegistered reads the NRI plugin's file: true while the plugin says
 // the runtime has it registered, with a fresh heartbeat.
 func (d *daemon) pluginRegistered(log logr.Logger) bool {
-	if d.opts.stateDir == "" {
+	if d.opts.StateDir == "" {
 		return false
 	}
-	p, err := statedir.ReadPlugin(d.opts.stateDir)
+	p, err := statedir.ReadPlugin(d.opts.StateDir)
 	if err != nil {
-		log.Error(err, "failed to read the nri plugin's state", "stateDir", d.opts.stateDir)
+		log.Error(err, "failed to read the nri plugin's state", "stateDir", d.opts.StateDir)
 		return false
 	}
 	return p.Registered(d.clock())
@@ -124,7 +124,7 @@ func (d *daemon) republish(ctx context.Context, log logr.Logger) error {
 		return nil
 	}
 	pub := d.withPlugin(*d.lastPub)
-	wrote, err := Publish(ctx, d.client, d.opts.nodeName, pub)
+	wrote, err := Publish(ctx, d.client, d.opts.NodeName, pub)
 	if wrote {
 		d.metrics.writes.Inc()
 		log.Info("published the nri plugin label", "registered", d.pluginUp.Load())

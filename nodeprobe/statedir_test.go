@@ -16,7 +16,7 @@ import (
 
 	"github.com/gpu-injector/gpu-injector/internal/nodeagent"
 	"github.com/gpu-injector/gpu-injector/layout"
-	"github.com/gpu-injector/gpu-injector/nriplugin/statedir"
+	"github.com/gpu-injector/gpu-injector/layout/statedir"
 )
 
 func TestDaemonWritesTheLayoutForThePlugin(t *testing.T) {
@@ -24,7 +24,7 @@ func TestDaemonWritesTheLayoutForThePlugin(t *testing.T) {
 	dir := t.TempDir()
 	c := fake.NewSimpleClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-1"}})
 	d := &daemon{
-		opts:    &options{nodeName: "gpu-1", stateDir: dir},
+		opts:    &Options{NodeName: "gpu-1", StateDir: dir},
 		probe:   ProbeOptions{HostRoot: root, OpenNVML: openWith(fakeNVML(l.DriverVersion, 13000, h100))},
 		client:  c,
 		log:     nodeagent.NewLogger(io.Discard, 0),
@@ -76,7 +76,7 @@ func TestDaemonPublishesThePluginLabel(t *testing.T) {
 	c := fake.NewSimpleClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-1",
 		Labels: map[string]string{layout.LabelNRIPlugin: "v0", "kubernetes.io/hostname": "gpu-1"}}})
 	d := &daemon{
-		opts:       &options{nodeName: "gpu-1", interval: time.Hour, healthAddr: "0", metricsAddr: "0", hostRoot: root, stateDir: dir},
+		opts:       &Options{NodeName: "gpu-1", Interval: time.Hour, HealthAddr: "0", MetricsAddr: "0", StateDir: dir},
 		probe:      ProbeOptions{HostRoot: root, OpenNVML: noNVML},
 		client:     c,
 		log:        nodeagent.NewLogger(io.Discard, 0),

@@ -20,7 +20,7 @@ import (
 	"github.com/go-logr/logr"
 
 	"github.com/gpu-injector/gpu-injector/layout"
-	"github.com/gpu-injector/gpu-injector/nriplugin/statedir"
+	"github.com/gpu-injector/gpu-injector/layout/statedir"
 )
 
 // Results of CreateContainer, the values of the containers counter's label.

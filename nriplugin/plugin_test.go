@@ -11,9 +11,9 @@ import (
 	"github.com/go-logr/logr"
 
 	"github.com/gpu-injector/gpu-injector/config"
-	"github.com/gpu-injector/gpu-injector/hack/loadtest/workload"
+	"github.com/gpu-injector/gpu-injector/internal/testfixtures/workload"
 	"github.com/gpu-injector/gpu-injector/layout"
-	"github.com/gpu-injector/gpu-injector/nriplugin/statedir"
+	"github.com/gpu-injector/gpu-injector/layout/statedir"
 )
 
 // folderPlan is a driver in its own folder, mounted whole.

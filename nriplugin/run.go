@@ -3,7 +3,6 @@ package nriplugin
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -21,14 +20,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/gpu-injector/gpu-injector/config"
 	"github.com/gpu-injector/gpu-injector/internal/nodeagent"
 	"github.com/gpu-injector/gpu-injector/layout"
-	"github.com/gpu-injector/gpu-injector/nriplugin/statedir"
+	"github.com/gpu-injector/gpu-injector/layout/statedir"
 )
-
-// ErrUsage marks a bad command line; the caller should exit with status 2.
-var ErrUsage = errors.New("usage error")
 
 // DefaultSocket is where containerd and CRI-O listen for NRI plugins.
 const DefaultSocket = "/var/run/nri/nri.sock"
@@ -40,46 +35,24 @@ const (
 	maxBackoff = 30 * time.Second
 )
 
-type options struct {
-	socket      string
-	stateDir    string
-	configFile  string
-	pluginIndex string
-	healthAddr  string
-	metricsAddr string
-	verbosity   int
-}
-
-func parseFlags(args []string, stderr io.Writer) (*options, error) {
-	o := &options{}
-	fs := flag.NewFlagSet("nri-plugin", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.StringVar(&o.socket, "socket", DefaultSocket, "the container runtime's NRI socket")
-	fs.StringVar(&o.stateDir, "state-dir", "/run/gpu-injector", "folder shared with the node probe: its layout.json is read, nri-plugin.json written while registered")
-	fs.StringVar(&o.configFile, "config", "", "configuration file (InjectorConfiguration) whose host path rules a plan must pass; empty means defaults")
-	fs.StringVar(&o.pluginIndex, "plugin-index", "50", "the plugin's index among the runtime's NRI plugins (two digits): the order in which plugins see a container")
-	fs.StringVar(&o.healthAddr, "health-probe-bind-address", ":8084", "address of /healthz and /readyz (ready while registered); 0 disables")
-	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8085", "address of /metrics; 0 disables")
-	fs.IntVar(&o.verbosity, "v", 0, "log verbosity; 1 logs every injection")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil, err
-		}
-		return nil, fmt.Errorf("%w: %v", ErrUsage, err)
-	}
-	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("%w: unexpected arguments %q", ErrUsage, fs.Args())
-	}
-	if o.stateDir == "" {
-		return nil, fmt.Errorf("%w: --state-dir is required: the plugin reads the probe's plan there", ErrUsage)
-	}
-	if o.socket == "" {
-		return nil, fmt.Errorf("%w: --socket is required", ErrUsage)
-	}
-	if len(o.pluginIndex) != 2 || o.pluginIndex[0] < '0' || o.pluginIndex[0] > '9' || o.pluginIndex[1] < '0' || o.pluginIndex[1] > '9' {
-		return nil, fmt.Errorf("%w: --plugin-index must be two digits, not %q", ErrUsage, o.pluginIndex)
-	}
-	return o, nil
+// Options are the plugin's process plumbing.
+type Options struct {
+	// Socket is the container runtime's NRI socket.
+	Socket string
+	// StateDir is the folder shared with the node probe (package
+	// layout/statedir): the probe's plan is read there, the plugin's record
+	// written while registered.
+	StateDir string
+	// PluginIndex is the plugin's index among the runtime's NRI plugins (two
+	// digits): the order in which plugins see a container.
+	PluginIndex string
+	// HealthAddr serves /healthz and /readyz, MetricsAddr /metrics; "0"
+	// disables either.
+	HealthAddr  string
+	MetricsAddr string
+	// Rules are the host path rules a plan must pass.
+	Rules layout.Rules
+	Log   logr.Logger
 }
 
 type metrics struct {
@@ -118,30 +91,21 @@ func (m *metrics) count(result string) {
 	m.containers.WithLabelValues(result).Inc()
 }
 
-// Run is the nri-plugin subcommand.
-func Run(ctx context.Context, args []string, stderr io.Writer) error {
-	o, err := parseFlags(args, stderr)
-	if err != nil {
-		return err
-	}
-	log := nodeagent.NewLogger(stderr, o.verbosity)
-	nodeagent.SetMemoryLimit(log)
-	cfg, err := config.Load(o.configFile)
-	if err != nil {
-		return err
-	}
-	if err := os.MkdirAll(o.stateDir, 0o755); err != nil {
-		return fmt.Errorf("failed to create the state folder %q: %w", o.stateDir, err)
+// Run keeps the plugin registered with the container runtime until ctx ends
+// (`gpu-injector nri-plugin`).
+func Run(ctx context.Context, o Options) error {
+	if err := os.MkdirAll(o.StateDir, 0o755); err != nil {
+		return fmt.Errorf("failed to create the state folder %q: %w", o.StateDir, err)
 	}
 	m := newMetrics()
-	s := &server{opts: o, log: log, metrics: m,
-		plugin: &Plugin{StateDir: o.stateDir, Rules: cfg.Rules(), Log: log, Count: m.count}}
+	s := &server{opts: &o, log: o.Log, metrics: m,
+		plugin: &Plugin{StateDir: o.StateDir, Rules: o.Rules, Log: o.Log, Count: m.count}}
 	return s.run(ctx)
 }
 
 // server keeps the plugin connected to the runtime and says so.
 type server struct {
-	opts    *options
+	opts    *Options
 	log     logr.Logger
 	metrics *metrics
 	plugin  *Plugin
@@ -166,16 +130,16 @@ func (s *server) run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	errc := make(chan error, 2)
-	if err := nodeagent.Serve(ctx, s.opts.healthAddr, s.healthMux(), errc); err != nil {
+	if err := nodeagent.Serve(ctx, s.opts.HealthAddr, s.healthMux(), errc); err != nil {
 		return err
 	}
-	if err := nodeagent.Serve(ctx, s.opts.metricsAddr, promhttp.HandlerFor(s.metrics.registry, promhttp.HandlerOpts{}), errc); err != nil {
+	if err := nodeagent.Serve(ctx, s.opts.MetricsAddr, promhttp.HandlerFor(s.metrics.registry, promhttp.HandlerOpts{}), errc); err != nil {
 		return err
 	}
 	// A file left by a plugin that was killed must not keep the label up.
 	s.unregister("starting")
 	defer s.unregister("stopping")
-	s.log.Info("nri plugin started", "socket", s.opts.socket, "stateDir", s.opts.stateDir, "pluginName", layout.NRIPluginName, "pluginIndex", s.opts.pluginIndex)
+	s.log.Info("nri plugin started", "socket", s.opts.Socket, "stateDir", s.opts.StateDir, "pluginName", layout.NRIPluginName, "pluginIndex", s.opts.PluginIndex)
 	go s.heartbeat(ctx)
 
 	backoff := minBackoff
@@ -201,7 +165,7 @@ func (s *server) run(ctx context.Context) error {
 		}
 		// The same failure again (NRI off, socket absent) is said once.
 		if msg != lastErr {
-			s.log.Info("not connected to the container runtime's NRI; retrying", "socket", s.opts.socket, "reason", msg, "retryIn", backoff.String())
+			s.log.Info("not connected to the container runtime's NRI; retrying", "socket", s.opts.Socket, "reason", msg, "retryIn", backoff.String())
 			lastErr = msg
 		}
 		select {
@@ -221,8 +185,8 @@ func (s *server) connectOnce(ctx context.Context) error {
 	h := &handler{s: s}
 	st, err := stub.New(h,
 		stub.WithPluginName(layout.NRIPluginName),
-		stub.WithPluginIdx(s.opts.pluginIndex),
-		stub.WithSocketPath(s.opts.socket),
+		stub.WithPluginIdx(s.opts.PluginIndex),
+		stub.WithSocketPath(s.opts.Socket),
 		stub.WithLogger(nriLogger{s.log.WithName("nri")}),
 		stub.WithOnClose(func() { s.unregister("the runtime closed the connection") }),
 	)
@@ -272,7 +236,7 @@ func (s *server) register(runtime, version string) {
 	defer s.mu.Unlock()
 	now := s.clock().UTC()
 	s.record = &statedir.Plugin{Protocol: layout.NRIProtocol, RuntimeName: runtime, RuntimeVersion: version, RegisteredAt: now, Heartbeat: now}
-	if err := statedir.WritePlugin(s.opts.stateDir, *s.record); err != nil {
+	if err := statedir.WritePlugin(s.opts.StateDir, *s.record); err != nil {
 		// Not fatal: the node keeps no label, so pods get hostPath volumes;
 		// the heartbeat tries again.
 		s.log.Error(err, "failed to tell the probe that the plugin is registered")
@@ -289,7 +253,7 @@ func (s *server) unregister(why string) {
 	s.record = nil
 	s.registered.Store(false)
 	s.metrics.registered.Set(0)
-	if err := statedir.RemovePlugin(s.opts.stateDir); err != nil {
+	if err := statedir.RemovePlugin(s.opts.StateDir); err != nil {
 		s.log.Error(err, "failed to tell the probe that the plugin is not registered")
 	}
 	if was {
@@ -319,7 +283,7 @@ func (s *server) beat() {
 		return
 	}
 	s.record.Heartbeat = s.clock().UTC()
-	if err := statedir.WritePlugin(s.opts.stateDir, *s.record); err != nil {
+	if err := statedir.WritePlugin(s.opts.StateDir, *s.record); err != nil {
 		s.log.Error(err, "failed to refresh the plugin's heartbeat")
 	}
 }

@@ -20,10 +20,10 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/gpu-injector/gpu-injector/config"
-	"github.com/gpu-injector/gpu-injector/hack/loadtest/workload"
 	"github.com/gpu-injector/gpu-injector/internal/nodeagent"
+	"github.com/gpu-injector/gpu-injector/internal/testfixtures/workload"
 	"github.com/gpu-injector/gpu-injector/layout"
-	"github.com/gpu-injector/gpu-injector/nriplugin/statedir"
+	"github.com/gpu-injector/gpu-injector/layout/statedir"
 )
 
 // startRuntime is the runtime side of NRI as containerd 2.2+ runs it with
@@ -138,7 +138,7 @@ func TestAgainstTheRuntime(t *testing.T) {
 	}
 
 	m := newMetrics()
-	s := &server{opts: &options{socket: sock, stateDir: dir, pluginIndex: "50", healthAddr: "0", metricsAddr: "0"},
+	s := &server{opts: &Options{Socket: sock, StateDir: dir, PluginIndex: "50", HealthAddr: "0", MetricsAddr: "0"},
 		log: nodeagent.NewLogger(io.Discard, 0), metrics: m,
 		plugin: &Plugin{StateDir: dir, Rules: config.Default().Rules(), Log: nodeagent.NewLogger(io.Discard, 0), Count: m.count}}
 	ctx, cancel := context.WithCancel(context.Background())

@@ -20,7 +20,7 @@ import (
 
 	"github.com/gpu-injector/gpu-injector/config"
 	"github.com/gpu-injector/gpu-injector/layout"
-	"github.com/gpu-injector/gpu-injector/webhook/gpunodes"
+	"github.com/gpu-injector/gpu-injector/layout/pools"
 )
 
 // The chart's labels: every install has them, whatever its release name.
@@ -393,7 +393,7 @@ func (c *Collector) readPools(ctx context.Context, cfg *config.Configuration, cf
 		out.Note = fmt.Sprintf("%d entries, unused: pinning.nodeLabels is empty", len(cm.Data))
 		return nil
 	}
-	mem, errs := gpunodes.DecodeMemory(cm.Data, cfg, now)
+	mem, errs := pools.DecodeMemory(cm.Data, cfg, now)
 	for _, m := range mem {
 		out.Pools = append(out.Pools, PoolStatus{Pool: m.Pool, Fingerprint: m.Plan.Fingerprint(), DriverVersion: m.Plan.DriverVersion,
 			LastSeen: m.LastSeen, Expires: m.LastSeen.Add(cfg.Pinning.Remember())})
@@ -410,14 +410,14 @@ func (c *Collector) readPools(ctx context.Context, cfg *config.Configuration, cf
 }
 
 func (c *Collector) readEvents(ctx context.Context, now time.Time, r *Report) error {
-	sel := fields.OneTermEqualSelector("reason", gpunodes.ReasonLayoutMismatch).String()
+	sel := fields.OneTermEqualSelector("reason", pools.ReasonLayoutMismatch).String()
 	list, err := c.Client.CoreV1().Events("").List(ctx, metav1.ListOptions{FieldSelector: sel})
 	if err != nil {
 		return fmt.Errorf("failed to list Events: %w", err)
 	}
 	for _, ev := range list.Items {
 		// A fake clientset ignores field selectors; the check costs nothing.
-		if ev.Reason != gpunodes.ReasonLayoutMismatch {
+		if ev.Reason != pools.ReasonLayoutMismatch {
 			continue
 		}
 		last := eventTime(ev)

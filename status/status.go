@@ -8,8 +8,6 @@ package status
 import (
 	"context"
 	"encoding/json"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"sync"
@@ -19,15 +17,15 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/yaml"
 )
 
-// Exit statuses of Main.
+// Exit statuses of `gpu-injector status`.
 const (
 	ExitOK = 0
-	// ExitError: the cluster could not be read (or a usage error).
+	// ExitError: the cluster could not be read.
 	ExitError = 1
+	// ExitUsage: a bad command line.
 	ExitUsage = 2
 	// ExitAttention: the report lists something that needs an operator.
 	ExitAttention = 3
@@ -37,82 +35,45 @@ const (
 // API server hangs.
 const requestTimeout = 30 * time.Second
 
-type options struct {
-	kubeconfig string
-	context    string
-	namespace  string
-	dryRunNS   string
-	output     string
-	color      string
+// Options of Run.
+type Options struct {
+	// RESTConfig reaches the cluster, with the user's credentials.
+	RESTConfig *rest.Config
+	// Namespace is the one gpu-injector runs in; empty: found by the chart's
+	// labels.
+	Namespace string
+	// DryRunNamespace is where the dry-run GPU pod is tried; empty: an
+	// opted-in namespace, one whose Pod Security level allows hostPath first.
+	DryRunNamespace string
+	// Output is table, json or yaml.
+	Output string
+	// Color colours the table: auto (when the output is a terminal and
+	// NO_COLOR is unset), always or never.
+	Color string
 }
 
-func parseFlags(args []string, stderr io.Writer) (*options, error) {
-	o := &options{}
-	fs := flag.NewFlagSet("status", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file; default $KUBECONFIG, then ~/.kube/config")
-	fs.StringVar(&o.context, "context", "", "kubeconfig context; default its current context")
-	fs.StringVar(&o.namespace, "namespace", "", "namespace gpu-injector runs in; default: found by the chart's labels")
-	fs.StringVar(&o.dryRunNS, "dry-run-namespace", "", "namespace to try the dry-run GPU pod in; default: an opted-in namespace, one whose Pod Security level allows hostPath first")
-	fs.StringVar(&o.output, "o", "table", "output: table, json or yaml")
-	fs.StringVar(&o.color, "color", "auto", "colour the table: auto (when stdout is a terminal and NO_COLOR is unset), always or never")
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "Usage: gpu-injector status [--namespace NS] [-o table|json|yaml]\n\n"+
-			"What gpu-injector does in the cluster of your kubeconfig. Exit status 3 when something needs attention, 1 when the cluster cannot be read.")
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
-		return nil, err
-	}
-	if fs.NArg() > 0 {
-		fs.Usage()
-		return nil, fmt.Errorf("failed to start: unexpected argument %q", fs.Arg(0))
-	}
-	switch o.output {
-	case "table", "json", "yaml":
-	default:
-		return nil, fmt.Errorf("failed to start: -o %q: want table, json or yaml", o.output)
-	}
-	switch o.color {
-	case "auto", "always", "never":
-	default:
-		return nil, fmt.Errorf("failed to start: --color %q: want auto, always or never", o.color)
-	}
-	return o, nil
-}
-
-// Main runs the status command and returns its exit status; it prints its
-// own errors, since its exit status carries more than success or failure.
-func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	o, err := parseFlags(args, stderr)
-	if errors.Is(err, flag.ErrHelp) {
-		return ExitOK
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "gpu-injector status: %v\n", err)
-		return ExitUsage
-	}
-	cfg, err := restConfig(o.kubeconfig, o.context)
-	if err != nil {
-		fmt.Fprintf(stderr, "gpu-injector status: %v\n", err)
-		return ExitError
-	}
+// Run reads the cluster, writes the report to stdout and returns the exit
+// status: ExitAttention when the report lists something to act on, else
+// ExitOK. An error means the cluster could not be read (ExitError).
+func Run(ctx context.Context, o Options, stdout io.Writer) (int, error) {
+	cfg := rest.CopyConfig(o.RESTConfig)
+	cfg.Timeout = requestTimeout
+	// A person waits for the answer: client-go's defaults (5 QPS) would
+	// make the few lists here queue behind each other.
+	cfg.QPS, cfg.Burst = 50, 100
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
-		fmt.Fprintf(stderr, "gpu-injector status: failed to create a Kubernetes client: %v\n", err)
-		return ExitError
+		return ExitError, fmt.Errorf("failed to create a Kubernetes client: %w", err)
 	}
-	c := &Collector{Client: client, DryRun: clientDryRunner{cfg: cfg}, Namespace: o.namespace, DryRunNamespace: o.dryRunNS}
+	c := &Collector{Client: client, DryRun: clientDryRunner{cfg: cfg}, Namespace: o.Namespace, DryRunNamespace: o.DryRunNamespace}
 	r, err := c.Collect(ctx)
 	if err != nil {
-		fmt.Fprintf(stderr, "gpu-injector status: %v\n", err)
-		return ExitError
+		return ExitError, err
 	}
 	if err := write(stdout, r, o); err != nil {
-		fmt.Fprintf(stderr, "gpu-injector status: %v\n", err)
-		return ExitError
+		return ExitError, err
 	}
-	return exitStatus(r)
+	return exitStatus(r), nil
 }
 
 // exitStatus is ExitAttention when the report lists anything to act on.
@@ -123,8 +84,8 @@ func exitStatus(r *Report) int {
 	return ExitOK
 }
 
-func write(w io.Writer, r *Report, o *options) error {
-	switch o.output {
+func write(w io.Writer, r *Report, o Options) error {
+	switch o.Output {
 	case "json":
 		b, err := json.MarshalIndent(r, "", "  ")
 		if err != nil {
@@ -146,27 +107,11 @@ func write(w io.Writer, r *Report, o *options) error {
 		return nil
 	}
 	term := terminalOf(w)
-	color := o.color == "always" || (o.color == "auto" && term.isTerminal && !noColor())
+	color := o.Color == "always" || (o.Color == "auto" && term.isTerminal && !noColor())
 	if err := Render(w, r, RenderOptions{Color: color, Width: term.width, Now: time.Now()}); err != nil {
 		return fmt.Errorf("failed to write the report: %w", err)
 	}
 	return nil
-}
-
-// restConfig loads the kubeconfig as kubectl does: the flag, then
-// $KUBECONFIG, then ~/.kube/config.
-func restConfig(kubeconfig, context string) (*rest.Config, error) {
-	rules := clientcmd.NewDefaultClientConfigLoadingRules()
-	rules.ExplicitPath = kubeconfig
-	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: context}).ClientConfig()
-	if err != nil {
-		return nil, fmt.Errorf("failed to load the kubeconfig: %w", err)
-	}
-	cfg.Timeout = requestTimeout
-	// A person waits for the answer: client-go's defaults (5 QPS) would
-	// make the few lists here queue behind each other.
-	cfg.QPS, cfg.Burst = 50, 100
-	return cfg, nil
 }
 
 // clientDryRunner sends the dry run through a client of its own, whose

@@ -22,7 +22,7 @@ import (
 
 	"github.com/gpu-injector/gpu-injector/config"
 	"github.com/gpu-injector/gpu-injector/layout"
-	"github.com/gpu-injector/gpu-injector/webhook/gpunodes"
+	"github.com/gpu-injector/gpu-injector/layout/pools"
 )
 
 var now = time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC)
@@ -237,7 +237,7 @@ func TestAttention(t *testing.T) {
 			want: "namespace ml-baseline enforces Pod Security \"baseline\": " + refusedMessage,
 		},
 		"layout mismatch": {
-			objs: append(healthy(), &corev1.Event{ObjectMeta: metav1.ObjectMeta{Name: "e1", Namespace: "ml"}, Reason: gpunodes.ReasonLayoutMismatch,
+			objs: append(healthy(), &corev1.Event{ObjectMeta: metav1.ObjectMeta{Name: "e1", Namespace: "ml"}, Reason: pools.ReasonLayoutMismatch,
 				InvolvedObject: corev1.ObjectReference{Kind: "Pod", Name: "train-0"}, Count: 2, LastTimestamp: metav1.NewTime(now.Add(-10 * time.Minute)),
 				Message: "pinned to pool a with layout x, landed on node n publishing y"}),
 			want: "1 LayoutMismatch Events in the last hour",
@@ -278,7 +278,7 @@ func TestQuiet(t *testing.T) {
 		why  string
 	}{
 		"old layout mismatch": {
-			objs: append(healthy(), &corev1.Event{ObjectMeta: metav1.ObjectMeta{Name: "e1", Namespace: "ml"}, Reason: gpunodes.ReasonLayoutMismatch,
+			objs: append(healthy(), &corev1.Event{ObjectMeta: metav1.ObjectMeta{Name: "e1", Namespace: "ml"}, Reason: pools.ReasonLayoutMismatch,
 				LastTimestamp: metav1.NewTime(now.Add(-2 * time.Hour))}),
 			why: "an Event older than an hour is history",
 		},
@@ -381,8 +381,8 @@ func TestPools(t *testing.T) {
 	plan := layout.Plan{SchemaVersion: layout.SchemaVersion, DriverVersion: "550.54.14",
 		Mounts:       []layout.Mount{{HostPath: "/usr/local/nvidia/lib64", ContainerPath: "/usr/local/nvidia/lib64", Kind: layout.KindDirectory}},
 		LibraryPaths: []string{"/usr/local/nvidia/lib64"}}
-	pool := gpunodes.PoolKey(map[string]string{"pool": "a100"}, cfg.Pinning.NodeLabels)
-	data, err := gpunodes.EncodeMemory([]gpunodes.PoolMemory{{Pool: pool, Labels: map[string]string{"pool": "a100"}, Plan: plan, LastSeen: now.Add(-40 * time.Hour)}})
+	pool := pools.Key(map[string]string{"pool": "a100"}, cfg.Pinning.NodeLabels)
+	data, err := pools.EncodeMemory([]pools.Memory{{Pool: pool, Labels: map[string]string{"pool": "a100"}, Plan: plan, LastSeen: now.Add(-40 * time.Hour)}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -458,7 +458,7 @@ func TestWidthAndColour(t *testing.T) {
 func TestOutputFormats(t *testing.T) {
 	r := collect(t, &stubDryRun{pod: injectedPod("fp-gpu-a")}, healthy()...)
 	var out bytes.Buffer
-	if err := write(&out, r, &options{output: "json"}); err != nil {
+	if err := write(&out, r, Options{Output: "json"}); err != nil {
 		t.Fatal(err)
 	}
 	var back Report
@@ -469,23 +469,11 @@ func TestOutputFormats(t *testing.T) {
 		t.Errorf("json round trip %+v", back)
 	}
 	out.Reset()
-	if err := write(&out, r, &options{output: "yaml"}); err != nil {
+	if err := write(&out, r, Options{Output: "yaml"}); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(out.String(), "outcome: injected") {
 		t.Errorf("yaml output:\n%s", out.String())
-	}
-}
-
-func TestFlags(t *testing.T) {
-	var stderr bytes.Buffer
-	for _, args := range [][]string{{"-o", "wide"}, {"--color", "sometimes"}, {"extra"}} {
-		if code := Main(context.Background(), args, &bytes.Buffer{}, &stderr); code != ExitUsage {
-			t.Errorf("%v: exit %d, want %d", args, code, ExitUsage)
-		}
-	}
-	if code := Main(context.Background(), []string{"--kubeconfig", "/nonexistent/kubeconfig"}, &bytes.Buffer{}, &stderr); code != ExitError {
-		t.Errorf("unreadable kubeconfig: exit %d, want %d", code, ExitError)
 	}
 }
 

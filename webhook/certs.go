@@ -35,47 +35,58 @@ const (
 	keyFile  = "tls.key"
 )
 
-// certOptions are the flags the certificate setup needs.
-type certOptions struct {
-	mode              string
-	dir               string
-	secretName        string
-	namespace         string
-	serviceName       string
-	webhookConfigName string
-	extraDNSNames     []string
+// CertOptions say where the serving certificate comes from.
+type CertOptions struct {
+	// Mode is CertModeSelf or CertModeExternal.
+	Mode string
+	// Dir holds the serving certificate files tls.crt and tls.key.
+	Dir string
+	// SecretName is the Secret that holds the CA and serving certificate in
+	// self mode.
+	SecretName string
+	// Namespace is the webhook's own namespace: the Secret's, and one the
+	// webhook never mutates.
+	Namespace string
+	// ServiceName is the Service in front of the webhook: the certificate's
+	// DNS name.
+	ServiceName string
+	// WebhookConfigName is the MutatingWebhookConfiguration whose caBundle
+	// self mode keeps current.
+	WebhookConfigName string
+	// ExtraDNSNames are further names of the self-made certificate.
+	ExtraDNSNames []string
 }
 
 // setupCerts adds what serves certificates in the chosen mode and returns the
 // channel that closes once the webhook server may start: at once in external
 // mode, and once the certificate is in CertDir and the CA is injected in self mode.
-func setupCerts(mgr manager.Manager, o certOptions, log logr.Logger) (<-chan struct{}, error) {
-	switch o.mode {
+func setupCerts(mgr manager.Manager, o CertOptions, log logr.Logger) (<-chan struct{}, error) {
+	switch o.Mode {
 	case CertModeExternal:
 		ready := make(chan struct{})
 		close(ready)
 		return ready, nil
 	case CertModeSelf:
 	default:
-		return nil, fmt.Errorf("unknown --cert-mode %q: want %s or %s", o.mode, CertModeSelf, CertModeExternal)
+		return nil, fmt.Errorf("unknown certificate mode %q: want %s or %s", o.Mode, CertModeSelf, CertModeExternal)
 	}
-	if o.namespace == "" {
+	if o.Namespace == "" {
 		return nil, fmt.Errorf("--cert-mode=self needs --namespace or POD_NAMESPACE: the certificate Secret lives there")
 	}
-	if err := os.MkdirAll(o.dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
-		log.V(1).Info("cannot create the certificate folder; expecting a mounted Secret", "certDir", o.dir, "error", err.Error())
+	if err := os.MkdirAll(o.Dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		log.V(1).Info("cannot create the certificate folder; expecting a mounted Secret", "certDir", o.Dir, "error", err.Error())
 	}
 	ready := make(chan struct{})
-	dns := fmt.Sprintf("%s.%s.svc", o.serviceName, o.namespace)
+	dns := fmt.Sprintf("%s.%s.svc", o.ServiceName, o.Namespace)
 	r := &rotator.CertRotator{
-		SecretKey:      types.NamespacedName{Namespace: o.namespace, Name: o.secretName},
-		CertDir:        o.dir,
+		SecretKey:      types.NamespacedName{Namespace: o.Namespace, Name: o.SecretName},
+		CertDir:        o.Dir,
 		CAName:         "gpu-injector-ca",
 		CAOrganization: "gpu-injector",
 		DNSName:        dns,
-		ExtraDNSNames:  append([]string{o.serviceName, fmt.Sprintf("%s.%s", o.serviceName, o.namespace), dns + ".cluster.local"}, o.extraDNSNames...),
+		ExtraDNSNames:  append([]string{o.ServiceName, fmt.Sprintf("%s.%s", o.ServiceName, o.Namespace), dns + ".cluster.local"}, o.ExtraDNSNames...),
 		IsReady:        ready,
-		Webhooks:       []rotator.WebhookInfo{{Name: o.webhookConfigName, Type: rotator.Mutating}},
+		Webhooks:       []rotator.WebhookInfo{{Name: o.WebhookConfigName, Type: rotator.Mutating}},
 		FieldOwner:     "gpu-injector",
 		// Every replica rotates on its own; they converge on the Secret.
 		RequireLeaderElection: false,

@@ -10,7 +10,7 @@ import (
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	kjson "sigs.k8s.io/json"
 
-	"github.com/gpu-injector/gpu-injector/hack/loadtest/workload"
+	"github.com/gpu-injector/gpu-injector/internal/testfixtures/workload"
 )
 
 // FuzzDecodePod checks decodePod's one-pass decoder against the API

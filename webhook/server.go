@@ -1,4 +1,4 @@
-// Package webhook is gpu-injector's admission server: flags, TLS and its
+// Package webhook is gpu-injector's admission server: TLS and its
 // certificates, the AdmissionReview decoding, the handler that calls the
 // injection (package inject) with the candidates of the node index (package
 // gpunodes), and the metrics. `gpu-injector webhook` runs it.
@@ -7,20 +7,16 @@ package webhook
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
-	"io"
 	"maps"
 	"net/http"
 	"os"
 	"runtime/debug"
 	"slices"
-	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
-	"go.uber.org/zap/zapcore"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -29,14 +25,9 @@ import (
 	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
-	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	ctrlconfig "sigs.k8s.io/controller-runtime/pkg/client/config"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
-	logf "sigs.k8s.io/controller-runtime/pkg/log"
-	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
@@ -47,114 +38,45 @@ import (
 	"github.com/gpu-injector/gpu-injector/webhook/gpunodes"
 )
 
-// options are the process plumbing; behaviour lives in the config file.
-type options struct {
-	configFile        string
-	kubeconfig        string
-	port              int
-	certs             certOptions
-	metricsAddr       string
-	probeAddr         string
-	pprofAddr         string
-	logLevel          string
-	logFormat         string
-	webhookConfigName string
-	poolMemory        string
-	shutdownDelay     time.Duration
+// Options are the webhook's process plumbing; its behaviour is Config.
+type Options struct {
+	// Config is the injector configuration (config.Load).
+	Config *config.Configuration
+	// RESTConfig reaches the API server.
+	RESTConfig *rest.Config
+	// Log is the webhook's logger.
+	Log logr.Logger
+	// Port is the HTTPS port of the webhook server.
+	Port int
+	// Certs say where the serving certificate comes from.
+	Certs CertOptions
+	// MetricsAddr serves the Prometheus metrics; "0" disables them.
+	MetricsAddr string
+	// ProbeAddr serves /healthz and /readyz.
+	ProbeAddr string
+	// PprofAddr serves Go's /debug/pprof endpoints; empty disables them.
+	PprofAddr string
+	// PoolMemory names the ConfigMap (and leader election Lease) in
+	// Certs.Namespace that remembers each pool's layout; empty: no memory.
+	PoolMemory string
+	// ShutdownDelay is how long the webhook keeps serving after ctx ends,
+	// with /readyz failing, before it drains the requests in flight.
+	ShutdownDelay time.Duration
 }
 
-func parseFlags(args []string, stderr io.Writer) (*options, error) {
-	o := &options{}
-	fs := flag.NewFlagSet("webhook", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.StringVar(&o.configFile, "config", "", "configuration file (InjectorConfiguration YAML); empty: the defaults")
-	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file; empty: in-cluster, else $KUBECONFIG, else ~/.kube/config")
-	fs.IntVar(&o.port, "port", 9443, "HTTPS port of the webhook server")
-	fs.StringVar(&o.certs.dir, "cert-dir", "/tmp/k8s-webhook-server/serving-certs", "folder of the serving certificate files tls.crt and tls.key")
-	fs.StringVar(&o.certs.mode, "cert-mode", CertModeSelf, "self: generate, rotate and inject the certificate (cert-controller); external: only load --cert-dir (cert-manager)")
-	fs.StringVar(&o.certs.secretName, "cert-secret-name", "gpu-injector-webhook-tls", "Secret that holds the CA and serving certificate in self mode")
-	fs.StringVar(&o.certs.serviceName, "service-name", "gpu-injector-webhook", "Service in front of the webhook: the certificate's DNS name")
-	fs.Func("cert-extra-dns-names", "comma-separated extra DNS names of the self-made certificate, for a webhook configuration that calls a URL (e.g. localhost)", func(v string) error {
-		for _, n := range strings.Split(v, ",") {
-			if n = strings.TrimSpace(n); n != "" {
-				o.certs.extraDNSNames = append(o.certs.extraDNSNames, n)
-			}
-		}
-		return nil
-	})
-	fs.StringVar(&o.certs.namespace, "namespace", os.Getenv("POD_NAMESPACE"), "the webhook's own namespace (default $POD_NAMESPACE); never mutated")
-	fs.StringVar(&o.webhookConfigName, "webhook-configuration-name", "gpu-injector", "MutatingWebhookConfiguration whose caBundle self mode keeps current")
-	fs.StringVar(&o.poolMemory, "pool-memory-name", "gpu-injector-pools", "ConfigMap (and leader election Lease) in --namespace that remembers each pool's layout, with config pinning.nodeLabels; empty: no memory")
-	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8080", "address of the Prometheus metrics endpoint; 0 disables it")
-	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz")
-	fs.StringVar(&o.pprofAddr, "pprof-bind-address", "", "address of Go's /debug/pprof endpoints, for profiling; empty (the default) disables them")
-	fs.DurationVar(&o.shutdownDelay, "shutdown-delay", 5*time.Second, "on SIGTERM, keep serving this long with /readyz failing, so that the API server stops choosing this replica before its port closes; then finish the requests in flight and exit")
-	fs.StringVar(&o.logLevel, "log-level", "info", "info or debug")
-	fs.StringVar(&o.logFormat, "log-format", "json", "json or console")
-	if err := fs.Parse(args); err != nil {
-		return nil, err
-	}
-	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
-	}
-	o.certs.webhookConfigName = o.webhookConfigName
-	if o.port < 1 || o.port > 65535 {
-		return nil, fmt.Errorf("--port %d is not a TCP port", o.port)
-	}
-	if o.shutdownDelay < 0 {
-		return nil, fmt.Errorf("--shutdown-delay %s is negative", o.shutdownDelay)
-	}
-	if o.certs.mode != CertModeSelf && o.certs.mode != CertModeExternal {
-		return nil, fmt.Errorf("unknown --cert-mode %q: want %s or %s", o.certs.mode, CertModeSelf, CertModeExternal)
-	}
-	if o.logLevel != "info" && o.logLevel != "debug" {
-		return nil, fmt.Errorf("unknown --log-level %q: want info or debug", o.logLevel)
-	}
-	if o.logFormat != "json" && o.logFormat != "console" {
-		return nil, fmt.Errorf("unknown --log-format %q: want json or console", o.logFormat)
-	}
-	return o, nil
-}
-
-func newLogger(o *options, w io.Writer) logr.Logger {
-	level := zapcore.InfoLevel
-	if o.logLevel == "debug" {
-		level = zapcore.DebugLevel
-	}
-	rfc3339 := func(ec *zapcore.EncoderConfig) { ec.EncodeTime = zapcore.RFC3339NanoTimeEncoder }
-	enc := zap.JSONEncoder(rfc3339)
-	if o.logFormat == "console" {
-		enc = zap.ConsoleEncoder(rfc3339)
-	}
-	return zap.New(zap.WriteTo(w), zap.Level(level), enc, zap.StacktraceLevel(zapcore.PanicLevel))
-}
-
-// Run is the `gpu-injector webhook` command: it serves Pod admission on
-// Path until ctx ends.
-func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	o, err := parseFlags(args, stderr)
-	if err != nil {
-		return err
-	}
-	log := newLogger(o, stderr)
-	logf.SetLogger(log)
-	klog.SetLogger(log)
+// Run serves Pod admission on Path until ctx ends (`gpu-injector webhook`).
+func Run(ctx context.Context, o Options) error {
+	log := o.Log
 	// Before the first list of Nodes, whose garbage would otherwise grow the
 	// heap past the container's limit (docs/helm.md, "Memory").
 	memoryLimit := nodeagent.SetMemoryLimit(log)
 
-	cfg, err := config.Load(o.configFile)
-	if err != nil {
-		return err
-	}
-	if o.certs.namespace != "" && !slices.Contains(cfg.ExcludedNamespaces, o.certs.namespace) {
+	cfg := o.Config
+	if o.Certs.Namespace != "" && !slices.Contains(cfg.ExcludedNamespaces, o.Certs.Namespace) {
 		// The webhook must never wait on itself to create its own pods.
-		cfg.ExcludedNamespaces = append(slices.Clone(cfg.ExcludedNamespaces), o.certs.namespace)
+		cfg.ExcludedNamespaces = append(slices.Clone(cfg.ExcludedNamespaces), o.Certs.Namespace)
 	}
-	restCfg, err := restConfig(o.kubeconfig)
-	if err != nil {
-		return err
-	}
+	restCfg := o.RESTConfig
 
 	var holdWhy error
 	if memoryLimit > 0 {
@@ -163,7 +85,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 
 	SetBuildInfo(version.Version)
-	log.Info("starting the webhook", "version", version.String(), "certMode", o.certs.mode, "namespace", o.certs.namespace,
+	log.Info("starting the webhook", "version", version.String(), "certMode", o.Certs.Mode, "namespace", o.Certs.Namespace,
 		"excludedNamespaces", cfg.ExcludedNamespaces, "layoutPolicy", cfg.LayoutPolicy, "noLayout", cfg.NoLayout.Action,
 		"pinningNodeLabels", cfg.Pinning.NodeLabels, "rememberFor", cfg.Pinning.Remember().String())
 
@@ -183,38 +105,38 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if draServed {
 		maps.Copy(byObject, gpunodes.DRACacheByObject())
 	}
-	if o.certs.mode == CertModeSelf && o.certs.namespace != "" {
+	if o.Certs.Mode == CertModeSelf && o.Certs.Namespace != "" {
 		// Only the one Secret, only to copy it into --cert-dir.
 		byObject[&corev1.Secret{}] = cache.ByObject{
-			Namespaces: map[string]cache.Config{o.certs.namespace: {}},
-			Field:      fields.OneTermEqualSelector("metadata.name", o.certs.secretName),
+			Namespaces: map[string]cache.Config{o.Certs.Namespace: {}},
+			Field:      fields.OneTermEqualSelector("metadata.name", o.Certs.SecretName),
 		}
 	}
 	// Pinning by pool elects one replica (a Lease named like the memory) to
 	// write the memory and to tell pods that landed on another layout.
-	elect := cfg.Pinning.ByPool() && o.poolMemory != "" && o.certs.namespace != ""
+	elect := cfg.Pinning.ByPool() && o.PoolMemory != "" && o.Certs.Namespace != ""
 	if cfg.Pinning.ByPool() && !elect {
 		log.Info("pinning by pool without --namespace or --pool-memory-name: no memory of pools at zero and no mismatch Events")
 	}
 	remember := elect && cfg.Pinning.Remember() > 0
 	if remember {
-		byObject[&corev1.ConfigMap{}] = gpunodes.MemoryCacheByObject(o.certs.namespace, o.poolMemory)
+		byObject[&corev1.ConfigMap{}] = gpunodes.MemoryCacheByObject(o.Certs.Namespace, o.PoolMemory)
 	}
 	if elect {
 		byObject[&corev1.Pod{}] = gpunodes.PodCacheByObject()
 	}
-	server := webhook.NewServer(webhook.Options{Port: o.port, CertDir: o.certs.dir, CertName: certFile, KeyName: keyFile})
+	server := webhook.NewServer(webhook.Options{Port: o.Port, CertDir: o.Certs.Dir, CertName: certFile, KeyName: keyFile})
 	mgr, err := manager.New(restCfg, manager.Options{
 		Scheme: clientgoscheme.Scheme,
 		Logger: log,
 		// Only the memory's writer is elected; every replica serves.
 		LeaderElection:                elect,
-		LeaderElectionID:              o.poolMemory,
-		LeaderElectionNamespace:       o.certs.namespace,
+		LeaderElectionID:              o.PoolMemory,
+		LeaderElectionNamespace:       o.Certs.Namespace,
 		LeaderElectionReleaseOnCancel: true,
-		Metrics:                       metricsserver.Options{BindAddress: o.metricsAddr},
-		HealthProbeBindAddress:        o.probeAddr,
-		PprofBindAddress:              o.pprofAddr,
+		Metrics:                       metricsserver.Options{BindAddress: o.MetricsAddr},
+		HealthProbeBindAddress:        o.ProbeAddr,
+		PprofBindAddress:              o.PprofAddr,
 		WebhookServer:                 server,
 		Cache: cache.Options{
 			DefaultTransform: cache.TransformStripManagedFields(),
@@ -244,9 +166,9 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return
 		}
 		draining.Store(true)
-		log.Info("stopping: not ready any more, serving on until the endpoint is gone", "shutdownDelay", o.shutdownDelay.String())
+		log.Info("stopping: not ready any more, serving on until the endpoint is gone", "shutdownDelay", o.ShutdownDelay.String())
 		select {
-		case <-time.After(o.shutdownDelay):
+		case <-time.After(o.ShutdownDelay):
 		case <-mgrCtx.Done():
 		}
 		log.Info("stopping: draining the requests in flight")
@@ -289,7 +211,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	if remember {
-		memory := gpunodes.NewMemory(cfg, idx, mgr.GetClient(), o.certs.namespace, o.poolMemory, log.WithName("pools"))
+		memory := gpunodes.NewMemory(cfg, idx, mgr.GetClient(), o.Certs.Namespace, o.PoolMemory, log.WithName("pools"))
 		if err := memory.Watch(mgrCtx, mgr.GetCache()); err != nil {
 			return err
 		}
@@ -303,12 +225,12 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("failed to add the layout mismatch check: %w", err)
 		}
 	}
-	certsReady, err := setupCerts(mgr, o.certs, log.WithName("certs"))
+	certsReady, err := setupCerts(mgr, o.Certs, log.WithName("certs"))
 	if err != nil {
 		return err
 	}
-	if o.certs.mode == CertModeSelf {
-		if err := watchSecretFiles(mgrCtx, mgr.GetCache(), o.certs.dir, log.WithName("certs")); err != nil {
+	if o.Certs.Mode == CertModeSelf {
+		if err := watchSecretFiles(mgrCtx, mgr.GetCache(), o.Certs.Dir, log.WithName("certs")); err != nil {
 			return err
 		}
 	}
@@ -344,21 +266,6 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("failed to run the webhook: %w", err)
 	}
 	return nil
-}
-
-func restConfig(kubeconfig string) (*rest.Config, error) {
-	if kubeconfig == "" {
-		c, err := ctrlconfig.GetConfig()
-		if err != nil {
-			return nil, fmt.Errorf("failed to find a kubeconfig or in-cluster config: %w", err)
-		}
-		return c, nil
-	}
-	c, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-	if err != nil {
-		return nil, fmt.Errorf("failed to load kubeconfig %q: %w", kubeconfig, err)
-	}
-	return c, nil
 }
 
 // serverVersion is the API server's Kubernetes version.

@@ -1,15 +1,12 @@
 package webhook
 
 import (
-	"bytes"
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
-	"reflect"
 	"strings"
 	"syscall"
 	"testing"
@@ -20,86 +17,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 )
-
-func TestParseFlags(t *testing.T) {
-	t.Setenv("POD_NAMESPACE", "gpu-injector")
-	o, err := parseFlags(nil, &bytes.Buffer{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := options{
-		port: 9443, metricsAddr: ":8080", probeAddr: ":8081", logLevel: "info", logFormat: "json",
-		webhookConfigName: "gpu-injector", poolMemory: "gpu-injector-pools", shutdownDelay: 5 * time.Second,
-		certs: certOptions{
-			mode: CertModeSelf, dir: "/tmp/k8s-webhook-server/serving-certs", secretName: "gpu-injector-webhook-tls",
-			namespace: "gpu-injector", serviceName: "gpu-injector-webhook", webhookConfigName: "gpu-injector",
-		},
-	}
-	if !reflect.DeepEqual(*o, want) {
-		t.Errorf("defaults = %+v, want %+v", *o, want)
-	}
-
-	o, err = parseFlags([]string{"--cert-mode=external", "--namespace=infra", "--port=10250", "--log-format=console", "--log-level=debug", "--webhook-configuration-name=gi", "--cert-extra-dns-names=localhost, gi.example.com"}, &bytes.Buffer{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if o.certs.mode != CertModeExternal || o.certs.namespace != "infra" || o.port != 10250 || o.certs.webhookConfigName != "gi" ||
-		strings.Join(o.certs.extraDNSNames, ",") != "localhost,gi.example.com" {
-		t.Errorf("flags not applied: %+v", *o)
-	}
-}
-
-func TestParseFlagsErrors(t *testing.T) {
-	cases := map[string]struct {
-		args []string
-		want string
-	}{
-		"cert mode":   {[]string{"--cert-mode=manual"}, `unknown --cert-mode "manual"`},
-		"log level":   {[]string{"--log-level=trace"}, `unknown --log-level "trace"`},
-		"log format":  {[]string{"--log-format=xml"}, `unknown --log-format "xml"`},
-		"port":        {[]string{"--port=70000"}, "not a TCP port"},
-		"stray arg":   {[]string{"serve"}, "unexpected arguments"},
-		"unknown":     {[]string{"--nope"}, "flag provided but not defined: -nope"},
-		"not integer": {[]string{"--port=https"}, "invalid value"},
-	}
-	for name, tc := range cases {
-		t.Run(name, func(t *testing.T) {
-			_, err := parseFlags(tc.args, &bytes.Buffer{})
-			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Errorf("error = %v, want one containing %q", err, tc.want)
-			}
-		})
-	}
-}
-
-func TestRunFailsEarly(t *testing.T) {
-	dir := t.TempDir()
-	bad := filepath.Join(dir, "config.yaml")
-	if err := os.WriteFile(bad, []byte("apiVersion: config.gpu-injector.io/v1alpha1\nkind: InjectorConfiguration\nlayoutPolicy: Random\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cases := map[string]struct {
-		args []string
-		want string
-	}{
-		"help":           {[]string{"-h"}, flag.ErrHelp.Error()},
-		"bad config":     {[]string{"--config=" + bad}, "layoutPolicy"},
-		"missing config": {[]string{"--config=" + filepath.Join(dir, "none.yaml")}, "failed to read configuration"},
-		"bad kubeconfig": {[]string{"--kubeconfig=" + filepath.Join(dir, "none"), "--log-format=console"}, "failed to load kubeconfig"},
-	}
-	for name, tc := range cases {
-		t.Run(name, func(t *testing.T) {
-			var stderr bytes.Buffer
-			err := Run(context.Background(), tc.args, &bytes.Buffer{}, &stderr)
-			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Errorf("error = %v, want one containing %q", err, tc.want)
-			}
-			if name == "help" && !strings.Contains(stderr.String(), "-cert-mode") {
-				t.Errorf("help does not list the flags: %s", stderr.String())
-			}
-		})
-	}
-}
 
 func certSecret(crt, key string) *corev1.Secret {
 	return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "tls", Namespace: "gpu-injector"},

@@ -1,19 +1,14 @@
 package cluster
 
 import (
-	"archive/tar"
 	"bytes"
 	"compress/gzip"
 	"context"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"os/exec"
-	"path"
 	"path/filepath"
-	"sort"
-	"strings"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
@@ -21,6 +16,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"github.com/gpu-injector/gpu-injector/internal/ociimage"
 )
 
 // ImageConfig is the part of an OCI image config a test image may need.
@@ -39,7 +36,7 @@ type ImageConfig struct {
 // Nothing else goes in: a test image holds exactly what it is given. The
 // archive itself is go-containerregistry's, as the release image's is.
 func WriteImage(tarPath, ref string, files map[string]string, cfg ImageConfig) error {
-	data, err := buildLayer(files)
+	data, err := ociimage.Layer(files)
 	if err != nil {
 		return fmt.Errorf("failed to build layer of %s: %w", ref, err)
 	}
@@ -73,121 +70,6 @@ func WriteImage(tarPath, ref string, files map[string]string, cfg ImageConfig) e
 	}
 	if err := tarball.WriteToFile(tarPath, tag, img); err != nil {
 		return fmt.Errorf("failed to write image %s: %w", tarPath, err)
-	}
-	return nil
-}
-
-// layerEntry is one node of the image's file tree.
-type layerEntry struct {
-	hostPath string // regular file content
-	link     string // symlink target
-	dir      bool
-	mode     fs.FileMode
-}
-
-func buildLayer(files map[string]string) ([]byte, error) {
-	entries := map[string]layerEntry{}
-	addParents := func(p string) {
-		for d := path.Dir(p); d != "/" && d != "."; d = path.Dir(d) {
-			if _, ok := entries[d]; !ok {
-				entries[d] = layerEntry{dir: true, mode: 0o755}
-			}
-		}
-	}
-	for ctrPath, hostPath := range files {
-		ctrPath = path.Clean("/" + ctrPath)
-		if ctrPath == "/" {
-			return nil, fmt.Errorf("container path of %s is the root", hostPath)
-		}
-		st, err := os.Stat(hostPath)
-		if err != nil {
-			return nil, fmt.Errorf("failed to stat %s: %w", hostPath, err)
-		}
-		addParents(ctrPath)
-		if !st.IsDir() {
-			entries[ctrPath] = layerEntry{hostPath: hostPath, mode: st.Mode().Perm()}
-			continue
-		}
-		err = filepath.WalkDir(hostPath, func(p string, d fs.DirEntry, err error) error {
-			if err != nil {
-				return err
-			}
-			rel, err := filepath.Rel(hostPath, p)
-			if err != nil {
-				return err
-			}
-			target := path.Join(ctrPath, filepath.ToSlash(rel))
-			info, err := d.Info()
-			if err != nil {
-				return err
-			}
-			switch {
-			case d.Type()&fs.ModeSymlink != 0:
-				link, err := os.Readlink(p)
-				if err != nil {
-					return err
-				}
-				entries[target] = layerEntry{link: link}
-			case d.IsDir():
-				entries[target] = layerEntry{dir: true, mode: info.Mode().Perm()}
-			case d.Type().IsRegular():
-				entries[target] = layerEntry{hostPath: p, mode: info.Mode().Perm()}
-			}
-			return nil
-		})
-		if err != nil {
-			return nil, fmt.Errorf("failed to walk %s: %w", hostPath, err)
-		}
-	}
-
-	// Sorted, so parents come before children and equal inputs give equal digests.
-	names := make([]string, 0, len(entries))
-	for n := range entries {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	for _, n := range names {
-		e := entries[n]
-		name := strings.TrimPrefix(n, "/")
-		switch {
-		case e.dir:
-			if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: name + "/", Mode: int64(e.mode)}); err != nil {
-				return nil, err
-			}
-		case e.link != "":
-			if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeSymlink, Name: name, Linkname: e.link, Mode: 0o777}); err != nil {
-				return nil, err
-			}
-		default:
-			if err := copyIntoTar(tw, name, e); err != nil {
-				return nil, err
-			}
-		}
-	}
-	if err := tw.Close(); err != nil {
-		return nil, err
-	}
-	return buf.Bytes(), nil
-}
-
-func copyIntoTar(tw *tar.Writer, name string, e layerEntry) error {
-	f, err := os.Open(e.hostPath)
-	if err != nil {
-		return fmt.Errorf("failed to open %s: %w", e.hostPath, err)
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return fmt.Errorf("failed to stat %s: %w", e.hostPath, err)
-	}
-	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: int64(e.mode), Size: st.Size()}); err != nil {
-		return err
-	}
-	if _, err := io.Copy(tw, f); err != nil {
-		return fmt.Errorf("failed to copy %s: %w", e.hostPath, err)
 	}
 	return nil
 }
@@ -226,11 +108,4 @@ func buildPause(ctx context.Context, dir, ref string) (string, error) {
 		return "", err
 	}
 	return tarPath, nil
-}
-
-// ImageLayer returns the uncompressed layer tar that WriteImage puts in an
-// image for files (container path -> host path), for writers of other image
-// formats (the multi-platform OCI index of hack/image).
-func ImageLayer(files map[string]string) ([]byte, error) {
-	return buildLayer(files)
 }

@@ -23,7 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gpu-injector/gpu-injector/e2e/cluster"
-	"github.com/gpu-injector/gpu-injector/e2e/workloads"
+	"github.com/gpu-injector/gpu-injector/internal/ociimage"
 )
 
 // Version is the release of NVIDIA's plugin that hack/tools.sh builds
@@ -134,7 +134,7 @@ func RemoveDeviceNodes(paths []string) error {
 // path): the binary, the glibc it links and what the driver's libnvidia-ml,
 // which it loads, links besides.
 func ImageFiles(binary string) (map[string]string, error) {
-	rt, err := workloads.DriverRuntimeFiles(binary)
+	rt, err := ociimage.DriverRuntimeFiles(binary)
 	if err != nil {
 		return nil, err
 	}

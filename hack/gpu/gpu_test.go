@@ -281,7 +281,7 @@ func TestClusterManifestsMutate(t *testing.T) {
 				t.Errorf("%s does not run the imported driverless image", manifest)
 			}
 			var stdout, stderr bytes.Buffer
-			if err := mutate.Run([]string{"-f", manifest, "--nodes", "../../docs/real-gpu/cluster/node.yaml"}, nil, &stdout, &stderr); err != nil {
+			if err := mutate.Run(mutate.Options{File: manifest, NodeFiles: []string{"../../docs/real-gpu/cluster/node.yaml"}}, nil, &stdout, &stderr); err != nil {
 				t.Fatalf("mutate: %v\n%s", err, stderr.String())
 			}
 			spec := podSpecOf(t, stdout.Bytes())

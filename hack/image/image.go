@@ -25,7 +25,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 
-	"github.com/gpu-injector/gpu-injector/e2e/cluster"
+	"github.com/gpu-injector/gpu-injector/internal/ociimage"
 )
 
 // Options say what Build makes and where it goes; an empty path skips that output.
@@ -144,7 +144,7 @@ func Build(ctx context.Context, o Options) (*Result, error) {
 func platformImage(arch string, files map[string]string, created time.Time) (v1.Image, error) {
 	// The layer tar is the one every test image of e2e/cluster has: sorted
 	// entries, no timestamps, owners or host modes beyond the permissions.
-	data, err := cluster.ImageLayer(files)
+	data, err := ociimage.Layer(files)
 	if err != nil {
 		return nil, err
 	}

@@ -24,7 +24,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/types"
 
 	"github.com/gpu-injector/gpu-injector/e2e/standin"
-	"github.com/gpu-injector/gpu-injector/e2e/workloads"
+	"github.com/gpu-injector/gpu-injector/internal/ociimage"
 )
 
 const testRef = "gpu-injector.local/test:1"
@@ -153,7 +153,7 @@ func checkIndex(t *testing.T, idx v1.ImageIndex, archs []string, run bool) {
 		if _, err := os.Stat(filepath.Join(root, interp)); interp == "" || err != nil {
 			t.Errorf("%s: interpreter %q not in the layer: %v", arch, interp, err)
 		}
-		for _, n := range append(needed, workloads.DriverNeeds...) {
+		for _, n := range append(needed, ociimage.DriverNeeds...) {
 			found := false
 			for _, d := range []string{"lib/x86_64-linux-gnu", "lib/aarch64-linux-gnu", "lib64", "lib", "usr/lib/x86_64-linux-gnu"} {
 				if _, err := os.Stat(filepath.Join(root, d, n)); err == nil {

@@ -10,7 +10,7 @@ import (
 	"runtime"
 	"strings"
 
-	"github.com/gpu-injector/gpu-injector/e2e/workloads"
+	"github.com/gpu-injector/gpu-injector/internal/ociimage"
 )
 
 const binaryPath = "/usr/local/bin/gpu-injector"
@@ -134,7 +134,7 @@ func sysrootFiles(p platform, binary string) (map[string]string, error) {
 	if err := visit(binary); err != nil {
 		return nil, err
 	}
-	for _, n := range workloads.DriverNeeds {
+	for _, n := range ociimage.DriverNeeds {
 		src, err := filepath.EvalSymlinks(filepath.Join(lib, n))
 		if err != nil {
 			return nil, fmt.Errorf("failed to find %s, which the driver's libraries need, in %s: %w", n, lib, err)
@@ -172,7 +172,7 @@ func platformFiles(p platform, tmp, version string) (map[string]string, error) {
 // binary and the glibc files ldd names, plus what the host's libnvidia-ml,
 // which the probe loads, links besides libc.
 func hostFiles(bin string) (map[string]string, error) {
-	rt, err := workloads.DriverRuntimeFiles(bin)
+	rt, err := ociimage.DriverRuntimeFiles(bin)
 	if err != nil {
 		return nil, err
 	}

@@ -1,12 +1,7 @@
 package gpunodes
 
 import (
-	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -19,179 +14,27 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/validation"
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/gpu-injector/gpu-injector/config"
 	"github.com/gpu-injector/gpu-injector/layout"
+	"github.com/gpu-injector/gpu-injector/layout/pools"
 )
-
-// The remembered pool layouts live in one ConfigMap in the webhook's own
-// namespace: a restart keeps them, every replica reads them, and one elected
-// replica writes them. Its content is treated like a node's annotation: an
-// entry that does not decode strictly or breaks a layout rule is ignored.
-const (
-	// memoryKeyPrefix starts the data key of each pool's entry; the rest is a
-	// hash of the pool key, which may hold characters a data key may not.
-	memoryKeyPrefix = "pool-"
-	// MaxMemoryPools bounds what is read and written: far above any real
-	// number of GPU pools, far below the ConfigMap's 1 MiB.
-	MaxMemoryPools = 256
-	maxMemoryEntry = layout.MaxAnnotationBytes + 16<<10
-	maxNodeLabels  = 128
-	maxPoolTaints  = 32
-	// maxClockSkew is how far in the future a lastSeen may lie before the
-	// entry counts as forged: a replica's clock may run a little ahead.
-	maxClockSkew = time.Hour
-)
-
-// memoryEntry is the stored form of a PoolMemory.
-type memoryEntry struct {
-	Pool       map[string]string `json:"pool"`
-	NodeLabels map[string]string `json:"nodeLabels,omitempty"`
-	Taints     []corev1.Taint    `json:"taints,omitempty"`
-	// Layout is the plan as a node publishes it, so that it is decoded and
-	// checked by the same code.
-	Layout   string      `json:"layout"`
-	LastSeen metav1.Time `json:"lastSeen"`
-}
-
-// MemoryKey is the ConfigMap data key of a pool.
-func MemoryKey(pool string) string {
-	sum := sha256.Sum256([]byte(pool))
-	return memoryKeyPrefix + hex.EncodeToString(sum[:10])
-}
-
-// EncodeMemory renders pool memories as ConfigMap data.
-func EncodeMemory(mem []PoolMemory) (map[string]string, error) {
-	data := make(map[string]string, len(mem))
-	for _, m := range mem {
-		plan, err := layout.Encode(m.Plan)
-		if err != nil {
-			return nil, err
-		}
-		var b bytes.Buffer
-		enc := json.NewEncoder(&b)
-		enc.SetEscapeHTML(false)
-		if err := enc.Encode(memoryEntry{Pool: m.Labels, NodeLabels: m.NodeLabels, Taints: m.Taints, Layout: plan, LastSeen: metav1.NewTime(m.LastSeen.UTC().Truncate(time.Second))}); err != nil {
-			return nil, fmt.Errorf("failed to encode the memory of pool %s: %w", m.Pool, err)
-		}
-		data[MemoryKey(m.Pool)] = strings.TrimSpace(b.String())
-	}
-	return data, nil
-}
-
-// DecodeMemory reads ConfigMap data as pool memories for cfg, checking each
-// entry as strictly as a node's layout. Entries of other pinning labels (the
-// configuration changed) are skipped silently; broken ones are skipped and
-// returned as errors, to be logged and counted.
-func DecodeMemory(data map[string]string, cfg *config.Configuration, now time.Time) ([]PoolMemory, []error) {
-	var out []PoolMemory
-	var errs []error
-	keys := slices.Sorted(maps.Keys(data))
-	if len(keys) > MaxMemoryPools {
-		errs = append(errs, fmt.Errorf("the memory holds %d entries, more than %d: the rest is ignored", len(keys), MaxMemoryPools))
-		keys = keys[:MaxMemoryPools]
-	}
-	rules := cfg.Rules()
-	for _, k := range keys {
-		m, skip, err := decodeEntry(k, data[k], cfg, rules, now)
-		switch {
-		case err != nil:
-			errs = append(errs, fmt.Errorf("entry %s: %w", k, err))
-		case !skip:
-			out = append(out, m)
-		}
-	}
-	return out, errs
-}
-
-func decodeEntry(key, value string, cfg *config.Configuration, rules layout.Rules, now time.Time) (PoolMemory, bool, error) {
-	var m PoolMemory
-	if !strings.HasPrefix(key, memoryKeyPrefix) {
-		return m, false, errors.New("not a pool entry")
-	}
-	if len(value) > maxMemoryEntry {
-		return m, false, fmt.Errorf("%d bytes exceeds the limit of %d", len(value), maxMemoryEntry)
-	}
-	var e memoryEntry
-	dec := json.NewDecoder(strings.NewReader(value))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&e); err != nil {
-		return m, false, fmt.Errorf("failed to decode: %w", err)
-	}
-	if dec.More() {
-		return m, false, errors.New("failed to decode: trailing data after the JSON object")
-	}
-	if len(e.Pool) != len(cfg.Pinning.NodeLabels) || PoolKey(e.Pool, cfg.Pinning.NodeLabels) == "" {
-		// Written under other pinning labels: not an error, just not ours now.
-		return m, true, nil
-	}
-	m.Pool = PoolKey(e.Pool, cfg.Pinning.NodeLabels)
-	if key != MemoryKey(m.Pool) {
-		return m, false, fmt.Errorf("data key does not match pool %q", m.Pool)
-	}
-	if len(e.NodeLabels) > maxNodeLabels {
-		return m, false, fmt.Errorf("%d node labels exceed the limit of %d", len(e.NodeLabels), maxNodeLabels)
-	}
-	for k, v := range e.NodeLabels {
-		if msgs := append(validation.IsQualifiedName(k), validation.IsValidLabelValue(v)...); len(msgs) > 0 {
-			return m, false, fmt.Errorf("node label %q: %s", layout.Truncate(k, 64), strings.Join(msgs, "; "))
-		}
-	}
-	for k, v := range e.Pool {
-		if msgs := validation.IsValidLabelValue(v); len(msgs) > 0 {
-			return m, false, fmt.Errorf("pool label %s: %s", k, strings.Join(msgs, "; "))
-		}
-	}
-	if len(e.Taints) > maxPoolTaints {
-		return m, false, fmt.Errorf("%d taints exceed the limit of %d", len(e.Taints), maxPoolTaints)
-	}
-	for _, t := range e.Taints {
-		if msgs := append(validation.IsQualifiedName(t.Key), validation.IsValidLabelValue(t.Value)...); len(msgs) > 0 {
-			return m, false, fmt.Errorf("taint %q: %s", layout.Truncate(t.Key, 64), strings.Join(msgs, "; "))
-		}
-		if t.Effect != corev1.TaintEffectNoSchedule && t.Effect != corev1.TaintEffectNoExecute {
-			return m, false, fmt.Errorf("taint %q: effect %q is not NoSchedule or NoExecute", t.Key, layout.Truncate(string(t.Effect), 32))
-		}
-	}
-	plan, err := layout.Decode(e.Layout)
-	if err != nil {
-		return m, false, err
-	}
-	if errs := plan.Validate(rules); len(errs) > 0 {
-		return m, false, errs.ToAggregate()
-	}
-	if e.LastSeen.IsZero() || e.LastSeen.After(now.Add(maxClockSkew)) {
-		return m, false, fmt.Errorf("lastSeen %s is unset or in the future", e.LastSeen.UTC().Format(time.RFC3339))
-	}
-	m.Labels = e.Pool
-	// The next node of the pool has the pool's labels, whatever was stored.
-	m.NodeLabels = maps.Clone(e.NodeLabels)
-	if m.NodeLabels == nil {
-		m.NodeLabels = map[string]string{}
-	}
-	maps.Copy(m.NodeLabels, e.Pool)
-	m.Taints = e.Taints
-	m.Plan = plan
-	m.LastSeen = e.LastSeen.Time
-	return m, false, nil
-}
 
 // NextMemory merges what the pools publish now into what is stored: a live
 // pool's entry is rewritten when its layout, labels or taints changed or its
 // lastSeen is older than refresh; an entry whose pool is gone stays until it
 // expires. It reports whether anything changed.
-func NextMemory(stored, live []PoolMemory, now time.Time, remember, refresh time.Duration) ([]PoolMemory, bool) {
-	byPool := make(map[string]PoolMemory, len(stored))
+func NextMemory(stored, live []pools.Memory, now time.Time, remember, refresh time.Duration) ([]pools.Memory, bool) {
+	byPool := make(map[string]pools.Memory, len(stored))
 	for _, m := range stored {
 		byPool[m.Pool] = m
 	}
 	changed := false
 	seen := map[string]bool{}
-	var out []PoolMemory
+	var out []pools.Memory
 	for _, m := range live {
 		seen[m.Pool] = true
 		if old, ok := byPool[m.Pool]; ok && sameMemory(old, m) && now.Sub(old.LastSeen) < refresh {
@@ -211,18 +54,18 @@ func NextMemory(stored, live []PoolMemory, now time.Time, remember, refresh time
 		}
 		out = append(out, m)
 	}
-	slices.SortFunc(out, func(a, b PoolMemory) int { return strings.Compare(a.Pool, b.Pool) })
-	if len(out) > MaxMemoryPools {
+	slices.SortFunc(out, func(a, b pools.Memory) int { return strings.Compare(a.Pool, b.Pool) })
+	if len(out) > pools.MaxMemory {
 		// The most recently seen pools are the ones worth keeping.
-		slices.SortStableFunc(out, func(a, b PoolMemory) int { return b.LastSeen.Compare(a.LastSeen) })
-		out = out[:MaxMemoryPools]
-		slices.SortFunc(out, func(a, b PoolMemory) int { return strings.Compare(a.Pool, b.Pool) })
+		slices.SortStableFunc(out, func(a, b pools.Memory) int { return b.LastSeen.Compare(a.LastSeen) })
+		out = out[:pools.MaxMemory]
+		slices.SortFunc(out, func(a, b pools.Memory) int { return strings.Compare(a.Pool, b.Pool) })
 		changed = true
 	}
 	return out, changed
 }
 
-func sameMemory(a, b PoolMemory) bool {
+func sameMemory(a, b pools.Memory) bool {
 	return a.Plan.Fingerprint() == b.Plan.Fingerprint() && maps.Equal(a.NodeLabels, b.NodeLabels) &&
 		slices.EqualFunc(a.Taints, b.Taints, func(x, y corev1.Taint) bool { return x.Key == y.Key && x.Value == y.Value && x.Effect == y.Effect })
 }
@@ -283,7 +126,7 @@ func (m *Memory) Watch(ctx context.Context, c cache.Cache) error {
 }
 
 func (m *Memory) load(data map[string]string) {
-	mem, errs := DecodeMemory(data, m.cfg, m.now())
+	mem, errs := pools.DecodeMemory(data, m.cfg, m.now())
 	for _, err := range errs {
 		layoutsRejected.WithLabelValues(RejectMemory).Inc()
 		m.log.Info("ignoring a remembered pool layout", "configMap", m.namespace+"/"+m.name, "error", err.Error())
@@ -332,12 +175,12 @@ func (m *Memory) Sync(ctx context.Context) error {
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("failed to read configmap %s/%s: %w", m.namespace, m.name, err)
 	}
-	stored, errs := DecodeMemory(cm.Data, m.cfg, now)
+	stored, errs := pools.DecodeMemory(cm.Data, m.cfg, now)
 	next, changed := NextMemory(stored, m.idx.LivePools(now), now, m.cfg.Pinning.Remember(), m.refresh())
 	if !changed && len(errs) == 0 && len(cm.Data) == len(stored) {
 		return nil
 	}
-	data, err := EncodeMemory(next)
+	data, err := pools.EncodeMemory(next)
 	if err != nil {
 		return err
 	}

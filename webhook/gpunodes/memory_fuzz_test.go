@@ -13,6 +13,7 @@ import (
 
 	"github.com/gpu-injector/gpu-injector/config"
 	"github.com/gpu-injector/gpu-injector/layout"
+	"github.com/gpu-injector/gpu-injector/layout/pools"
 	"github.com/gpu-injector/gpu-injector/webhook/internal/gputest"
 )
 
@@ -31,8 +32,8 @@ func FuzzPoolMemory(f *testing.F) {
 	rules := cfg.Rules()
 	keys := cfg.Pinning.NodeLabels
 
-	good, err := EncodeMemory([]PoolMemory{{
-		Pool:       PoolKey(map[string]string{keys[0]: "gpu", keys[1]: "g5.xlarge"}, keys),
+	good, err := pools.EncodeMemory([]pools.Memory{{
+		Pool:       pools.Key(map[string]string{keys[0]: "gpu", keys[1]: "g5.xlarge"}, keys),
 		Labels:     map[string]string{keys[0]: "gpu", keys[1]: "g5.xlarge"},
 		NodeLabels: map[string]string{"topology.kubernetes.io/zone": "eu-west-1a"},
 		Taints:     []corev1.Taint{{Key: "nvidia.com/gpu", Value: "present", Effect: corev1.TaintEffectNoSchedule}},
@@ -62,9 +63,9 @@ func FuzzPoolMemory(f *testing.F) {
 			Pool map[string]string `json:"pool"`
 		}
 		if json.Unmarshal([]byte(value), &e) == nil && !wrongKey {
-			key = MemoryKey(PoolKey(e.Pool, keys))
+			key = pools.MemoryKey(pools.Key(e.Pool, keys))
 		}
-		mem, _ := DecodeMemory(map[string]string{key: value}, cfg, now)
+		mem, _ := pools.DecodeMemory(map[string]string{key: value}, cfg, now)
 		for _, m := range mem {
 			if errs := m.Plan.Validate(rules); len(errs) > 0 {
 				t.Fatalf("remembered plan accepted with errors: %v", errs.ToAggregate())
@@ -73,7 +74,7 @@ func FuzzPoolMemory(f *testing.F) {
 			if m.LastSeen.After(now.Add(time.Hour)) || m.LastSeen.IsZero() {
 				t.Fatalf("lastSeen %v accepted at %v", m.LastSeen, now)
 			}
-			if m.Pool == "" || m.Pool != PoolKey(m.Labels, keys) || len(m.Labels) != len(keys) {
+			if m.Pool == "" || m.Pool != pools.Key(m.Labels, keys) || len(m.Labels) != len(keys) {
 				t.Fatalf("pool %q with labels %v", m.Pool, m.Labels)
 			}
 			for k, v := range m.Labels {
@@ -97,11 +98,11 @@ func FuzzPoolMemory(f *testing.F) {
 		}
 
 		// Round trip through what the elected replica writes.
-		data, err := EncodeMemory(mem)
+		data, err := pools.EncodeMemory(mem)
 		if err != nil {
 			t.Fatalf("failed to re-encode: %v", err)
 		}
-		again, errs := DecodeMemory(data, cfg, now)
+		again, errs := pools.DecodeMemory(data, cfg, now)
 		if len(errs) > 0 || len(again) != len(mem) {
 			t.Fatalf("re-encoded memory does not decode: %v", errs)
 		}

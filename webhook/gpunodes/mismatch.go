@@ -16,12 +16,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 
 	"github.com/gpu-injector/gpu-injector/layout"
+	"github.com/gpu-injector/gpu-injector/layout/pools"
 	"github.com/gpu-injector/gpu-injector/webhook/inject"
 )
-
-// ReasonLayoutMismatch is the Event reason on a pod pinned by its pool that
-// landed on a node of the pool publishing another layout.
-const ReasonLayoutMismatch = "LayoutMismatch"
 
 // Mismatches tells pods pinned by a pool's labels that they landed on a node
 // whose driver layout is not the one injected: the memory was wrong, or the
@@ -157,7 +154,7 @@ func (m *Mismatches) Check(p *corev1.Pod) {
 	}
 	mismatches.Inc()
 	m.log.Info("pod landed on a node of another layout", "pod", p.Namespace+"/"+p.Name, "node", p.Spec.NodeName, "injected", want, "nodeLayout", have)
-	m.recorder.Eventf(p, corev1.EventTypeWarning, ReasonLayoutMismatch,
+	m.recorder.Eventf(p, corev1.EventTypeWarning, pools.ReasonLayoutMismatch,
 		"gpu-injector injected driver layout %s from %s, but node %s%s publishes layout %s (driver %s): the injected host paths may be missing there (hostPath type check failed). Delete the pod; its controller recreates it and the webhook injects the node's layout",
 		injected, from, p.Spec.NodeName, pool, have, driver)
 }

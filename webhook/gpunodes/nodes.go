@@ -34,6 +34,7 @@ import (
 
 	"github.com/gpu-injector/gpu-injector/config"
 	"github.com/gpu-injector/gpu-injector/layout"
+	"github.com/gpu-injector/gpu-injector/layout/pools"
 	"github.com/gpu-injector/gpu-injector/webhook/inject"
 )
 
@@ -50,7 +51,7 @@ type Index struct {
 	layouts map[string]*layoutState
 	// pools and memory are the pool view, with pinning.nodeLabels only.
 	pools     map[string]*poolState
-	memory    map[string]PoolMemory
+	memory    map[string]pools.Memory
 	poolViews map[string]poolView
 	now       func() time.Time
 	// draGPUs are the GPUs that DRA ResourceSlices publish per node, which a
@@ -588,7 +589,7 @@ func (idx *Index) factsOf(n *corev1.Node, old *nodeState, dra int64) nodeFacts {
 	// they keep no string of the Node.
 	f.state = info.Labels.Get(layout.LabelState)
 	f.source.label = info.Labels.Get(layout.LabelFingerprint)
-	if key := PoolKey(n.Labels, idx.cfg.Pinning.NodeLabels); key != "" {
+	if key := pools.Key(n.Labels, idx.cfg.Pinning.NodeLabels); key != "" {
 		if old != nil && old.pool != (unique.Handle[string]{}) && old.pool.Value() == key {
 			f.pool = old.pool
 		} else {

@@ -23,6 +23,7 @@ import (
 
 	"github.com/gpu-injector/gpu-injector/config"
 	"github.com/gpu-injector/gpu-injector/layout"
+	"github.com/gpu-injector/gpu-injector/layout/pools"
 	"github.com/gpu-injector/gpu-injector/webhook/inject"
 	"github.com/gpu-injector/gpu-injector/webhook/internal/gputest"
 )
@@ -1055,7 +1056,7 @@ func TestChooseByRequestedResource(t *testing.T) {
 	cfg = config.Default()
 	cfg.Pinning.NodeLabels = []string{"pool"}
 	idx = NewIndex(cfg, logr.Discard())
-	idx.SetMemory([]PoolMemory{{Pool: "pool=mig", Labels: map[string]string{"pool": "mig"}, NodeLabels: map[string]string{"pool": "mig"}, Plan: migPlan, LastSeen: time.Now()}})
+	idx.SetMemory([]pools.Memory{{Pool: "pool=mig", Labels: map[string]string{"pool": "mig"}, NodeLabels: map[string]string{"pool": "mig"}, Plan: migPlan, LastSeen: time.Now()}})
 	res := inject.Mutate(inject.Input{Pod: gputest.Pod("nvidia.com/mig-1g.10gb", func(p *corev1.Pod) { p.Namespace = "ml" }), Layouts: idx.Layouts()}, cfg)
 	if res.Decision != inject.DecisionInjected || res.Layout.Remembered == nil {
 		t.Errorf("remembered MIG pool: got %s: %s", res.Decision, res.Reason)

@@ -8,29 +8,11 @@ import (
 	"unique"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/gpu-injector/gpu-injector/layout"
+	"github.com/gpu-injector/gpu-injector/layout/pools"
 	"github.com/gpu-injector/gpu-injector/webhook/inject"
 )
-
-// PoolMemory is what is remembered of one pool: the layout its ready nodes
-// published, and the labels and taints every one of them had, so that a pod
-// for the pool at zero is matched against its next node as the scheduler and
-// the autoscaler will.
-type PoolMemory struct {
-	// Pool is the pool's key, PoolKey of Labels.
-	Pool string
-	// Labels are the pinning labels and their values.
-	Labels map[string]string
-	// NodeLabels are the labels every node of the pool had (the pinning labels
-	// among them), less the per-node ones.
-	NodeLabels map[string]string
-	// Taints are the NoSchedule and NoExecute taints every node of the pool had.
-	Taints   []corev1.Taint
-	Plan     layout.Plan
-	LastSeen time.Time
-}
 
 // poolState is the pool view of the index: each member node's fingerprint,
 // or a rejectedMember value when the node is ready but its layout is not.
@@ -76,32 +58,6 @@ func (ps *poolState) uniform() (string, bool) {
 // perNodeLabels differ from node to node by design, so they never describe a
 // pool; the project's own keys are the probe's, set after a node joined.
 var perNodeLabels = []string{corev1.LabelHostname, "node.kubernetes.io/instance-id", "karpenter.sh/nodeclaim"}
-
-// PoolKey is the pool of a node with these labels: "k1=v1,k2=v2" in the order
-// of keys, or "" when a label is missing (the node is in no pool). A value
-// that is not a valid label value also leaves the node out of any pool: pods
-// are pinned to a pool by a nodeSelector of these values, which the API
-// server would refuse. It validates the labels of a Node, but not those of a
-// --nodes file of the offline command or of Nodes built in code.
-func PoolKey(labels map[string]string, keys []string) string {
-	if len(keys) == 0 {
-		return ""
-	}
-	var b strings.Builder
-	for i, k := range keys {
-		v, ok := labels[k]
-		if !ok || len(validation.IsValidLabelValue(v)) != 0 {
-			return ""
-		}
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(k)
-		b.WriteByte('=')
-		b.WriteString(v)
-	}
-	return b.String()
-}
 
 // poolMember reports whether a node is a member of its pool: ready,
 // schedulable and probed. A node that just joined is not probed yet, and
@@ -176,8 +132,8 @@ func nodeReady(n *corev1.Node) bool {
 
 // SetMemory replaces the remembered pool layouts (already validated) and
 // publishes a new snapshot.
-func (idx *Index) SetMemory(mem []PoolMemory) {
-	m := make(map[string]PoolMemory, len(mem))
+func (idx *Index) SetMemory(mem []pools.Memory) {
+	m := make(map[string]pools.Memory, len(mem))
 	for _, e := range mem {
 		m[e.Pool] = e
 	}
@@ -308,10 +264,10 @@ func poolSignature(uniform map[string]string, mixed map[string]bool) string {
 
 // LivePools returns what the memory should hold of each pool whose ready
 // nodes all publish one layout now, as seen at now.
-func (idx *Index) LivePools(now time.Time) []PoolMemory {
+func (idx *Index) LivePools(now time.Time) []pools.Memory {
 	idx.mu.Lock()
 	defer idx.mu.Unlock()
-	var out []PoolMemory
+	var out []pools.Memory
 	for key, ps := range idx.pools {
 		fp, ok := ps.uniform()
 		if !ok {
@@ -343,8 +299,8 @@ func (idx *Index) LivePools(now time.Time) []PoolMemory {
 		for i := range taints {
 			taints[i].TimeAdded = nil
 		}
-		out = append(out, PoolMemory{Pool: key, Labels: maps.Clone(ps.labels), NodeLabels: common, Taints: taints, Plan: ls.plan, LastSeen: now})
+		out = append(out, pools.Memory{Pool: key, Labels: maps.Clone(ps.labels), NodeLabels: common, Taints: taints, Plan: ls.plan, LastSeen: now})
 	}
-	slices.SortFunc(out, func(a, b PoolMemory) int { return strings.Compare(a.Pool, b.Pool) })
+	slices.SortFunc(out, func(a, b pools.Memory) int { return strings.Compare(a.Pool, b.Pool) })
 	return out
 }

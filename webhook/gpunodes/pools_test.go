@@ -14,6 +14,7 @@ import (
 
 	"github.com/gpu-injector/gpu-injector/config"
 	"github.com/gpu-injector/gpu-injector/layout"
+	"github.com/gpu-injector/gpu-injector/layout/pools"
 	"github.com/gpu-injector/gpu-injector/webhook/inject"
 	"github.com/gpu-injector/gpu-injector/webhook/internal/gputest"
 )
@@ -135,11 +136,11 @@ func TestIndexRememberedPools(t *testing.T) {
 	}
 
 	// Round trip through the ConfigMap, as the writer and the readers do.
-	data, err := EncodeMemory(live)
+	data, err := pools.EncodeMemory(live)
 	if err != nil {
 		t.Fatal(err)
 	}
-	mem, errs := DecodeMemory(data, cfg, now)
+	mem, errs := pools.DecodeMemory(data, cfg, now)
 	if len(errs) > 0 || len(mem) != 1 {
 		t.Fatalf("decode: %v %v", mem, errs)
 	}
@@ -172,80 +173,18 @@ func TestIndexRememberedPools(t *testing.T) {
 	}
 }
 
-func TestDecodeMemoryIsUntrusted(t *testing.T) {
-	cfg := poolConfig(t, "")
-	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-	good := PoolMemory{Pool: "karpenter.sh/nodepool=a", Labels: map[string]string{poolLabel: "a"}, Plan: gputest.Plan("535.104.05"), LastSeen: now.Add(-time.Hour)}
-	enc := func(m PoolMemory) string {
-		d, err := EncodeMemory([]PoolMemory{m})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return d[MemoryKey(m.Pool)]
-	}
-	hostile := good
-	hostile.Plan = gputest.Plan("535.104.05")
-	hostile.Plan.Mounts[0].HostPath = "/etc"
-	future := good
-	future.LastSeen = now.Add(24 * time.Hour)
-	badTaint := good
-	badTaint.Taints = []corev1.Taint{{Key: "x", Effect: "PreferNoSchedule"}}
-	badLabel := good
-	badLabel.NodeLabels = map[string]string{"bad key!": "v"}
-	other := good
-	other.Labels = map[string]string{"cloud.google.com/gke-nodepool": "a"}
-	other.Pool = "cloud.google.com/gke-nodepool=a"
-
-	tests := map[string]struct {
-		key, value string
-		wantErr    string
-	}{
-		"good":                {MemoryKey(good.Pool), enc(good), ""},
-		"host path outside":   {MemoryKey(good.Pool), enc(hostile), "not under the host path allowlist"},
-		"future lastSeen":     {MemoryKey(good.Pool), enc(future), "in the future"},
-		"taint effect":        {MemoryKey(good.Pool), enc(badTaint), "PreferNoSchedule"},
-		"node label":          {MemoryKey(good.Pool), enc(badLabel), "bad key!"},
-		"key of another pool": {MemoryKey("karpenter.sh/nodepool=b"), enc(good), "does not match"},
-		"unknown field":       {MemoryKey(good.Pool), strings.Replace(enc(good), `{"pool"`, `{"extra":1,"pool"`, 1), "unknown field"},
-		"trailing data":       {MemoryKey(good.Pool), enc(good) + "{}", "trailing"},
-		"not json":            {MemoryKey(good.Pool), "pool: a", "failed to decode"},
-		"oversize":            {MemoryKey(good.Pool), strings.Repeat(" ", maxMemoryEntry+1), "exceeds the limit"},
-		"other labels":        {MemoryKey(other.Pool), enc(other), ""},
-	}
-	for name, tc := range tests {
-		t.Run(name, func(t *testing.T) {
-			mem, errs := DecodeMemory(map[string]string{tc.key: tc.value}, cfg, now)
-			if tc.wantErr == "" {
-				if len(errs) > 0 {
-					t.Fatalf("errors: %v", errs)
-				}
-				if name == "good" && (len(mem) != 1 || mem[0].Plan.Fingerprint() != good.Plan.Fingerprint()) {
-					t.Fatalf("memory = %+v", mem)
-				}
-				if name == "other labels" && len(mem) != 0 {
-					t.Fatalf("an entry of other pinning labels must be skipped: %+v", mem)
-				}
-				return
-			}
-			if len(mem) != 0 || len(errs) != 1 || !strings.Contains(errs[0].Error(), tc.wantErr) {
-				t.Fatalf("memory %+v, errors %v; want one error containing %q", mem, errs, tc.wantErr)
-			}
-		})
-	}
-}
-
 func TestNextMemory(t *testing.T) {
 	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-	mk := func(pool, version string, seen time.Time) PoolMemory {
-		return PoolMemory{Pool: pool, Labels: map[string]string{poolLabel: pool}, Plan: gputest.Plan(version), LastSeen: seen}
+	mk := func(pool, version string, seen time.Time) pools.Memory {
+		return pools.Memory{Pool: pool, Labels: map[string]string{poolLabel: pool}, Plan: gputest.Plan(version), LastSeen: seen}
 	}
-	stored := []PoolMemory{mk("a", "535.104.05", now.Add(-10*time.Minute)), mk("gone", "535.104.05", now.Add(-47*time.Hour)), mk("expired", "535.104.05", now.Add(-49*time.Hour))}
-	live := []PoolMemory{mk("a", "535.104.05", now), mk("new", "580.65.06", now)}
+	stored := []pools.Memory{mk("a", "535.104.05", now.Add(-10*time.Minute)), mk("gone", "535.104.05", now.Add(-47*time.Hour)), mk("expired", "535.104.05", now.Add(-49*time.Hour))}
+	live := []pools.Memory{mk("a", "535.104.05", now), mk("new", "580.65.06", now)}
 	next, changed := NextMemory(stored, live, now, 48*time.Hour, time.Hour)
 	if !changed {
 		t.Fatal("a new pool and an expired one must change the memory")
 	}
-	got := map[string]PoolMemory{}
+	got := map[string]pools.Memory{}
 	for _, m := range next {
 		got[m.Pool] = m
 	}
@@ -258,7 +197,7 @@ func TestNextMemory(t *testing.T) {
 		t.Fatal("a steady pool must not be rewritten before refresh")
 	}
 	// A driver upgrade of a live pool is written at once.
-	if _, changed := NextMemory(next, []PoolMemory{mk("a", "580.65.06", now)}, now, 48*time.Hour, time.Hour); !changed {
+	if _, changed := NextMemory(next, []pools.Memory{mk("a", "580.65.06", now)}, now, 48*time.Hour, time.Hour); !changed {
 		t.Fatal("a pool's new layout must be written at once")
 	}
 	// After refresh, lastSeen is renewed.
@@ -300,7 +239,7 @@ func TestMismatchEvent(t *testing.T) {
 		t.Fatalf("want one event, got %d", len(rec.Events))
 	}
 	ev := <-rec.Events
-	for _, want := range []string{"Warning", ReasonLayoutMismatch, old.Fingerprint(), "driver 535.104.05", "memory", "node a1 of pool karpenter.sh/nodepool=a", neu.Fingerprint(), "driver 580.65.06", "Delete the pod"} {
+	for _, want := range []string{"Warning", pools.ReasonLayoutMismatch, old.Fingerprint(), "driver 535.104.05", "memory", "node a1 of pool karpenter.sh/nodepool=a", neu.Fingerprint(), "driver 580.65.06", "Delete the pod"} {
 		if !strings.Contains(ev, want) {
 			t.Errorf("event %q lacks %q", ev, want)
 		}
@@ -330,7 +269,7 @@ func TestMemorySync(t *testing.T) {
 		t.Fatal(err)
 	}
 	first := get()
-	mem, errs := DecodeMemory(first.Data, cfg, now)
+	mem, errs := pools.DecodeMemory(first.Data, cfg, now)
 	if len(errs) > 0 || len(mem) != 1 || mem[0].Pool != "karpenter.sh/nodepool=a" || !mem[0].LastSeen.Equal(now) {
 		t.Fatalf("memory after the first sync: %+v %v", mem, errs)
 	}

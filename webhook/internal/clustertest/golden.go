@@ -25,6 +25,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/gpu-injector/gpu-injector/config"
+	"github.com/gpu-injector/gpu-injector/layout/pools"
 	"github.com/gpu-injector/gpu-injector/webhook/gpunodes"
 	"github.com/gpu-injector/gpu-injector/webhook/inject"
 	"github.com/gpu-injector/gpu-injector/webhook/internal/gputest"
@@ -169,7 +170,7 @@ func (gc Case) Sources(t *testing.T) (*gpunodes.Index, *gpunodes.DRA) {
 	idx := gpunodes.NewIndex(gc.Config, logr.Discard())
 	idx.SetClock(func() time.Time { return Now })
 	if gc.Memory != nil {
-		mem, errs := gpunodes.DecodeMemory(gc.Memory, gc.Config, Now)
+		mem, errs := pools.DecodeMemory(gc.Memory, gc.Config, Now)
 		if len(errs) > 0 {
 			t.Fatalf("bad memory in the case: %v", errs)
 		}

@@ -1,4 +1,4 @@
-package nodeprobe
+package hostroot
 
 import (
 	"errors"
@@ -39,7 +39,6 @@ func TestResolveStaysInRoot(t *testing.T) {
 	ln("usr/lib/chain", "/lib/rel")
 	ln("usr/lib/loop", "loop")
 	ln("usr/lib/dangling", "/nowhere")
-	h := hostFS{root: root}
 	for name, tc := range map[string]struct {
 		in, want string
 		err      error
@@ -49,25 +48,25 @@ func TestResolveStaysInRoot(t *testing.T) {
 		"link to the real outside":   {in: "/usr/lib/out", err: os.ErrNotExist},
 		"folder link":                {in: "/lib/rel", want: "/usr/lib/libcuda.so.1.real"},
 		"chain":                      {in: "/usr/lib/chain", want: "/usr/lib/libcuda.so.1.real"},
-		"loop":                       {in: "/usr/lib/loop", err: errTooManyLinks},
+		"loop":                       {in: "/usr/lib/loop", err: ErrTooManyLinks},
 		"dangling":                   {in: "/usr/lib/dangling", err: os.ErrNotExist},
 		"dot-dot in the input":       {in: "/../../usr/./lib/../lib/rel", want: "/usr/lib/libcuda.so.1.real"},
 		"root":                       {in: "/", want: "/"},
 	} {
 		t.Run(name, func(t *testing.T) {
-			got, err := h.resolve(tc.in)
+			got, err := Resolve(root, tc.in)
 			if tc.err != nil {
 				if !errors.Is(err, tc.err) {
-					t.Errorf("resolve(%q) = %q, %v; want error %v", tc.in, got, err, tc.err)
+					t.Errorf("Resolve(%q) = %q, %v; want error %v", tc.in, got, err, tc.err)
 				}
 				return
 			}
 			if err != nil || got != tc.want {
-				t.Errorf("resolve(%q) = %q, %v; want %q", tc.in, got, err, tc.want)
+				t.Errorf("Resolve(%q) = %q, %v; want %q", tc.in, got, err, tc.want)
 			}
 		})
 	}
-	if _, err := h.resolve("relative"); err == nil {
+	if _, err := Resolve(root, "relative"); err == nil {
 		t.Error("a relative path resolved")
 	}
 }

@@ -4,7 +4,7 @@
 // adaptation library containerd and CRI-O link), with a plan of 19 loose
 // driver files. The numbers go to docs/runtime-injection.md.
 //
-//	go run ./nriplugin/nricost -n 20000
+//	go run ./hack/nricost -n 20000
 package main
 
 import (
@@ -22,9 +22,9 @@ import (
 	"github.com/containerd/nri/pkg/api"
 	nrilog "github.com/containerd/nri/pkg/log"
 
-	"github.com/gpu-injector/gpu-injector/hack/loadtest/workload"
+	"github.com/gpu-injector/gpu-injector/internal/testfixtures/workload"
 	"github.com/gpu-injector/gpu-injector/layout"
-	"github.com/gpu-injector/gpu-injector/nriplugin/statedir"
+	"github.com/gpu-injector/gpu-injector/layout/statedir"
 )
 
 func main() {

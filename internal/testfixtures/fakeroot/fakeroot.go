@@ -16,6 +16,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/gpu-injector/gpu-injector/nodeprobe/hostroot"
 	"github.com/gpu-injector/gpu-injector/nodeprobe/ldcache"
 )
 
@@ -890,40 +891,11 @@ func (l Layout) cacheEntries(root string) ([]ldcache.Entry, error) {
 // rootedResolve follows links in p as the host would, with root as its /;
 // "" when p does not exist.
 func rootedResolve(root, p string) string {
-	current := "/"
-	todo := strings.Split(p, "/")
-	for links := 0; len(todo) > 0; {
-		elem := todo[0]
-		todo = todo[1:]
-		switch elem {
-		case "", ".":
-			continue
-		case "..":
-			current = path.Dir(current)
-			continue
-		}
-		next := path.Join(current, elem)
-		fi, err := os.Lstat(filepath.Join(root, next))
-		if err != nil {
-			return ""
-		}
-		if fi.Mode()&os.ModeSymlink == 0 {
-			current = next
-			continue
-		}
-		if links++; links > 40 {
-			return ""
-		}
-		t, err := os.Readlink(filepath.Join(root, next))
-		if err != nil {
-			return ""
-		}
-		if path.IsAbs(t) {
-			current = "/"
-		}
-		todo = append(strings.Split(t, "/"), todo...)
+	real, err := hostroot.Resolve(root, p)
+	if err != nil {
+		return ""
 	}
-	return current
+	return real
 }
 
 func readELF(p string) (string, elf.Machine, error) {
