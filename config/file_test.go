@@ -121,11 +121,11 @@ func TestCheckIsParse(t *testing.T) {
 	}
 }
 
-// TestEnumsAreValidates: every string field of JSONSchema offers exactly the
+// TestSchemaChoicesAreValidates: every string field of JSONSchema offers exactly the
 // values Validate accepts, "" included: a field Validate refuses a value of
 // with "Unsupported value" is an enum of the schema with every value it
 // accepts, and no other field is.
-func TestEnumsAreValidates(t *testing.T) {
+func TestSchemaChoicesAreValidates(t *testing.T) {
 	// Every list holds one item, so that each of its fields can be set.
 	base := Default()
 	base.HostPaths.ExtraAllowlist = base.HostPaths.Allowlist[:1]
