@@ -25,6 +25,8 @@ Usage:
   gpu-injector nri-plugin [flags]  add the node's driver mounts to marked GPU containers (NRI)
   gpu-injector mutate -f FILE --nodes NODES [--config CFG]
                                    the webhook's mutation, offline, for review and GitOps
+  gpu-injector config validate -f FILE
+                                   check a configuration file (or the chart's rendered ConfigMap) as the webhook would
   gpu-injector status [flags]      what gpu-injector does in your cluster; exit 3 when something needs attention
   gpu-injector version             print the version
 
@@ -65,6 +67,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		err = cmd.Mutate(args[1:], stdin, stdout, stderr)
 	case "status":
 		return cmd.Status(ctx, args[1:], stdout, stderr)
+	case "config":
+		return cmd.Config(args[1:], stdin, stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintln(stdout, version.String())
 	case "help", "-h", "--help":

@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -16,7 +18,7 @@ func TestRun(t *testing.T) {
 		"no command":       {args: nil, code: 2, wantStderr: "Usage:"},
 		"unknown command":  {args: []string{"inject"}, code: 2, wantStderr: `unknown command "inject"`},
 		"version":          {args: []string{"version"}, code: 0, wantOut: "dev"},
-		"help":             {args: []string{"help"}, code: 0, wantOut: "gpu-injector mutate -f FILE"},
+		"help":             {args: []string{"help"}, code: 0, wantOut: "gpu-injector config validate -f FILE"},
 		"mutate bad flags": {args: []string{"mutate", "-f", "x.yaml"}, code: 2, wantStderr: "-f and --nodes are required"},
 		"mutate -h":        {args: []string{"mutate", "-h"}, code: 0, wantStderr: "Usage: gpu-injector mutate"},
 		"nodeprobe bad":    {args: []string{"nodeprobe", "--no-such-flag"}, code: 2, wantStderr: "no-such-flag"},
@@ -37,6 +39,57 @@ func TestRun(t *testing.T) {
 			}
 			if !strings.Contains(errb.String(), tc.wantStderr) {
 				t.Errorf("stderr %q lacks %q", errb.String(), tc.wantStderr)
+			}
+		})
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, data string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	good := write("good.yaml", "apiVersion: config.gpu-injector.io/v1alpha1\nkind: InjectorConfiguration\nldLibraryPath: Prepend\n")
+	bad := write("bad.yaml", "noLayout: {action: Static}\nexcludedNamespaces: [Kube]\n")
+	rendered := "---\napiVersion: v1\nkind: ServiceAccount\nmetadata: {name: sa}\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: gpu-injector-config, namespace: gpu-injector}\ndata:\n  config.yaml: |\n    noLayout: {action: Static}\n"
+	tests := map[string]struct {
+		args       []string
+		stdin      string
+		code       int
+		wantOut    string
+		wantStderr []string
+	}{
+		"valid":         {args: []string{"config", "validate", "-f", good}, code: 0, wantOut: good + ": valid configuration"},
+		"every error":   {args: []string{"config", "validate", "-f", bad}, code: 1, wantStderr: []string{bad + ": invalid configuration:\n", "\n  noLayout.staticLayout: Required value: the name of a staticLayouts entry, with action Static\n", "\n  excludedNamespaces[0]: Invalid value: \"Kube\""}},
+		"stdin":         {args: []string{"config", "validate", "-f", "-"}, stdin: rendered, code: 1, wantStderr: []string{"standard input: ConfigMap gpu-injector/gpu-injector-config: invalid configuration:\n  noLayout.staticLayout: Required value"}},
+		"unknown field": {args: []string{"config", "validate", "-f", "-"}, stdin: "ldLibraryPaths: Off\n", code: 1, wantStderr: []string{`failed to parse configuration: error unmarshaling JSON: while decoding JSON: json: unknown field "ldLibraryPaths"`}},
+		"nothing":       {args: []string{"config", "validate", "-f", "-"}, stdin: "apiVersion: v1\nkind: Namespace\n", code: 1, wantStderr: []string{"no gpu-injector configuration"}},
+		"missing file":  {args: []string{"config", "validate", "-f", filepath.Join(dir, "none")}, code: 1, wantStderr: []string{"failed to read"}},
+		"no -f":         {args: []string{"config", "validate"}, code: 2, wantStderr: []string{"-f FILE is required"}},
+		"extra args":    {args: []string{"config", "validate", "-f", good, "more"}, code: 2, wantStderr: []string{"-f FILE is required"}},
+		"bad flag":      {args: []string{"config", "validate", "--strict"}, code: 2, wantStderr: []string{"flag provided but not defined: -strict"}},
+		"no subcommand": {args: []string{"config"}, code: 2, wantStderr: []string{"Usage: gpu-injector config validate"}},
+		"unknown":       {args: []string{"config", "check"}, code: 2, wantStderr: []string{"Usage: gpu-injector config validate"}},
+		"help":          {args: []string{"config", "validate", "-h"}, code: 0, wantStderr: []string{"Exit status: 0 valid"}},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			var out, errb bytes.Buffer
+			code := run(tc.args, strings.NewReader(tc.stdin), &out, &errb)
+			if code != tc.code {
+				t.Errorf("exit code %d, want %d; stderr:\n%s", code, tc.code, errb.String())
+			}
+			if !strings.Contains(out.String(), tc.wantOut) {
+				t.Errorf("stdout %q lacks %q", out.String(), tc.wantOut)
+			}
+			for _, w := range tc.wantStderr {
+				if !strings.Contains(errb.String(), w) {
+					t.Errorf("stderr %q lacks %q", errb.String(), w)
+				}
 			}
 		})
 	}

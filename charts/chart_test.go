@@ -19,6 +19,7 @@ import (
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
@@ -41,6 +42,7 @@ const (
 	webhookSA   = "gpu-injector-webhook"
 	certSecret  = "gpu-injector-webhook-tls"
 	webhookSvc  = "gpu-injector-webhook"
+	hookName    = "gpu-injector-validate"
 )
 
 // helmBinary finds helm where the repository's tool cache puts it; a missing helm is
@@ -282,10 +284,15 @@ func checkKnownTypes(t *testing.T, r rendered) {
 	}
 }
 
-// checkPodSecurity holds for every workload the chart renders, whatever the values.
+// checkPodSecurity holds for every workload the chart renders, whatever the values:
+// the webhook, the probe and the install hook.
 func checkPodSecurity(t *testing.T, r rendered, privilegedProbe bool) {
 	t.Helper()
-	for name, spec := range r.podSpecs(t) {
+	specs := r.podSpecs(t)
+	for _, u := range r.all("Job") {
+		specs["Job/"+u.GetName()] = typed[batchv1.Job](t, u).Spec.Template
+	}
+	for name, spec := range specs {
 		ps := spec.Spec
 		if ps.HostNetwork || ps.HostPID || ps.HostIPC {
 			t.Errorf("%s uses a host namespace", name)
@@ -1302,21 +1309,19 @@ func TestPoolRBAC(t *testing.T) {
 // TestSchemaRejects: values.schema.json stops bad values before anything renders.
 func TestSchemaRejects(t *testing.T) {
 	tests := map[string]string{
-		"failure policy":     "webhook.failurePolicy=Maybe",
-		"timeout too long":   "webhook.timeoutSeconds=31",
-		"plain http url":     "webhook.url=http://127.0.0.1:9443",
-		"layout policy":      "config.layoutPolicy=Random",
-		"no-layout action":   "config.noLayout.action=Panic",
-		"ld library path":    "config.ldLibraryPath=Replace",
-		"misspelt key":       "webhook.replica=3",
-		"misspelt config":    "config.layoutPolicies=MostGPUs",
-		"pull policy":        "image.pullPolicy=Sometimes",
-		"issuer kind":        "certManager.issuerRef.kind=Vault",
-		"relative allowlist": "config.hostPaths.allowlist[0].path=usr/lib",
-		"pinning by probe":   "config.pinning.nodeLabels={gpu-injector.io/layout-fingerprint}",
-		"pinning label":      "config.pinning.nodeLabels={not a label}",
-		"remember for":       "config.pinning.rememberFor=3days",
-		"no nvml timeout":    "nodeprobe.nvmlTimeout=0s",
+		"failure policy":   "webhook.failurePolicy=Maybe",
+		"timeout too long": "webhook.timeoutSeconds=31",
+		"plain http url":   "webhook.url=http://127.0.0.1:9443",
+		"layout policy":    "config.layoutPolicy=Random",
+		"no-layout action": "config.noLayout.action=Panic",
+		"ld library path":  "config.ldLibraryPath=Replace",
+		"misspelt key":     "webhook.replica=3",
+		"misspelt config":  "config.layoutPolicies=MostGPUs",
+		"pull policy":      "image.pullPolicy=Sometimes",
+		"issuer kind":      "certManager.issuerRef.kind=Vault",
+		"a config list":    "config.excludedNamespaces=kube-system",
+		"a mount kind":     "config.staticLayouts[0].mounts[0].kind=Socket",
+		"no nvml timeout":  "nodeprobe.nvmlTimeout=0s",
 	}
 	for name, set := range tests {
 		t.Run(name, func(t *testing.T) {

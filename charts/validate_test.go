@@ -1,20 +1,28 @@
 package charts_test
 
-// The chart refuses, at render time, exactly the configurations the binary refuses:
-// values.schema.json the wrong types, unknown keys and enums, templates/_validate.tpl
-// the rest with the binary's own messages. Every case runs both config.Validate and
-// helm on the same values, so a rule added on one side only fails here.
+// The chart leaves the configuration to the binary. values.schema.json, generated from
+// the Go types (hack/chart-schema), refuses unknown keys, wrong types and unknown
+// choices at render time; the install hook runs gpu-injector config validate on the
+// file the chart renders for every other rule. Every case here runs config.Validate on
+// the values and helm on the same values: the schema never refuses a file the binary
+// accepts, whatever it refuses the binary refuses too, and the hook's ConfigMap carries
+// the values as written, so that its verdict is the binary's on them.
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"testing"
 
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	psaapi "k8s.io/pod-security-admission/api"
+	"k8s.io/pod-security-admission/policy"
 	"sigs.k8s.io/yaml"
 
 	"github.com/gpu-injector/gpu-injector/config"
@@ -90,44 +98,31 @@ func writeValues(t *testing.T, values map[string]any) string {
 	return f.Name()
 }
 
-var chartMessage = regexp.MustCompile(`invalid configuration: (.*)`)
-
-// sameErrors reports how helm's message differs from the binary's errors, whatever
-// their order (a few of the binary's checks walk maps).
-func sameErrors(helmErr string, errs field.ErrorList) string {
-	m := chartMessage.FindStringSubmatch(helmErr)
-	if m == nil {
-		return "helm did not refuse with the binary's message"
-	}
-	got := m[1]
-	var want []string
+// messages are the errors as the binary prints them, sorted: a few of its checks
+// walk maps.
+func messages(errs field.ErrorList) []string {
+	var out []string
 	for _, e := range errs {
-		if !slices.Contains(want, e.Error()) {
-			want = append(want, e.Error())
-		}
+		out = append(out, e.Error())
 	}
-	if len(want) == 1 {
-		if got != want[0] {
-			return "helm says " + got + "\nthe binary " + want[0]
-		}
-		return ""
+	slices.Sort(out)
+	return out
+}
+
+// hookVerdict is the install hook's verdict: gpu-injector config validate's check of
+// the hook's ConfigMap, which must hold the release ConfigMap's file.
+func hookVerdict(t *testing.T, r rendered) config.Verdict {
+	t.Helper()
+	hook := mustGet[corev1.ConfigMap](t, r, "ConfigMap", hookName)
+	release := mustGet[corev1.ConfigMap](t, r, "ConfigMap", fullname+"-config")
+	if hook.Data[config.ConfigMapKey] != release.Data[config.ConfigMapKey] {
+		t.Errorf("the hook checks another file than the release installs:\n%s\n---\n%s", hook.Data[config.ConfigMapKey], release.Data[config.ConfigMapKey])
 	}
-	if !strings.HasPrefix(got, "[") || !strings.HasSuffix(got, "]") {
-		return "helm gave one error, the binary several: " + got
+	vs, err := config.Check([]byte(hook.Data[config.ConfigMapKey]))
+	if err != nil || len(vs) != 1 {
+		t.Fatalf("the hook's ConfigMap: %v, %v", vs, err)
 	}
-	rest := got[1 : len(got)-1]
-	var missing []string
-	for _, w := range want {
-		if i := strings.Index(rest, w); i >= 0 {
-			rest = rest[:i] + "\x00" + rest[i+len(w):]
-		} else {
-			missing = append(missing, w)
-		}
-	}
-	if missing != nil || rest != strings.Repeat("\x00, ", len(want)-1)+"\x00" {
-		return "helm says " + got + "\nthe binary's errors it lacks: " + strings.Join(missing, " | ") + "\nhelm's own: " + strings.ReplaceAll(strings.ReplaceAll(rest, "\x00, ", ""), "\x00", "")
-	}
-	return ""
+	return vs[0]
 }
 
 func repeat(s string, n int) string { return strings.Repeat(s, n) }
@@ -173,8 +168,9 @@ const (
 	bin   = "/usr/local/nvidia/bin"
 )
 
-// TestConfigChecksAgree: for each case, helm renders exactly when config.Validate
-// accepts, and refuses with the binary's messages, or by the schema naming the field.
+// TestConfigChecksAgree: for each case, the schema refuses only what the binary
+// refuses, naming the field, and the hook's verdict on what helm renders is the
+// binary's on the values.
 func TestConfigChecksAgree(t *testing.T) {
 	tests := map[string]struct {
 		config map[string]any
@@ -294,8 +290,7 @@ func TestConfigChecksAgree(t *testing.T) {
 			schemaField: "config.noLayout.action", binaryField: "noLayout.action: Unsupported value",
 		},
 		"a relative extra entry": {
-			config:      map[string]any{"hostPaths": map[string]any{"extraAllowlist": allowlistEntries([]string{"srv/gpu"}, false)}},
-			schemaField: "config.hostPaths.extraAllowlist.0.path", binaryField: "hostPaths.extraAllowlist[0].path: Invalid value",
+			config: map[string]any{"hostPaths": map[string]any{"extraAllowlist": allowlistEntries([]string{"srv/gpu"}, false)}},
 		},
 		"a misspelt extra entry": {
 			config:      map[string]any{"hostPaths": map[string]any{"extraAllowlist": []any{map[string]any{"pth": "/srv/gpu"}}}},
@@ -324,16 +319,21 @@ func TestConfigChecksAgree(t *testing.T) {
 			schemaField: "config.staticLayouts.0.runtimeInjection", binaryField: "staticLayouts[0].runtimeInjection: Unsupported value",
 		},
 		"no resource names": {
-			config:      map[string]any{"resources": map[string]any{"names": []any{}}},
-			schemaField: "config.resources.names", binaryField: "resources.names: Required value",
+			config: map[string]any{"resources": map[string]any{"names": []any{}}},
 		},
 		"pinning by the probe's label": {
-			config:      map[string]any{"pinning": map[string]any{"nodeLabels": []any{"gpu-injector.io/layout-fingerprint"}}},
-			schemaField: "config.pinning.nodeLabels.0", binaryField: "pinning.nodeLabels[0]: Forbidden",
+			config: map[string]any{"pinning": map[string]any{"nodeLabels": []any{"gpu-injector.io/layout-fingerprint"}}},
 		},
 		"a negative memory": {
-			config:      map[string]any{"pinning": map[string]any{"rememberFor": "-1h"}},
-			schemaField: "config.pinning.rememberFor", binaryField: "pinning.rememberFor: Invalid value",
+			config: map[string]any{"pinning": map[string]any{"rememberFor": "-1h"}},
+		},
+		"a duration that is none": {
+			config: map[string]any{"pinning": map[string]any{"rememberFor": "3days"}},
+		},
+		// Empty choices are the defaults, to the binary and the schema alike.
+		"empty choices": {
+			config: map[string]any{"ldLibraryPath": "", "noLayout": map[string]any{"action": ""}, "staticLayouts": []any{map[string]any{
+				"name": "s", "schemaVersion": "", "runtimeInjection": "", "driverVersion": "1", "mounts": []any{mount("/usr/lib/nvidia-384", lib64, "Directory")}}}},
 		},
 	}
 	for name, tc := range tests {
@@ -341,8 +341,7 @@ func TestConfigChecksAgree(t *testing.T) {
 			values := map[string]any{"config": tc.config}
 			errs, decodeErr := binaryVerdict(t, values)
 			out, err := helmTemplate(t, renderOpts{kubeVersion: "1.36.3", files: []string{writeValues(t, values)}})
-			switch {
-			case tc.schemaField != "":
+			if tc.schemaField != "" {
 				binary := errors.Join(decodeErr, errs.ToAggregate())
 				if binary == nil || !strings.Contains(binary.Error(), tc.binaryField) {
 					t.Errorf("the binary does not refuse %s: %v", tc.binaryField, binary)
@@ -350,48 +349,70 @@ func TestConfigChecksAgree(t *testing.T) {
 				if err == nil || !strings.Contains(err.Error(), "values don't meet the specifications of the schema") || !strings.Contains(err.Error(), tc.schemaField) {
 					t.Errorf("want the schema to refuse %s, got %v", tc.schemaField, err)
 				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("helm refuses values the schema should leave to the binary (%v, %v): %v", decodeErr, errs, err)
+			}
+			r := parseRendered(t, out)
+			hook := hookVerdict(t, r)
+			switch {
 			case decodeErr != nil:
-				t.Fatalf("the binary cannot decode the values: %v", decodeErr)
+				if hook.Err == nil || hook.Err.Error() != "failed to parse configuration: "+decodeErr.Error() {
+					t.Errorf("the binary cannot read the values (%v), the hook says %v", decodeErr, hook.Err)
+				}
+			case hook.Err != nil:
+				t.Fatalf("the hook cannot read what the chart renders: %v", hook.Err)
+			case !slices.Equal(messages(hook.Errs), messages(errs)):
+				t.Errorf("the hook says:\n%s\nthe binary, of the values:\n%s", strings.Join(messages(hook.Errs), "\n"), strings.Join(messages(errs), "\n"))
 			case len(errs) == 0:
-				if err != nil {
-					t.Fatalf("the binary accepts the values, helm refuses them: %v", err)
-				}
-				checkConfigMap(t, parseRendered(t, out))
-			case err == nil:
-				t.Fatalf("helm renders values the binary refuses: %v", errs.ToAggregate())
-			default:
-				if strings.Contains(err.Error(), "schema") {
-					t.Errorf("refused by the schema, not with the binary's message: %v", err)
-				}
-				if diff := sameErrors(err.Error(), errs); diff != "" {
-					t.Error(diff)
-				}
+				checkConfigMap(t, r)
 			}
 		})
 	}
 }
 
-// TestConfigRefusedAtRender: the configurations that installed and then crash-looped
-// the webhook now fail helm with its message.
-func TestConfigRefusedAtRender(t *testing.T) {
+// TestConfigRefusedByHook: configurations that would crash-loop the webhook render,
+// and the hook refuses them with the binary's message.
+func TestConfigRefusedByHook(t *testing.T) {
 	tests := map[string]struct {
 		set  []string
 		want string
 	}{
 		"static without a layout": {
 			set:  []string{"config.noLayout.action=Static"},
-			want: "invalid configuration: noLayout.staticLayout: Required value: the name of a staticLayouts entry, with action Static",
+			want: "noLayout.staticLayout: Required value: the name of a staticLayouts entry, with action Static",
 		},
 		"a system folder added whole": {
 			set:  []string{"config.hostPaths.extraAllowlist[0].path=/usr/lib"},
-			want: "invalid configuration: hostPaths.extraAllowlist[0].path: Forbidden: it would allow the system folder /usr/lib whole; allow it only with filesOnly: true, or name the driver's own folder",
+			want: "hostPaths.extraAllowlist[0].path: Forbidden: it would allow the system folder /usr/lib whole; allow it only with filesOnly: true, or name the driver's own folder",
+		},
+		"a relative allowlist": {
+			set:  []string{"config.hostPaths.allowlist[0].path=usr/lib"},
+			want: `hostPaths.allowlist[0].path: Invalid value: "usr/lib": must be an absolute, clean path other than /`,
+		},
+		"pinning by the probe's label": {
+			set:  []string{"config.pinning.nodeLabels={gpu-injector.io/layout-fingerprint}"},
+			want: "pinning.nodeLabels[0]: Forbidden: gpu-injector.io/ labels are set by the probe",
+		},
+		"pinning by no label": {
+			set:  []string{"config.pinning.nodeLabels={not a label}"},
+			want: `pinning.nodeLabels[0]: Invalid value: "not a label"`,
+		},
+		"a duration that is none": {
+			set:  []string{"config.pinning.rememberFor=3days"},
+			want: `failed to parse configuration: error unmarshaling JSON: while decoding JSON: time: unknown unit "days" in duration "3days"`,
 		},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			_, err := helmTemplate(t, with(kube136, tc.set...))
-			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Errorf("want %q, got %v", tc.want, err)
+			v := hookVerdict(t, render(t, with(kube136, tc.set...)))
+			got := fmt.Sprint(v.Err)
+			if v.Err == nil {
+				got = strings.Join(messages(v.Errs), "\n")
+			}
+			if !strings.Contains(got, tc.want) {
+				t.Errorf("the hook says %q, want %q", got, tc.want)
 			}
 		})
 	}
@@ -407,5 +428,81 @@ func TestExtraAllowlistKeepsDefaults(t *testing.T) {
 	entries := c.Rules().HostPathAllowlist
 	if n := len(config.DefaultAllowlist()); len(entries) != n+2 || entries[n].Path != "/srv/gpu" || entries[n].FilesOnly || entries[n+1].Path != "/srv/shared/lib" || !entries[n+1].FilesOnly {
 		t.Errorf("allowlist in force = %v, want the defaults then /srv/gpu and /srv/shared/lib (files only)", entries)
+	}
+}
+
+// restricted is Pod Security's restricted level as the API server evaluates it.
+func restricted(t *testing.T, spec corev1.PodTemplateSpec) []string {
+	t.Helper()
+	evaluator, err := policy.NewEvaluator(policy.DefaultChecks(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lv := psaapi.LevelVersion{Level: psaapi.LevelRestricted, Version: psaapi.LatestVersion()}
+	agg := policy.AggregateCheckResults(evaluator.EvaluatePod(lv, &spec.ObjectMeta, &spec.Spec))
+	return agg.ForbiddenReasons
+}
+
+// TestValidateHook: the hook runs before anything is installed or upgraded, on the
+// file the release installs, with no privilege: Pod Security's restricted level, no
+// API token, one read-only ConfigMap.
+func TestValidateHook(t *testing.T) {
+	r := render(t, kube136)
+	cm := mustGet[corev1.ConfigMap](t, r, "ConfigMap", hookName)
+	job := mustGet[batchv1.Job](t, r, "Job", hookName)
+	for _, o := range []metav1.ObjectMeta{cm.ObjectMeta, job.ObjectMeta} {
+		a := o.Annotations
+		if a["helm.sh/hook"] != "pre-install,pre-upgrade" || !strings.Contains(a["helm.sh/hook-delete-policy"], "before-hook-creation") {
+			t.Errorf("%s annotations %v: want a pre-install,pre-upgrade hook, replaced on the next run", o.Name, a)
+		}
+	}
+	if cm.Annotations["helm.sh/hook-weight"] != "-1" || job.Annotations["helm.sh/hook-weight"] != "0" {
+		t.Errorf("hook weights: ConfigMap %q, Job %q: the ConfigMap must come first", cm.Annotations["helm.sh/hook-weight"], job.Annotations["helm.sh/hook-weight"])
+	}
+	if job.Annotations["helm.sh/hook-output-log-policy"] != "hook-failed" {
+		t.Errorf("helm does not print the Job's message when it fails: %v", job.Annotations)
+	}
+	for _, o := range r.objects {
+		if _, hook := o.GetAnnotations()["helm.sh/hook"]; hook != (o.GetName() == hookName) {
+			t.Errorf("%s %s: a hook %v", o.GetKind(), o.GetName(), hook)
+		}
+	}
+	if job.Spec.BackoffLimit == nil || *job.Spec.BackoffLimit != 0 || job.Spec.ActiveDeadlineSeconds == nil {
+		t.Errorf("Job retries %v, deadline %v: want no retry and a deadline", job.Spec.BackoffLimit, job.Spec.ActiveDeadlineSeconds)
+	}
+	spec := job.Spec.Template.Spec
+	if spec.AutomountServiceAccountToken == nil || *spec.AutomountServiceAccountToken || spec.ServiceAccountName != "" || spec.RestartPolicy != corev1.RestartPolicyNever {
+		t.Errorf("hook pod: token %v, service account %q, restart %s: want no token, the namespace's default account, no restart",
+			spec.AutomountServiceAccountToken, spec.ServiceAccountName, spec.RestartPolicy)
+	}
+	if len(spec.Containers) != 1 || len(spec.InitContainers) != 0 || len(spec.Volumes) != 1 {
+		t.Fatalf("hook pod: %d containers, %d init containers, %d volumes: want one container and one volume", len(spec.Containers), len(spec.InitContainers), len(spec.Volumes))
+	}
+	c := spec.Containers[0]
+	webhook := container(t, r.podSpecs(t)["Deployment/"+fullname+"-webhook"], "webhook")
+	if c.Image != webhook.Image || !slices.Equal(c.Args, []string{"config", "validate", "-f", "/etc/gpu-injector/" + config.ConfigMapKey}) || len(c.Env) != 0 {
+		t.Errorf("hook container: image %s, args %q, env %v: want the webhook's image, config validate of the mounted file, no env", c.Image, c.Args, c.Env)
+	}
+	if v := spec.Volumes[0]; v.ConfigMap == nil || v.ConfigMap.Name != hookName || len(c.VolumeMounts) != 1 || c.VolumeMounts[0].Name != v.Name ||
+		c.VolumeMounts[0].MountPath != "/etc/gpu-injector" || !c.VolumeMounts[0].ReadOnly {
+		t.Errorf("hook volume %+v mounted %+v: want the hook's ConfigMap read-only at /etc/gpu-injector", v, c.VolumeMounts)
+	}
+	if c.Resources.Requests.Cpu().IsZero() || c.Resources.Requests.Memory().IsZero() || c.Resources.Limits.Memory().IsZero() {
+		t.Errorf("hook resources %v: want CPU and memory requests and a memory limit", c.Resources)
+	}
+	if reasons := restricted(t, job.Spec.Template); len(reasons) > 0 {
+		t.Errorf("Pod Security restricted refuses the hook's pod: %v", reasons)
+	}
+	// The probe's pod mounts the host: the same evaluation refuses it.
+	if reasons := restricted(t, r.podSpecs(t)["DaemonSet/"+probeSA]); len(reasons) == 0 {
+		t.Error("Pod Security restricted admits the probe's pod: the evaluation proves nothing")
+	}
+	if got := hookVerdict(t, r); !got.Valid() {
+		t.Errorf("the hook refuses the default configuration: %v %v", got.Err, got.Errs)
+	}
+
+	off := render(t, with(kube136, "validateHook.enabled=false"))
+	if off.get("Job", hookName) != nil || off.get("ConfigMap", hookName) != nil {
+		t.Errorf("validateHook.enabled=false renders the hook: %v", off.names())
 	}
 }

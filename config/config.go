@@ -403,6 +403,44 @@ func (c *Configuration) Static(name string) (*StaticLayout, bool) {
 	return nil, false
 }
 
+// The values of the fields that take one of a few, in the order the messages
+// list them.
+var (
+	renameTolerations       = []string{RenameTolerationAdd, RenameTolerationNone}
+	ldLibraryPaths          = []string{LDLibraryPathAppend, LDLibraryPathPrepend, LDLibraryPathOff}
+	containerChoices        = []string{ContainersGPU, ContainersAll}
+	layoutPolicies          = []string{LayoutPolicyMostGPUs, LayoutPolicyNewestDriver, LayoutPolicySpread}
+	podSecurityActions      = []string{PodSecurityWarn, PodSecurityDeny}
+	legacyMountsActions     = []string{LegacyMountsReplace, LegacyMountsKeep}
+	runtimeInjectionActions = []string{RuntimeInjectionPin, RuntimeInjectionSkip}
+	deliveries              = []string{DeliveryPreferRuntime, DeliveryHostPath, DeliveryRuntime}
+	noLayoutActions         = []string{NoLayoutDeny, NoLayoutAllow, NoLayoutStatic}
+)
+
+// Enums are the fields of the file that take one of a few values, by their
+// path ("[*]": every item of a list), each with every value the file may
+// give it, "" too where the field may be left empty. Validate refuses any
+// other value; JSONSchema lists these.
+func Enums() map[string][]string {
+	defaulted := func(values []string) []string { return append([]string{""}, values...) }
+	return map[string][]string{
+		"apiVersion":                        defaulted([]string{APIVersion}),
+		"kind":                              defaulted([]string{Kind}),
+		"resources.renameToleration":        defaulted(renameTolerations),
+		"ldLibraryPath":                     defaulted(ldLibraryPaths),
+		"containers":                        defaulted(containerChoices),
+		"layoutPolicy":                      defaulted(layoutPolicies),
+		"podSecurity":                       defaulted(podSecurityActions),
+		"legacyMounts":                      defaulted(legacyMountsActions),
+		"runtimeInjection":                  defaulted(runtimeInjectionActions),
+		"driverDelivery":                    defaulted(deliveries),
+		"noLayout.action":                   defaulted(noLayoutActions),
+		"staticLayouts[*].schemaVersion":    defaulted([]string{layout.SchemaVersion}),
+		"staticLayouts[*].runtimeInjection": defaulted(layout.RuntimeInjections),
+		"staticLayouts[*].mounts[*].kind":   {string(layout.KindDirectory), string(layout.KindFile)},
+	}
+}
+
 // Validate reports every bad field.
 func (c *Configuration) Validate() field.ErrorList {
 	var errs field.ErrorList
@@ -434,7 +472,7 @@ func (c *Configuration) Validate() field.ErrorList {
 	if msgs := validation.IsQualifiedName(c.Resources.RenameTo); len(msgs) > 0 {
 		errs = append(errs, field.Invalid(rp.Child("renameTo"), c.Resources.RenameTo, strings.Join(msgs, "; ")))
 	}
-	errs = append(errs, oneOf(rp.Child("renameToleration"), c.Resources.RenameToleration, RenameTolerationAdd, RenameTolerationNone)...)
+	errs = append(errs, oneOf(rp.Child("renameToleration"), c.Resources.RenameToleration, renameTolerations...)...)
 	if c.Resources.RenameToleration == RenameTolerationAdd && len(c.Resources.Legacy) > 0 && !IsExtendedResourceName(c.Resources.RenameTo) {
 		// The admission plugin adds nothing for such a name either, so there
 		// is nothing to stand in for.
@@ -458,13 +496,13 @@ func (c *Configuration) Validate() field.ErrorList {
 			errs = append(errs, field.Invalid(cp.Child(f.name), f.v, "must be an absolute, clean path other than / without ':'"))
 		}
 	}
-	errs = append(errs, oneOf(field.NewPath("ldLibraryPath"), c.LDLibraryPath, LDLibraryPathAppend, LDLibraryPathPrepend, LDLibraryPathOff)...)
-	errs = append(errs, oneOf(field.NewPath("containers"), c.Containers, ContainersGPU, ContainersAll)...)
-	errs = append(errs, oneOf(field.NewPath("layoutPolicy"), c.LayoutPolicy, LayoutPolicyMostGPUs, LayoutPolicyNewestDriver, LayoutPolicySpread)...)
-	errs = append(errs, oneOf(field.NewPath("podSecurity"), c.PodSecurity, PodSecurityWarn, PodSecurityDeny)...)
-	errs = append(errs, oneOf(field.NewPath("legacyMounts"), c.LegacyMounts, LegacyMountsReplace, LegacyMountsKeep)...)
-	errs = append(errs, oneOf(field.NewPath("runtimeInjection"), c.RuntimeInjection, RuntimeInjectionPin, RuntimeInjectionSkip)...)
-	errs = append(errs, oneOf(field.NewPath("driverDelivery"), c.DriverDelivery, DeliveryPreferRuntime, DeliveryHostPath, DeliveryRuntime)...)
+	errs = append(errs, oneOf(field.NewPath("ldLibraryPath"), c.LDLibraryPath, ldLibraryPaths...)...)
+	errs = append(errs, oneOf(field.NewPath("containers"), c.Containers, containerChoices...)...)
+	errs = append(errs, oneOf(field.NewPath("layoutPolicy"), c.LayoutPolicy, layoutPolicies...)...)
+	errs = append(errs, oneOf(field.NewPath("podSecurity"), c.PodSecurity, podSecurityActions...)...)
+	errs = append(errs, oneOf(field.NewPath("legacyMounts"), c.LegacyMounts, legacyMountsActions...)...)
+	errs = append(errs, oneOf(field.NewPath("runtimeInjection"), c.RuntimeInjection, runtimeInjectionActions...)...)
+	errs = append(errs, oneOf(field.NewPath("driverDelivery"), c.DriverDelivery, deliveries...)...)
 	dp := field.NewPath("dra")
 	for i, n := range c.DRA.DeviceClasses {
 		// A class name is a DNS subdomain; a pattern may hold * ? [ as well.
@@ -479,7 +517,7 @@ func (c *Configuration) Validate() field.ErrorList {
 		}
 	}
 	np := field.NewPath("noLayout")
-	errs = append(errs, oneOf(np.Child("action"), c.NoLayout.Action, NoLayoutDeny, NoLayoutAllow, NoLayoutStatic)...)
+	errs = append(errs, oneOf(np.Child("action"), c.NoLayout.Action, noLayoutActions...)...)
 	if c.NoLayout.Action == NoLayoutStatic {
 		if c.NoLayout.StaticLayout == "" {
 			errs = append(errs, field.Required(np.Child("staticLayout"), "the name of a staticLayouts entry, with action Static"))
@@ -659,6 +697,19 @@ func oneOf(p *field.Path, v string, allowed ...string) field.ErrorList {
 // Parse decodes, defaults and validates a configuration file; unknown fields
 // are errors so that a typo does not silently fall back to a default.
 func Parse(data []byte) (*Configuration, error) {
+	c, err := decode(data)
+	if err != nil {
+		return nil, err
+	}
+	if errs := c.Validate(); len(errs) > 0 {
+		return nil, fmt.Errorf("invalid configuration: %w", errs.ToAggregate())
+	}
+	return c, nil
+}
+
+// decode reads a configuration file strictly and fills the defaults: the
+// one decoder of Parse and Check.
+func decode(data []byte) (*Configuration, error) {
 	c := &Configuration{}
 	if len(bytes.TrimSpace(data)) > 0 {
 		if err := yaml.UnmarshalStrict(data, c); err != nil {
@@ -666,9 +717,6 @@ func Parse(data []byte) (*Configuration, error) {
 		}
 	}
 	SetDefaults(c)
-	if errs := c.Validate(); len(errs) > 0 {
-		return nil, fmt.Errorf("invalid configuration: %w", errs.ToAggregate())
-	}
 	return c, nil
 }
 

@@ -177,7 +177,8 @@ func TestProbeNodeRestrictionStatus(t *testing.T) {
 
 // TestChartServerDryRun: every object the chart renders with its defaults
 // (in-cluster webhook Deployment, Service, PDB, probe DaemonSet, certificate
-// Secret, RBAC, webhook configuration, policy) passes a server-side dry-run
+// Secret, RBAC, webhook configuration, policy, the install hook's Job and
+// ConfigMap) passes a server-side dry-run
 // apply on the suite's API server: schema, defaulting, validation and admission.
 func TestChartServerDryRun(t *testing.T) {
 	objs, err := env.RenderChart(testContext(t), testEnv.RepoRoot, testEnv.Helm)
@@ -195,7 +196,7 @@ func TestChartServerDryRun(t *testing.T) {
 	}
 	var missing []string
 	for _, k := range []string{"Deployment", "DaemonSet", "PodDisruptionBudget", "Service", "ServiceAccount", "ClusterRole",
-		"ClusterRoleBinding", "Role", "RoleBinding", "ConfigMap", "Secret", "MutatingWebhookConfiguration",
+		"ClusterRoleBinding", "Role", "RoleBinding", "ConfigMap", "Secret", "MutatingWebhookConfiguration", "Job",
 		"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} {
 		if !kinds[k] {
 			missing = append(missing, k)

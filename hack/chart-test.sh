@@ -55,6 +55,44 @@ for mode in "${modes[@]}"; do
   }
 done
 
+# The configuration is the binary's to check: the install hook runs `gpu-injector config
+# validate` on the file the chart renders, before anything is installed or upgraded. This
+# does offline what the hook does in a cluster: helm template, then the binary's check of
+# the rendered ConfigMaps (the release's and the hook's, one file).
+log "building gpu-injector (config validate)"
+bin="${REPO_ROOT}/_output/chart-test/gpu-injector"
+(cd "${REPO_ROOT}" && go build -o "${bin}" .)
+validate() {
+  "${HELM}" template t "${CHART}" --namespace gpu-injector "$@" | "${bin}" config validate -f -
+}
+# Every mode above installs: the hook passes.
+for mode in "${modes[@]}"; do
+  name="${mode%%|*}"
+  read -r -a args <<<"${mode#*|}"
+  validate "${args[@]}" >/dev/null || { log "the hook refuses mode ${name}"; exit 1; }
+done
+# Bad values render, and the hook refuses them with the binary's message (stderr, exit 1).
+bad_values=(
+  "--set config.noLayout.action=Static|noLayout.staticLayout: Required value: the name of a staticLayouts entry, with action Static"
+  "--set config.hostPaths.extraAllowlist[0].path=/usr/lib|hostPaths.extraAllowlist[0].path: Forbidden: it would allow the system folder /usr/lib whole; allow it only with filesOnly: true, or name the driver's own folder"
+  "--set config.hostPaths.extraAllowlist[0].path=/etc|hostPaths.extraAllowlist[0].path: Forbidden: it would allow the system folder /etc whole"
+  "--set config.excludedNamespaces={Kube-System}|excludedNamespaces[0]: Invalid value: \"Kube-System\": a lowercase RFC 1123 label must consist of"
+  "--set config.pinning.nodeLabels={gpu-injector.io/layout-fingerprint}|pinning.nodeLabels[0]: Forbidden: gpu-injector.io/ labels are set by the probe"
+  "--set config.pinning.rememberFor=3days|failed to parse configuration: error unmarshaling JSON: while decoding JSON: time: unknown unit \"days\" in duration \"3days\""
+)
+for case in "${bad_values[@]}"; do
+  read -r -a args <<<"${case%%|*}"
+  want="${case#*|}"
+  log "the hook refuses ${args[*]}"
+  rc=0
+  out=$(validate --kube-version 1.36.3 "${args[@]}" 2>&1 >/dev/null) || rc=$?
+  if [[ ${rc} -ne 1 || "${out}" != *"${want}"* ]]; then
+    log "exit ${rc}, want 1 and the message: ${want}"
+    printf '%s\n' "${out}" >&2
+    exit 1
+  fi
+done
+
 # The NRI plugin's container, rendered: present only with runtimeInjection.enabled, uid 0
 # with nothing else, the socket's folder read-only, the state folder shared with the probe.
 # A Go program reads the DaemonSet as the API server's types; it is written under
@@ -181,7 +219,8 @@ nri_check() {
 nri_check disabled /var/run/nri
 nri_check enabled /var/run/nri --set runtimeInjection.enabled=true
 nri_check enabled /run/containerd/nri --set runtimeInjection.enabled=true --set runtimeInjection.nriSocket=/run/containerd/nri/nri.sock
-# Refused at render: the plugin without the probe, Runtime delivery without the plugin.
+# Refused at render: the plugin without the probe, Runtime delivery without the plugin, a
+# relative socket, and (by the schema) an unknown choice.
 for refused in "--set runtimeInjection.enabled=true --set nodeprobe.enabled=false" "--set config.driverDelivery=Runtime" \
   "--set runtimeInjection.nriSocket=nri.sock" "--set config.driverDelivery=Sometimes"; do
   read -r -a args <<<"${refused}"

@@ -70,6 +70,15 @@ app.kubernetes.io/component: nodeprobe
 app.kubernetes.io/component: nodeprobe
 {{- end }}
 
+{{- define "gpu-injector.validateHook.name" -}}
+{{- printf "%s-validate" (include "gpu-injector.fullname" .) }}
+{{- end }}
+
+{{- define "gpu-injector.validateHook.labels" -}}
+{{ include "gpu-injector.labels" . }}
+app.kubernetes.io/component: validate
+{{- end }}
+
 {{- define "gpu-injector.webhook.serviceAccountName" -}}
 {{- default (include "gpu-injector.webhook.name" .) .Values.webhook.serviceAccount.name }}
 {{- end }}
@@ -171,4 +180,17 @@ cluster knows few, so the version decides there as well: 1.34 serves it by defau
 */}}
 {{- define "gpu-injector.servesDRA" -}}
 {{- if or (.Capabilities.APIVersions.Has "resource.k8s.io/v1") (semverCompare ">=1.34-0" .Capabilities.KubeVersion.Version) }}true{{ end }}
+{{- end }}
+
+{{/*
+gpu-injector.validateRuntimeInjection: the chart's own rules for the NRI plugin, which the
+binary cannot check because they join values of two components.
+*/}}
+{{- define "gpu-injector.validateRuntimeInjection" -}}
+{{- if and .Values.runtimeInjection.enabled (not .Values.nodeprobe.enabled) }}
+{{- fail "runtimeInjection.enabled needs nodeprobe.enabled: the NRI plugin runs in the probe's pod and injects the plan the probe finds" }}
+{{- end }}
+{{- if and (eq (.Values.config.driverDelivery | default "PreferRuntime") "Runtime") (not .Values.runtimeInjection.enabled) }}
+{{- fail "config.driverDelivery Runtime needs runtimeInjection.enabled: without the NRI plugin no node injects at the runtime, and every GPU pod would get the noLayout action" }}
+{{- end }}
 {{- end }}
