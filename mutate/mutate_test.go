@@ -475,3 +475,42 @@ func TestDemoManifestsOnNRINodes(t *testing.T) {
 		})
 	}
 }
+
+// TestPoolAtZero: a pod for a GPU pool with no node yet is admitted for
+// runtime injection, marked, with no pin and no LD_LIBRARY_PATH, both with
+// driverDelivery: Runtime in a cluster with no GPU node at all and with the
+// default delivery in a cluster whose GPU nodes run the NRI plugin; a second
+// run changes nothing.
+func TestPoolAtZero(t *testing.T) {
+	for name, args := range map[string][]string{
+		"driverDelivery Runtime, no GPU node":     {"--nodes", "testdata/cpu-nodes.yaml", "--config", "testdata/runtime-delivery.yaml"},
+		"default delivery, nodes with the plugin": {"--nodes", "../webhook/inject/testdata/nodes-nri.yaml"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			out, stderr, err := runMutate(t, "", append([]string{"-f", "testdata/pool-at-zero.yaml"}, args...)...)
+			if err != nil {
+				t.Fatalf("mutate: %v\n%s", err, stderr)
+			}
+			if !strings.Contains(stderr, "injected: Pod/train: at the runtime") {
+				t.Errorf("stderr does not say the pod is injected at the runtime:\n%s", stderr)
+			}
+			var pod corev1.Pod
+			if err := yaml.UnmarshalStrict([]byte(out), &pod); err != nil {
+				t.Fatal(err)
+			}
+			if want := "train"; pod.Annotations[layout.AnnotationRuntimeInject] != want {
+				t.Errorf("marker %q, want %q", pod.Annotations[layout.AnnotationRuntimeInject], want)
+			}
+			if want := map[string]string{"karpenter.sh/nodepool": "gpu-big"}; !maps.Equal(pod.Spec.NodeSelector, want) {
+				t.Errorf("nodeSelector %v, want the pod's own %v", pod.Spec.NodeSelector, want)
+			}
+			if env := pod.Spec.Containers[0].Env; len(env) > 0 || len(pod.Spec.Volumes) > 0 {
+				t.Errorf("env %v, volumes %v: want neither", env, pod.Spec.Volumes)
+			}
+			again, stderr2, err := runMutate(t, out, append([]string{"-f", "-"}, args...)...)
+			if err != nil || again != out {
+				t.Errorf("second run: %v, changed=%v\n%s", err, again != out, stderr2)
+			}
+		})
+	}
+}
