@@ -622,7 +622,7 @@ func TestRender(t *testing.T) {
 			},
 		},
 		"probe disabled": {
-			opts: with(kube136, "nodeprobe.enabled=false"),
+			opts: with(kube136, "nodeprobe.enabled=false", "runtimeInjection.enabled=false"),
 			check: func(t *testing.T, r rendered) {
 				for _, kind := range []string{"DaemonSet", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} {
 					if len(r.all(kind)) != 0 {
@@ -1110,7 +1110,7 @@ func TestNodeRestriction(t *testing.T) {
 		"1.36":                 {opts: kube136, wantPolicy: true},
 		"1.33 restriction off": {opts: with(kube133, "nodeprobe.nodeRestriction.enabled=false")},
 		"1.36 restriction off": {opts: with(kube136, "nodeprobe.nodeRestriction.enabled=false")},
-		"1.36 probe disabled":  {opts: with(kube136, "nodeprobe.enabled=false")},
+		"1.36 probe disabled":  {opts: with(kube136, "nodeprobe.enabled=false", "runtimeInjection.enabled=false")},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -1335,7 +1335,7 @@ func TestSchemaRejects(t *testing.T) {
 // downward API, from which the binary sets the Go runtime's soft limit
 // (internal/nodeagent.SetMemoryLimit); the chart sets no GOMEMLIMIT, which would win.
 func TestMemoryLimitEnv(t *testing.T) {
-	r := render(t, with(kube136, "runtimeInjection.enabled=true"))
+	r := render(t, kube136)
 	specs := r.podSpecs(t)
 	for _, want := range []struct{ workload, container string }{
 		{"webhook", "webhook"}, {"nodeprobe", "nodeprobe"}, {"nodeprobe", "nri-plugin"},

@@ -9,6 +9,8 @@ type Report struct {
 	Webhook    WebhookStatus     `json:"webhook"`
 	Probe      ProbeStatus       `json:"probe"`
 	Nodes      []NodeStatus      `json:"nodes"`
+	// Plugin names the GPU nodes without gpu-injector's NRI plugin.
+	Plugin PluginStatus `json:"nriPlugin"`
 	Pools      PoolsStatus       `json:"pools"`
 	Namespaces []NamespaceStatus `json:"namespaces"`
 	Events     []EventStatus     `json:"layoutMismatchEvents"`
