@@ -62,4 +62,17 @@ func TestWaitsQuietlyWithoutNRI(t *testing.T) {
 	if value(t, m.registered) != 0 {
 		t.Error("counted as registered")
 	}
+	families, err := m.registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	socket := -1.0
+	for _, f := range families {
+		if f.GetName() == "gpu_injector_nri_socket" {
+			socket = f.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	if socket != 0 {
+		t.Errorf("gpu_injector_nri_socket = %v, want 0", socket)
+	}
 }
