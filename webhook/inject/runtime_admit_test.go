@@ -1,7 +1,6 @@
 package inject_test
 
 import (
-	"encoding/json"
 	"strings"
 	"testing"
 
@@ -9,6 +8,7 @@ import (
 	"github.com/gpu-injector/gpu-injector/webhook/internal/clustertest"
 
 	"github.com/gpu-injector/gpu-injector/config"
+	"github.com/gpu-injector/gpu-injector/hack/loadtest/workload"
 	"github.com/gpu-injector/gpu-injector/layout"
 )
 
@@ -33,9 +33,8 @@ func TestRuntimeDeliveryReadsNoNode(t *testing.T) {
 			t.Fatalf("delivery %s without nodes, nri with them", delivery)
 		}
 		bare := Mutate(noNodes, &cfg)
-		a, _ := json.Marshal(res.Patch)
-		b, _ := json.Marshal(bare.Patch)
-		if string(a) != string(b) || strings.Join(res.Warnings, "\n") != strings.Join(bare.Warnings, "\n") {
+		a, b := clustertest.MustJSON(t, res.Patch), clustertest.MustJSON(t, bare.Patch)
+		if a != b || strings.Join(res.Warnings, "\n") != strings.Join(bare.Warnings, "\n") {
 			t.Errorf("the nodes changed the answer:\nwith:    %s\nwithout: %s", a, b)
 		}
 		if prev, _ := PreviousInjection(gc.Pod); prev != nil && prev.Runtime != "" {
@@ -43,8 +42,8 @@ func TestRuntimeDeliveryReadsNoNode(t *testing.T) {
 			return
 		}
 		for _, op := range res.Patch {
-			if strings.Contains(op.Path, "/nodeSelector") || strings.Contains(string(mustJSON(t, op.Value)), EnvLDLibraryPath) {
-				t.Errorf("patch operation %s %s %s: want no pin and no %s", op.Operation, op.Path, mustJSON(t, op.Value), EnvLDLibraryPath)
+			if v := clustertest.MustJSON(t, op.Value); strings.Contains(op.Path, "/nodeSelector") || strings.Contains(v, EnvLDLibraryPath) {
+				t.Errorf("patch operation %s %s %s: want no pin and no %s", op.Operation, op.Path, v, EnvLDLibraryPath)
 			}
 		}
 		if res.Layout == nil || !res.Layout.Runtime || withNodes.Pod.Annotations[layout.AnnotationRuntimeInject] == "" {
@@ -56,11 +55,25 @@ func TestRuntimeDeliveryReadsNoNode(t *testing.T) {
 	}
 }
 
-func mustJSON(t *testing.T, v any) []byte {
-	t.Helper()
-	b, err := json.Marshal(v)
-	if err != nil {
-		t.Fatal(err)
+// TestRuntimeDeliveryPatch: the patch of a runtime injection is the same
+// three operations whatever the pod's size (the marker, NRI's
+// required-plugins annotation, the injection record), and its size is
+// logged for docs/benchmarks.md: go test -run TestRuntimeDeliveryPatch -v
+// ./webhook/inject/
+func TestRuntimeDeliveryPatch(t *testing.T) {
+	cfg := config.Default()
+	cfg.DriverDelivery = config.DeliveryRuntime
+	for _, size := range workload.Sizes {
+		pod := workload.Pod(size.Name, size.Bytes)
+		podBytes := len(clustertest.MustJSON(t, pod))
+		res := Mutate(Input{Pod: pod}, cfg)
+		if res.Decision != DecisionInjected || res.Layout == nil || !res.Layout.Runtime {
+			t.Fatalf("%s: %s %s, want a runtime injection", size.Name, res.Decision, res.Reason)
+		}
+		patch := clustertest.PatchBytes(t, res.Patch)
+		if len(res.Patch) != 3 || strings.Contains(string(patch), EnvLDLibraryPath) {
+			t.Errorf("%s: %d operations, want 3 and no %s:\n%s", size.Name, len(res.Patch), EnvLDLibraryPath, patch)
+		}
+		t.Logf("%s pod (%d bytes of JSON): %d operations, %d bytes of patch", size.Name, podBytes, len(res.Patch), len(patch))
 	}
-	return b
 }
