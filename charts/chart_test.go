@@ -321,6 +321,12 @@ func checkPodSecurity(t *testing.T, r rendered, privilegedProbe bool) {
 			}
 			nonRoot := (sc.RunAsNonRoot != nil && *sc.RunAsNonRoot) ||
 				(sc.RunAsNonRoot == nil && ps.SecurityContext != nil && ps.SecurityContext.RunAsNonRoot != nil && *ps.SecurityContext.RunAsNonRoot)
+			// The NRI plugin runs as uid 0 with nothing else, to connect to the
+			// runtime's 0600 socket (hack/chart-test.sh checks the rest of it).
+			nriPlugin := strings.HasPrefix(name, "DaemonSet/") && c.Name == "nri-plugin"
+			if nriPlugin {
+				nonRoot = sc.RunAsUser != nil && *sc.RunAsUser == 0 && sc.RunAsNonRoot != nil && !*sc.RunAsNonRoot
+			}
 			if !nonRoot {
 				t.Errorf("%s may run as root", where)
 			}
@@ -328,7 +334,7 @@ func checkPodSecurity(t *testing.T, r rendered, privilegedProbe bool) {
 				t.Errorf("%s has no RuntimeDefault seccomp profile", where)
 			}
 			privileged := sc.Privileged != nil && *sc.Privileged
-			wantPrivileged := privilegedProbe && strings.HasPrefix(name, "DaemonSet/")
+			wantPrivileged := privilegedProbe && strings.HasPrefix(name, "DaemonSet/") && !nriPlugin
 			if privileged != wantPrivileged {
 				t.Errorf("%s privileged=%v, want %v", where, privileged, wantPrivileged)
 			}
@@ -629,7 +635,7 @@ func TestRender(t *testing.T) {
 			},
 		},
 		"probe disabled": {
-			opts: with(kube136, "nodeprobe.enabled=false"),
+			opts: with(kube136, "nodeprobe.enabled=false", "runtimeInjection.enabled=false"),
 			check: func(t *testing.T, r rendered) {
 				for _, kind := range []string{"DaemonSet", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} {
 					if len(r.all(kind)) != 0 {
@@ -776,6 +782,8 @@ func checkNodeprobe(t *testing.T, r rendered) {
 		"--nvml-timeout=30s",
 		"--health-probe-bind-address=:8082",
 		"--metrics-bind-address=:8083",
+		// The folder it shares with the NRI plugin, which runs by default.
+		"--state-dir=/run/gpu-injector",
 	}
 	if !reflect.DeepEqual(c.Args, wantArgs) {
 		t.Errorf("probe args:\n got %q\nwant %q", c.Args, wantArgs)
@@ -1117,7 +1125,7 @@ func TestNodeRestriction(t *testing.T) {
 		"1.36":                 {opts: kube136, wantPolicy: true},
 		"1.33 restriction off": {opts: with(kube133, "nodeprobe.nodeRestriction.enabled=false")},
 		"1.36 restriction off": {opts: with(kube136, "nodeprobe.nodeRestriction.enabled=false")},
-		"1.36 probe disabled":  {opts: with(kube136, "nodeprobe.enabled=false")},
+		"1.36 probe disabled":  {opts: with(kube136, "nodeprobe.enabled=false", "runtimeInjection.enabled=false")},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -1340,7 +1348,7 @@ func TestSchemaRejects(t *testing.T) {
 // downward API, from which the binary sets the Go runtime's soft limit
 // (internal/nodeagent.SetMemoryLimit); the chart sets no GOMEMLIMIT, which would win.
 func TestMemoryLimitEnv(t *testing.T) {
-	r := render(t, with(kube136, "runtimeInjection.enabled=true"))
+	r := render(t, kube136)
 	specs := r.podSpecs(t)
 	for _, want := range []struct{ workload, container string }{
 		{"webhook", "webhook"}, {"nodeprobe", "nodeprobe"}, {"nodeprobe", "nri-plugin"},

@@ -92,14 +92,15 @@ const (
 // How the driver reaches a GPU container (driverDelivery).
 const (
 	// DeliveryPreferRuntime injects at the runtime (gpu-injector's NRI plugin)
-	// when every layout the pod can use is served by nodes whose plugin is
-	// registered; hostPath volumes otherwise, except in a namespace whose Pod
-	// Security level forbids them, where nodes with the plugin are chosen.
+	// when every known GPU node the pod can use has its plugin registered, or
+	// when it can use none yet (a pool at zero) and some node has it;
+	// hostPath volumes otherwise, except in a namespace whose Pod Security
+	// level forbids them, where nodes with the plugin are chosen.
 	DeliveryPreferRuntime = "PreferRuntime"
 	// DeliveryHostPath always uses hostPath volumes, as before NRI.
 	DeliveryHostPath = "HostPath"
-	// DeliveryRuntime only injects at the runtime: a pod no node with the
-	// plugin can take gets the noLayout action.
+	// DeliveryRuntime says every GPU node runs the plugin: every GPU pod is
+	// injected at the runtime, decided from the pod alone.
 	DeliveryRuntime = "Runtime"
 )
 

@@ -45,7 +45,14 @@ func runSuite(m *testing.M) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	// A demo on this machine holds the host's stand-in folder until stopped.
-	e, err := env.Up(ctx, env.Options{KeepOnFailure: true, HostLockWait: 10 * time.Minute})
+	// The suite's runtime, Debian's containerd, has no NRI, and its tests
+	// check hostPath delivery: the plugin, on by default, is turned off so
+	// that no NRI socket the host may have decides how pods get the driver.
+	e, err := env.Up(ctx, env.Options{
+		ChartValues:   []string{"runtimeInjection.enabled=false"},
+		KeepOnFailure: true,
+		HostLockWait:  10 * time.Minute,
+	})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "failed to bring the e2e environment up: %v\n", err)
 		return 1

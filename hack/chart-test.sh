@@ -40,10 +40,10 @@ modes=(
   "cert-manager with a ClusterIssuer|--kube-version 1.36.3 --set certManager.enabled=true --set certManager.issuerRef.name=ca --set certManager.issuerRef.kind=ClusterIssuer"
   "out-of-cluster webhook url|--kube-version 1.36.3 --set webhook.url=https://127.0.0.1:9443 --set webhook.caBundle=Zm9v --set webhook.enabled=false"
   "privileged probe, one replica|--kube-version 1.36.3 --set nodeprobe.privileged=true --set webhook.replicas=1"
-  "probe disabled|--kube-version 1.36.3 --set nodeprobe.enabled=false"
+  "probe disabled|--kube-version 1.36.3 --set nodeprobe.enabled=false --set runtimeInjection.enabled=false"
   "an added allowlist entry|--kube-version 1.36.3 --set config.hostPaths.extraAllowlist[0].path=/srv/gpu"
-  "runtime injection (NRI plugin)|--kube-version 1.36.3 --set runtimeInjection.enabled=true"
-  "runtime injection only, socket elsewhere|--kube-version 1.36.3 --set runtimeInjection.enabled=true --set runtimeInjection.nriSocket=/run/containerd/nri/nri.sock --set config.driverDelivery=Runtime"
+  "runtime injection off (no NRI plugin)|--kube-version 1.36.3 --set runtimeInjection.enabled=false"
+  "runtime injection only, socket elsewhere|--kube-version 1.36.3 --set runtimeInjection.nriSocket=/run/containerd/nri/nri.sock --set config.driverDelivery=Runtime"
 )
 for mode in "${modes[@]}"; do
   name="${mode%%|*}"
@@ -93,7 +93,8 @@ for case in "${bad_values[@]}"; do
   fi
 done
 
-# The NRI plugin's container, rendered: present only with runtimeInjection.enabled, uid 0
+# The NRI plugin's container, rendered: present by default and gone with
+# runtimeInjection.enabled=false, uid 0
 # with nothing else, the socket's folder read-only, the state folder shared with the probe.
 # A Go program reads the DaemonSet as the API server's types; it is written under
 # _output/ (ignored), where go run finds this module.
@@ -216,12 +217,11 @@ nri_check() {
   "${HELM}" template t "${CHART}" --namespace gpu-injector --kube-version 1.36.3 "$@" |
     (cd "${REPO_ROOT}" && go run ./_output/chart-test-nri "${want}" "${socket_dir}")
 }
-nri_check disabled /var/run/nri
-nri_check enabled /var/run/nri --set runtimeInjection.enabled=true
-nri_check enabled /run/containerd/nri --set runtimeInjection.enabled=true --set runtimeInjection.nriSocket=/run/containerd/nri/nri.sock
-# Refused at render: the plugin without the probe, Runtime delivery without the plugin, a
-# relative socket, and (by the schema) an unknown choice.
-for refused in "--set runtimeInjection.enabled=true --set nodeprobe.enabled=false" "--set config.driverDelivery=Runtime" \
+nri_check enabled /var/run/nri
+nri_check disabled /var/run/nri --set runtimeInjection.enabled=false
+nri_check enabled /run/containerd/nri --set runtimeInjection.nriSocket=/run/containerd/nri/nri.sock
+# Refused at render: the plugin without the probe, Runtime delivery without the plugin.
+for refused in "--set nodeprobe.enabled=false" "--set runtimeInjection.enabled=false --set config.driverDelivery=Runtime" \
   "--set runtimeInjection.nriSocket=nri.sock" "--set config.driverDelivery=Sometimes"; do
   read -r -a args <<<"${refused}"
   if "${HELM}" template t "${CHART}" --namespace gpu-injector --kube-version 1.36.3 "${args[@]}" >/dev/null 2>&1; then

@@ -547,6 +547,9 @@ if [[ $runtime == nri ]]; then
 	# The NRI plugin beside each probe; -v=1 logs each injection, the run's
 	# record of what the plugin did.
 	helm_args+=(--set runtimeInjection.enabled=true --set 'runtimeInjection.extraArgs={-v=1}')
+else
+	# The hostPath run: no plugin, whatever NRI the node's runtime has.
+	helm_args+=(--set runtimeInjection.enabled=false)
 fi
 helm_ok=1
 if run "$helm" "${helm_args[@]}"; then

@@ -36,12 +36,12 @@ var apiServerMetrics = map[string]bool{
 }
 
 // codeMetrics are the metric names the code registers: every `Name:
-// "gpu_injector_..."` of a prometheus options literal in webhook/ and
-// nodeprobe/, read from the source so that a renamed metric fails here.
+// "gpu_injector_..."` of a prometheus options literal in webhook/,
+// nodeprobe/ and nriplugin/, read from the source so that a renamed metric fails here.
 func codeMetrics(t *testing.T) map[string]bool {
 	t.Helper()
 	names := map[string]bool{}
-	for _, dir := range []string{"../webhook", "../nodeprobe"} {
+	for _, dir := range []string{"../webhook", "../nodeprobe", "../nriplugin"} {
 		err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
 			if err != nil || d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
 				return err
@@ -123,7 +123,7 @@ func checkMetrics(t *testing.T, where, expr string, known map[string]bool) {
 	}
 	for _, m := range found {
 		if !known[m] && !apiServerMetrics[m] {
-			t.Errorf("%s: metric %s is neither defined in webhook/ or nodeprobe/ nor an API server metric", where, m)
+			t.Errorf("%s: metric %s is neither defined in webhook/, nodeprobe/ or nriplugin/ nor an API server metric", where, m)
 		}
 	}
 }

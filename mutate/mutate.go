@@ -104,7 +104,9 @@ func Run(opts Options, stdin io.Reader, stdout, stderr io.Writer) error {
 		idx.Update(&nodes[i])
 	}
 	layouts := idx.Layouts()
-	if len(layouts) == 0 {
+	// With driverDelivery: Runtime no layout is read: the node a pod lands
+	// on mounts its own driver.
+	if len(layouts) == 0 && cfg.DriverDelivery != config.DeliveryRuntime {
 		fmt.Fprintf(stderr, "warning: none of the %d nodes publishes a usable layout\n", len(nodes))
 	}
 	if w := idx.Wedged(); len(w) > 0 {

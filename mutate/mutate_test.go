@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/gpu-injector/gpu-injector/config"
 	"github.com/gpu-injector/gpu-injector/layout"
 )
 
@@ -473,6 +474,57 @@ func TestDemoManifestsOnNRINodes(t *testing.T) {
 			}
 			if again != out {
 				t.Errorf("a second run changed the output")
+			}
+		})
+	}
+}
+
+// TestPoolAtZero: a pod for a GPU pool with no node yet is admitted for
+// runtime injection, marked, with no pin and no LD_LIBRARY_PATH, both with
+// driverDelivery: Runtime in a cluster with no GPU node at all and with the
+// default delivery in a cluster whose GPU nodes run the NRI plugin; a second
+// run changes nothing.
+func TestPoolAtZero(t *testing.T) {
+	runtimeDelivery, err := config.Load("testdata/runtime-delivery.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, tc := range map[string]struct {
+		nodes string
+		cfg   *config.Configuration
+	}{
+		"driverDelivery Runtime, no GPU node":     {nodes: "testdata/cpu-nodes.yaml", cfg: runtimeDelivery},
+		"default delivery, nodes with the plugin": {nodes: "../webhook/inject/testdata/nodes-nri.yaml"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			mutate := func(stdin, file string) (string, string, error) {
+				var out, errb bytes.Buffer
+				err := Run(Options{File: file, NodeFiles: []string{tc.nodes}, Config: tc.cfg}, strings.NewReader(stdin), &out, &errb)
+				return out.String(), errb.String(), err
+			}
+			out, stderr, err := mutate("", "testdata/pool-at-zero.yaml")
+			if err != nil {
+				t.Fatalf("mutate: %v\n%s", err, stderr)
+			}
+			if !strings.Contains(stderr, "injected: Pod/train: at the runtime") {
+				t.Errorf("stderr does not say the pod is injected at the runtime:\n%s", stderr)
+			}
+			var pod corev1.Pod
+			if err := yaml.UnmarshalStrict([]byte(out), &pod); err != nil {
+				t.Fatal(err)
+			}
+			if want := "train"; pod.Annotations[layout.AnnotationRuntimeInject] != want {
+				t.Errorf("marker %q, want %q", pod.Annotations[layout.AnnotationRuntimeInject], want)
+			}
+			if want := map[string]string{"karpenter.sh/nodepool": "gpu-big"}; !maps.Equal(pod.Spec.NodeSelector, want) {
+				t.Errorf("nodeSelector %v, want the pod's own %v", pod.Spec.NodeSelector, want)
+			}
+			if env := pod.Spec.Containers[0].Env; len(env) > 0 || len(pod.Spec.Volumes) > 0 {
+				t.Errorf("env %v, volumes %v: want neither", env, pod.Spec.Volumes)
+			}
+			again, stderr2, err := mutate(out, "-")
+			if err != nil || again != out {
+				t.Errorf("second run: %v, changed=%v\n%s", err, again != out, stderr2)
 			}
 		})
 	}

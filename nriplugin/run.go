@@ -133,6 +133,9 @@ func (s *server) run(ctx context.Context) error {
 	if err := nodeagent.Serve(ctx, s.opts.HealthAddr, s.healthMux(), errc); err != nil {
 		return err
 	}
+	if err := s.registerSocketGauge(); err != nil {
+		return fmt.Errorf("failed to register the socket gauge: %w", err)
+	}
 	if err := nodeagent.Serve(ctx, s.opts.MetricsAddr, promhttp.HandlerFor(s.metrics.registry, promhttp.HandlerOpts{}), errc); err != nil {
 		return err
 	}

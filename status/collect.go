@@ -117,6 +117,7 @@ func (c *Collector) Collect(ctx context.Context) (*Report, error) {
 	if err := c.readNodes(ctx, cfg, r); err != nil {
 		return nil, err
 	}
+	readPlugin(cfg, r)
 	if err := c.readNamespaces(ctx, cfg, ns, r); err != nil {
 		return nil, err
 	}
@@ -160,6 +161,7 @@ func (c *Collector) Collect(ctx context.Context) (*Report, error) {
 			r.attention("node %s: %s", n.Name, why)
 		}
 	}
+	r.pluginAttention()
 	for _, n := range r.Namespaces {
 		if n.Refused != "" {
 			r.attention("namespace %s enforces Pod Security %q: %s", n.Name, n.Enforce, n.Refused)

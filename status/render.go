@@ -196,6 +196,11 @@ func Render(out io.Writer, r *Report, o RenderOptions) error {
 			nodes.add(txt(n.Name), toned(t, state), txt(dash(n.DriverVersion)), txt(dash(n.Fingerprint)), txt(fmt.Sprint(n.GPUs)), txt(injects(n)), toned(t, n.Reason))
 		}
 		nodes.write(w, o, "  ")
+		if line, t := pluginLine(r.Plugin); line != "" {
+			note := &table{}
+			note.add(toned(t, line))
+			note.write(w, o, "  ")
+		}
 	}
 
 	w.printf("\nPOOLS\n")

@@ -6,9 +6,11 @@ import "time"
 // it. Its JSON and YAML forms are the -o json and -o yaml output, so that a
 // script reads the same facts a person sees.
 type Report struct {
-	Webhook    WebhookStatus     `json:"webhook"`
-	Probe      ProbeStatus       `json:"probe"`
-	Nodes      []NodeStatus      `json:"nodes"`
+	Webhook WebhookStatus `json:"webhook"`
+	Probe   ProbeStatus   `json:"probe"`
+	Nodes   []NodeStatus  `json:"nodes"`
+	// Plugin names the GPU nodes without gpu-injector's NRI plugin.
+	Plugin     PluginStatus      `json:"nriPlugin"`
 	Pools      PoolsStatus       `json:"pools"`
 	Namespaces []NamespaceStatus `json:"namespaces"`
 	Events     []EventStatus     `json:"layoutMismatchEvents"`

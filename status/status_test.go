@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -486,5 +487,60 @@ func TestDryRunNamespaceFlag(t *testing.T) {
 	}
 	if dr.asked != "team-b" || r.Webhook.DryRun.Namespace != "team-b" {
 		t.Errorf("dry run in %q, want team-b", dr.asked)
+	}
+}
+
+// TestNodesWithoutPlugin: once runtime injection is in use, the report names
+// the ready GPU nodes whose runtime has no gpu-injector NRI plugin; they need
+// an operator only when driverDelivery: Runtime sends every GPU pod there
+// marked for it.
+func TestNodesWithoutPlugin(t *testing.T) {
+	withPlugin := map[string]string{layout.LabelNRIPlugin: layout.NRIProtocol}
+	for name, tc := range map[string]struct {
+		config    string
+		nodes     []runtime.Object
+		without   []string
+		attention bool
+	}{
+		"no node has the plugin": {nodes: nil},
+		"PreferRuntime, one node without": {
+			nodes:   []runtime.Object{gpuNode("gpu-b", layout.StateReady, "", 4, withPlugin)},
+			without: []string{"gpu-a"},
+		},
+		"Runtime, one node without": {
+			config:    "driverDelivery: Runtime\n",
+			nodes:     []runtime.Object{gpuNode("gpu-b", layout.StateReady, "", 4, withPlugin)},
+			without:   []string{"gpu-a"},
+			attention: true,
+		},
+		"Runtime, no node has the plugin": {
+			config:    "driverDelivery: Runtime\n",
+			without:   []string{"gpu-a"},
+			attention: true,
+		},
+		"HostPath": {
+			config: "driverDelivery: HostPath\n",
+			nodes:  []runtime.Object{gpuNode("gpu-b", layout.StateReady, "", 4, withPlugin)},
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			objs := healthy()
+			objs[3] = configMap(tc.config)
+			r := collect(t, &stubDryRun{pod: injectedPod("fp-gpu-a")}, append(objs, tc.nodes...)...)
+			if !slices.Equal(r.Plugin.Without, tc.without) {
+				t.Errorf("without the plugin: %v, want %v", r.Plugin.Without, tc.without)
+			}
+			all := strings.Join(r.Attention, "\n")
+			if got := strings.Contains(all, "without a registered gpu-injector NRI plugin"); got != tc.attention {
+				t.Errorf("attention %v, want %v:\n%s", got, tc.attention, all)
+			}
+			var out bytes.Buffer
+			if err := Render(&out, r, RenderOptions{Now: now}); err != nil {
+				t.Fatal(err)
+			}
+			if named := strings.Contains(out.String(), "without a registered NRI plugin"); named != (len(tc.without) > 0) {
+				t.Errorf("table names nodes without the plugin: %v, want %v:\n%s", named, len(tc.without) > 0, out.String())
+			}
+		})
 	}
 }

@@ -18,9 +18,6 @@ type runtimeDecision struct {
 	// pin keeps the pod on nodes whose plugin is registered, when some node
 	// it could use has none and hostPath is not an option there.
 	pin bool
-	// libs are the library folders of the layouts the pod may land on, for
-	// LD_LIBRARY_PATH: the plan of the node decides the files, not the folders.
-	libs []string
 	// layout is the Result.Layout of a runtime injection; nil when the
 	// plugin does not serve the pod, and why says why.
 	layout *Layout
@@ -75,54 +72,61 @@ func (d runtimeDecision) whyNot() string {
 }
 
 // runtimeChoice decides between runtime injection and hostPath volumes.
-// Runtime injection needs no pin: the node the pod lands on mounts its own
-// driver, so it is chosen outright when every layout the pod can use is
-// served by registered plugins. Where only some are, the pod is pinned to
-// those only when hostPath is no choice (Pod Security, or driverDelivery:
-// Runtime): a pin on a label of the probe is one an autoscaler does not know.
-// A reinvocation keeps the way the pod was given its driver.
+// Runtime injection needs nothing of the node: the node the pod lands on
+// mounts its own driver, and sets LD_LIBRARY_PATH from the container's whole
+// environment. So driverDelivery: Runtime, which says every GPU node runs the
+// plugin, reads no layout at all, and a pod a pool at zero will take is
+// admitted before its node exists. A reinvocation keeps the way the pod was
+// given its driver.
 func (r *request) runtimeChoice() runtimeDecision {
-	reinvoked := r.prev != nil && r.prev.Runtime != ""
-	if !reinvoked {
-		if why := r.runtimeRuledOut(); why != runtimeServes {
-			return runtimeDecision{why: why}
-		}
+	served := runtimeDecision{layout: &Layout{Runtime: true}}
+	if r.prev != nil && r.prev.Runtime != "" {
+		served.pin = r.view.Spec.NodeSelector[layout.LabelNRIPlugin] == layout.NRIProtocol
+		return served
 	}
-	var libs []string
+	if why := r.runtimeRuledOut(); why != runtimeServes {
+		return runtimeDecision{why: why}
+	}
+	if r.cfg.DriverDelivery == config.DeliveryRuntime {
+		return served
+	}
+	return r.preferRuntime(served)
+}
+
+// preferRuntime is driverDelivery: PreferRuntime's choice, once some GPU
+// node of the cluster runs the plugin. The pod gets runtime injection when
+// every known GPU node it can use runs the plugin, or when it can use none
+// yet (a pool at zero, or a node not yet probed): an autoscaler then sees a
+// pod without a pin or a hostPath that names a driver folder, and the node
+// it adds mounts its own driver. A known node without the plugin still
+// needs hostPath for the pods that can only land there. Where only some of
+// the known nodes the pod can use run the plugin, the pod is pinned to those
+// only when hostPath is no choice (Pod Security): a pin on a label of the
+// probe is one an autoscaler does not know.
+func (r *request) preferRuntime(served runtimeDecision) runtimeDecision {
 	ready, others := 0, 0
 	for i, l := range r.layouts {
 		if r.fit(&r.asIs, i).kind != fits {
 			continue
 		}
-		if !l.NRIReady() {
+		if l.NRIReady() {
+			ready++
+		} else {
 			others++
-			continue
 		}
-		ready++
-		for _, p := range l.Plan.LibraryPaths {
-			if !slices.Contains(libs, p) {
-				libs = append(libs, p)
-			}
-		}
-	}
-	d := runtimeDecision{layout: &Layout{Runtime: true}, libs: libs}
-	if reinvoked {
-		if len(d.libs) == 0 {
-			d.libs = []string{r.cfg.ContainerPaths.LibraryDir}
-		}
-		d.pin = r.view.Spec.NodeSelector[layout.LabelNRIPlugin] == layout.NRIProtocol
-		return d
 	}
 	switch {
-	case ready == 0 && others == 0:
+	case ready == 0 && others == 0 && r.wedgedWhy(r.view, &r.need) != "":
+		// The only known nodes it can use have a wedged driver: the layout
+		// choice's denial names them.
 		return runtimeDecision{why: noRuntimeNoNode}
+	case others == 0:
+		return served
 	case ready == 0:
 		return runtimeDecision{why: noRuntimePlugin}
-	case others == 0:
-		return d
-	case r.hostPathForbidden() || r.cfg.DriverDelivery == config.DeliveryRuntime:
-		d.pin = true
-		return d
+	case r.hostPathForbidden():
+		served.pin = true
+		return served
 	}
 	return runtimeDecision{why: noRuntimeSomeNodes, others: others}
 }
@@ -145,8 +149,9 @@ func (r *request) runtimeRuledOut() noRuntime {
 		return noRuntimeHostPath
 	case len(r.legacy) > 0 && r.cfg.LegacyMounts == config.LegacyMountsKeep:
 		return noRuntimeLegacyKept
-	case !slices.ContainsFunc(r.layouts, (*Layout).NRIReady):
-		// No layout has the plugin: none is fitted for it.
+	case r.cfg.DriverDelivery != config.DeliveryRuntime && !slices.ContainsFunc(r.layouts, (*Layout).NRIReady):
+		// No GPU node runs the plugin: none is fitted for it, and a pod
+		// that matches no node yet gets what the noLayout action says.
 		return noRuntimePlugin
 	}
 	return runtimeServes
@@ -162,8 +167,10 @@ func markable(names []string) bool {
 // injectRuntime marks the pod for the nodes' NRI plugin: which containers
 // get the driver (never what to mount), NRI's required-plugins annotation so
 // that a runtime with NRI's default validator does not create them without
-// the plugin, LD_LIBRARY_PATH, and the injection record. No volume, no pin
-// on a layout: the node the pod lands on picks its driver.
+// the plugin, and the injection record. No volume, no pin on a layout and no
+// LD_LIBRARY_PATH: the node the pod lands on picks its driver, and its plugin
+// adds the driver's folders to the container's whole environment, the
+// image's included, which the pod's env would override.
 func (r *request) injectRuntime(c *change, d runtimeDecision) {
 	pod := c.pod
 	if len(r.legacy) > 0 {
@@ -172,7 +179,6 @@ func (r *request) injectRuntime(c *change, d runtimeDecision) {
 	names := make([]string, 0, len(r.targets))
 	for _, ref := range r.targets {
 		names = append(names, ref.get(pod).Name)
-		r.mergeLDLibraryPath(c, ref, d.libs)
 	}
 	marker := layout.FormatRuntimeMarker(names)
 	if have, ok := pod.Annotations[layout.AnnotationRuntimeInject]; ok && have != marker {

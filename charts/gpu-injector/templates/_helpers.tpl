@@ -188,7 +188,7 @@ binary cannot check because they join values of two components.
 */}}
 {{- define "gpu-injector.validateRuntimeInjection" -}}
 {{- if and .Values.runtimeInjection.enabled (not .Values.nodeprobe.enabled) }}
-{{- fail "runtimeInjection.enabled needs nodeprobe.enabled: the NRI plugin runs in the probe's pod and injects the plan the probe finds" }}
+{{- fail "runtimeInjection.enabled (on by default) needs nodeprobe.enabled: the NRI plugin runs in the probe's pod and injects the plan the probe finds; with nodeprobe.enabled=false, set runtimeInjection.enabled=false too" }}
 {{- end }}
 {{- if and (eq (.Values.config.driverDelivery | default "PreferRuntime") "Runtime") (not .Values.runtimeInjection.enabled) }}
 {{- fail "config.driverDelivery Runtime needs runtimeInjection.enabled: without the NRI plugin no node injects at the runtime, and every GPU pod would get the noLayout action" }}
