@@ -7,7 +7,6 @@ require (
 	github.com/NVIDIA/go-nvml v0.13.0-1
 	github.com/containerd/nri v0.12.3
 	github.com/evanphx/json-patch/v5 v5.9.11
-	github.com/go-json-experiment/json v1.27.2
 	github.com/go-logr/logr v1.4.3
 	github.com/go-logr/zapr v1.3.0
 	github.com/google/go-containerregistry v0.22.1

@@ -1,9 +1,7 @@
 package webhook
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"sync"
@@ -68,8 +66,8 @@ var podKind = metav1.GroupVersionKind{Group: "", Version: "v1", Kind: "Pod"}
 func (h *Handler) Handle(ctx context.Context, req admission.Request) admission.Response {
 	// Only creation gets the driver: an UPDATE cannot add volumes to a running
 	// pod, and a subresource (binding, eviction, status) is never ours to block.
-	if req.UID == "" || req.Operation == "" {
-		return admission.Errored(http.StatusBadRequest, fmt.Errorf("the AdmissionReview has no request uid or operation"))
+	if req.Operation == "" {
+		return admission.Errored(http.StatusBadRequest, fmt.Errorf("the AdmissionReview has no request operation"))
 	}
 	if req.Operation != admissionv1.Create || req.SubResource != "" {
 		return admission.Allowed("")
@@ -133,15 +131,8 @@ func (h *Handler) admit(ctx context.Context, namespace string, uid types.UID, po
 	case inject.DecisionInjected:
 		podsInjected.Inc()
 		log.Info("injected pod")
-		patch, err := inject.MarshalPatch(res.Patch)
-		if err != nil {
-			return admission.Errored(http.StatusInternalServerError, err)
-		}
-		resp := admission.Allowed("").WithWarnings(res.Warnings...)
-		// Set as bytes, so controller-runtime does not encode the
-		// operations again by reflection.
-		resp.Patch, resp.PatchType = patch, ptrTo(admissionv1.PatchTypeJSONPatch)
-		return resp
+		// The response's Complete encodes the operations.
+		return admission.Patched("", res.Patch...).WithWarnings(res.Warnings...)
 	default:
 		podsSkipped.WithLabelValues(res.Reason).Inc()
 		log.V(1).Info("skipped pod")
@@ -164,54 +155,6 @@ func layoutName(l *inject.Layout) string {
 		return "static/" + l.Static
 	}
 	return l.Fingerprint
-}
-
-// NewWebhook wraps h in controller-runtime's admission webhook, which decodes
-// the AdmissionReview, recovers panics and fills in the response's UID.
-func NewWebhook(h admission.Handler) *admission.Webhook {
-	return &admission.Webhook{Handler: h, RecoverPanic: ptrTo(true)}
-}
-
-func ptrTo[T any](v T) *T { return &v }
-
-// HTTPStatus makes the answer to a body that is no API server's admission
-// request carry its error code as the HTTP status. controller-runtime answers
-// such a body with HTTP 200 and the code only inside the review, which hides a
-// broken client from HTTP tooling. An API server always sends a request uid,
-// and every answer to one keeps HTTP 200, as the API server needs to read it.
-func HTTPStatus(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		next.ServeHTTP(&statusWriter{ResponseWriter: w}, r)
-	})
-}
-
-// noUID is in every answer to a request without a uid: AdmissionResponse's
-// uid is its first field and is never omitted.
-var noUID = []byte(`"response":{"uid":"",`)
-
-type statusWriter struct {
-	http.ResponseWriter
-	wrote bool
-}
-
-func (s *statusWriter) WriteHeader(code int) {
-	s.wrote = true
-	s.ResponseWriter.WriteHeader(code)
-}
-
-func (s *statusWriter) Write(b []byte) (int, error) {
-	if !s.wrote {
-		s.wrote = true
-		if bytes.Contains(b, noUID) {
-			var review admissionv1.AdmissionReview
-			if err := json.Unmarshal(b, &review); err == nil && review.Response != nil && review.Response.Result != nil &&
-				review.Response.Result.Code >= 400 && review.Response.Result.Code < 600 {
-				s.Header().Set("Content-Type", "application/json")
-				s.ResponseWriter.WriteHeader(int(review.Response.Result.Code))
-			}
-		}
-	}
-	return s.ResponseWriter.Write(b)
 }
 
 // NamespaceCache keeps the labels of every namespace from a metadata-only

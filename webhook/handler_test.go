@@ -22,6 +22,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/gpu-injector/gpu-injector/config"
 	"github.com/gpu-injector/gpu-injector/layout"
@@ -69,8 +70,7 @@ func review(t testing.TB, op admissionv1.Operation, namespace string, obj runtim
 	return b
 }
 
-// testServer is the real controller-runtime webhook around our handler, behind
-// HTTPStatus, on a loopback listener; the layouts are those of three nodes,
+// testServer is the webhook's HTTP handler, Serve, on a loopback listener; the layouts are those of three nodes,
 // and a fourth, accelerator nvidia-h200, has a wedged driver.
 func testServer(t *testing.T, cfg *config.Configuration) (*httptest.Server, layout.Plan) {
 	t.Helper()
@@ -115,29 +115,54 @@ func TestHandlerBadRequests(t *testing.T) {
 	cases := map[string]struct {
 		contentType string
 		body        []byte
+		code        int
 		want        string
 	}{
-		"malformed json":      {"application/json", []byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{`), "json parse error: unexpected end of JSON input"},
-		"not json":            {"application/json", []byte("hello"), "json parse error"},
-		"wrong content type":  {"text/plain", review(t, admissionv1.Create, "ml", gputest.Pod("nvidia.com/gpu", nil), podKind), "contentType=text/plain, expected application/json"},
-		"empty body":          {"application/json", nil, "request body is empty"},
-		"wrong review kind":   {"application/json", []byte(`{"apiVersion":"v1","kind":"Pod","metadata":{"name":"x"}}`), "no request uid"},
-		"no request":          {"application/json", []byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}`), "no request uid"},
-		"request field wrong": {"application/json", []byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":7}}`), "uid"},
+		"malformed json":      {"application/json", []byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{`), http.StatusBadRequest, "failed to decode the AdmissionReview: unexpected end of JSON input"},
+		"not json":            {"application/json", []byte("hello"), http.StatusBadRequest, "failed to decode the AdmissionReview: invalid character"},
+		"wrong content type":  {"text/plain", review(t, admissionv1.Create, "ml", gputest.Pod("nvidia.com/gpu", nil), podKind), http.StatusBadRequest, "contentType=text/plain, expected application/json"},
+		"empty body":          {"application/json", nil, http.StatusBadRequest, "request body is empty"},
+		"too large":           {"application/json", bytes.Repeat([]byte(" "), maxReviewSize), http.StatusRequestEntityTooLarge, "request entity is too large"},
+		"wrong review kind":   {"application/json", []byte(`{"apiVersion":"v1","kind":"Pod","metadata":{"name":"x"}}`), http.StatusBadRequest, `no AdmissionReview of admission.k8s.io/v1 or v1beta1: apiVersion "v1", kind "Pod"`},
+		"no request":          {"application/json", []byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}`), http.StatusBadRequest, "no request uid"},
+		"no uid":              {"application/json", []byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"operation":"CREATE"}}`), http.StatusBadRequest, "no request uid"},
+		"request field wrong": {"application/json", []byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":7}}`), http.StatusBadRequest, "uid"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
 			code, ar, raw := post(t, srv.URL, tc.contentType, tc.body)
-			if code != http.StatusBadRequest {
-				t.Errorf("HTTP status = %d, want 400: %s", code, raw)
+			if code != tc.code {
+				t.Errorf("HTTP status = %d, want %d: %s", code, tc.code, raw)
 			}
-			if ar.Response.Allowed || ar.Response.Result == nil || ar.Response.Result.Code != http.StatusBadRequest {
-				t.Errorf("response = %+v, want a denial with code 400", ar.Response)
+			if ar.Response.Allowed || ar.Response.Result == nil || ar.Response.Result.Code != int32(tc.code) {
+				t.Errorf("response = %+v, want a denial with code %d", ar.Response, tc.code)
 			}
 			if ar.Response.Result != nil && !strings.Contains(ar.Response.Result.Message, tc.want) {
 				t.Errorf("message %q does not name the problem %q", ar.Response.Result.Message, tc.want)
 			}
 		})
+	}
+
+	// A review with a uid is the API server's: its answer keeps HTTP 200,
+	// with the error inside.
+	body := []byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"7","kind":{"version":"v1","kind":"Pod"}}}`)
+	code, ar, raw := post(t, srv.URL, "application/json", body)
+	if code != http.StatusOK || ar.Response.UID != "7" || ar.Response.Result == nil || ar.Response.Result.Code != http.StatusBadRequest ||
+		!strings.Contains(ar.Response.Result.Message, "no request operation") {
+		t.Errorf("no operation: got HTTP %d %s, want HTTP 200 and a 400 naming the operation", code, raw)
+	}
+}
+
+// TestServeRecoversPanic: a panic in the handler is an internal error of
+// that request, answered to the API server under its uid.
+func TestServeRecoversPanic(t *testing.T) {
+	srv := httptest.NewServer(Serve(admission.HandlerFunc(func(context.Context, admission.Request) admission.Response { panic("boom") })))
+	t.Cleanup(srv.Close)
+	code, ar, raw := post(t, srv.URL, "application/json", review(t, admissionv1.Create, "ml", gputest.Pod("nvidia.com/gpu", nil), podKind))
+	r := ar.Response
+	if code != http.StatusOK || r.Allowed || r.UID != "0f9e2c55-0000-4000-8000-000000000001" || r.Result == nil ||
+		r.Result.Code != http.StatusInternalServerError || !strings.Contains(r.Result.Message, "boom") {
+		t.Errorf("got HTTP %d %s, want HTTP 200 and a 500 under the request's uid", code, raw)
 	}
 }
 
@@ -475,9 +500,9 @@ func TestHandlerNoObject(t *testing.T) {
 }
 
 // TestServeAnswersAsControllerRuntime sends every golden case's pod as an
-// AdmissionReview through Serve's one-pass decoder and through
-// controller-runtime's admission.Webhook alone: the answers must be the same
-// bytes.
+// AdmissionReview through Serve and through controller-runtime's
+// admission.Webhook as it is: reading the review itself changes no answer to
+// an API server, byte for byte.
 func TestServeAnswersAsControllerRuntime(t *testing.T) {
 	clustertest.ForEach(t, filepath.Join("inject", "testdata"), func(t *testing.T, _ string, gc clustertest.Case) {
 		idx, d := gc.Sources(t)
@@ -495,9 +520,9 @@ func TestServeAnswersAsControllerRuntime(t *testing.T) {
 			return rec.Code, rec.Body.Bytes()
 		}
 		code, got := answer(Serve(h))
-		wantCode, want := answer(HTTPStatus(NewWebhook(h)))
+		wantCode, want := answer(&admission.Webhook{Handler: h})
 		if code != wantCode || !bytes.Equal(got, want) {
-			t.Errorf("answers differ:\n one pass           %d %s\n controller-runtime %d %s", code, got, wantCode, want)
+			t.Errorf("answers differ:\n Serve              %d %s\n controller-runtime %d %s", code, got, wantCode, want)
 		}
 		if !bytes.Contains(got, []byte(`"uid":"0f9e2c55-`)) {
 			t.Errorf("answer without the request's uid: %s", got)

@@ -1,128 +1,93 @@
 package webhook
 
 import (
-	"bytes"
-	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 
 	admissionv1 "k8s.io/api/admission/v1"
-	authenticationv1 "k8s.io/api/authentication/v1"
-	corev1 "k8s.io/api/core/v1"
+	admissionv1beta1 "k8s.io/api/admission/v1beta1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+	kjson "sigs.k8s.io/json"
 )
 
-// maxReviewSize is controller-runtime's limit on a request body.
+// maxReviewSize is controller-runtime's limit on a request body: two objects
+// of the API server's largest request size and the rest of the review.
 const maxReviewSize = 7 * 1024 * 1024
 
-// Serve is the webhook's HTTP handler. A pod CREATE review, the API server's
-// every GPU pod, is decoded in one pass straight into the fields Mutate
-// reads; controller-runtime's decoder reads the body three times and copies
-// the pod before decodePod reads it twice more, which was most of the time
-// on a large pod. Every other body (an UPDATE, a v1beta1 review, no uid, a
-// wrong content type, a body that does not decode) goes to
-// controller-runtime's admission.Webhook, whose answers are unchanged.
-func Serve(h *Handler) http.Handler {
-	return HTTPStatus(&reviewServer{handler: h, webhook: NewWebhook(h)})
+// Serve is the webhook's HTTP handler, the one path of every request. It
+// reads the AdmissionReview itself, with the API machinery's decoder
+// (sigs.k8s.io/json, as the API server and controller-runtime decode), so a
+// body that is no API server's review gets its error code as the HTTP status:
+// controller-runtime's admission.Webhook answers it with HTTP 200 and the code
+// only inside the review, which hides a broken client from HTTP tooling. A
+// review with a request uid is always answered with HTTP 200, as the API
+// server needs it to read the answer. The request itself goes through
+// admission.Webhook.Handle, which sets up the request's logger, recovers a
+// panic and completes the response.
+func Serve(h admission.Handler) http.Handler {
+	return &reviewServer{webhook: &admission.Webhook{Handler: h, RecoverPanic: ptr.To(true)}}
 }
 
 type reviewServer struct {
-	handler *Handler
 	webhook *admission.Webhook
 }
 
-// slimReview is an AdmissionReview with only what the fast path reads.
-type slimReview struct {
-	APIVersion string `json:"apiVersion"`
-	Kind       string `json:"kind"`
-	Request    *struct {
-		UID         types.UID                   `json:"uid"`
-		Kind        metav1.GroupVersionKind     `json:"kind"`
-		Resource    metav1.GroupVersionResource `json:"resource"`
-		SubResource string                      `json:"subResource"`
-		Name        string                      `json:"name"`
-		Namespace   string                      `json:"namespace"`
-		Operation   admissionv1.Operation       `json:"operation"`
-		UserInfo    struct {
-			Username string `json:"username"`
-		} `json:"userInfo"`
-		Object *slimPod `json:"object"`
-	} `json:"request"`
-}
-
 func (s *reviewServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if r.Body == nil || r.Body == http.NoBody || r.Header.Get("Content-Type") != "application/json" {
-		s.webhook.ServeHTTP(w, r)
-		return
-	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxReviewSize))
-	r.Body.Close()
-	if err != nil || len(body) >= maxReviewSize {
-		s.fallback(w, r, body, err)
-		return
-	}
-	var rev slimReview
-	if unmarshal(body, &rev) != nil || rev.APIVersion != admissionv1.SchemeGroupVersion.String() ||
-		rev.Kind != "AdmissionReview" || rev.Request == nil || rev.Request.UID == "" || rev.Request.Object == nil ||
-		rev.Request.Operation != admissionv1.Create || rev.Request.SubResource != "" ||
-		rev.Request.Kind.Group != podKind.Group || rev.Request.Kind.Kind != podKind.Kind {
-		s.fallback(w, r, body, nil)
-		return
-	}
-	rq := rev.Request
-	pod, err := rq.Object.pod()
+	review, code, err := readReview(r)
 	if err != nil {
-		s.fallback(w, r, body, nil)
+		logf.Log.WithName("admission").Error(err, "failed to read the admission review")
+		writeReview(w, int(code), reviewV1, admission.Errored(code, err))
 		return
 	}
-	req := admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
-		UID: rq.UID, Kind: rq.Kind, Resource: rq.Resource, Name: rq.Name, Namespace: rq.Namespace,
-		Operation: rq.Operation, UserInfo: authenticationv1.UserInfo{Username: rq.UserInfo.Username},
-	}}
-	// The same request logger controller-runtime gives its handlers.
-	ctx := logf.IntoContext(r.Context(), admission.DefaultLogConstructor(logf.Log.WithName("admission"), &req))
-	resp := s.admit(ctx, req, pod)
-	if err := resp.Complete(req); err != nil {
-		resp = admission.Errored(http.StatusInternalServerError, fmt.Errorf("failed to encode the response: %w", err))
-		resp.UID = req.UID
+	resp := s.webhook.Handle(r.Context(), admission.Request{AdmissionRequest: *review.Request})
+	writeReview(w, http.StatusOK, review.TypeMeta, resp)
+}
+
+var reviewV1 = metav1.TypeMeta{APIVersion: admissionv1.SchemeGroupVersion.String(), Kind: "AdmissionReview"}
+
+// readReview reads the body as an API server sends it: a JSON AdmissionReview
+// of admission.k8s.io/v1 or v1beta1 (their fields are the same) with a request
+// and its uid. Otherwise it gives the HTTP status to answer with.
+func readReview(r *http.Request) (*admissionv1.AdmissionReview, int32, error) {
+	if r.Body == nil || r.Body == http.NoBody {
+		return nil, http.StatusBadRequest, errors.New("request body is empty")
 	}
+	defer r.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxReviewSize))
+	if err != nil {
+		return nil, http.StatusBadRequest, fmt.Errorf("failed to read the request body: %w", err)
+	}
+	if len(body) >= maxReviewSize {
+		return nil, http.StatusRequestEntityTooLarge, fmt.Errorf("request entity is too large; limit is %d bytes", maxReviewSize)
+	}
+	if ct := r.Header.Get("Content-Type"); ct != "application/json" {
+		return nil, http.StatusBadRequest, fmt.Errorf("contentType=%s, expected application/json", ct)
+	}
+	var review admissionv1.AdmissionReview
+	if err := kjson.UnmarshalCaseSensitivePreserveInts(body, &review); err != nil {
+		return nil, http.StatusBadRequest, fmt.Errorf("failed to decode the AdmissionReview: %w", err)
+	}
+	if v := review.APIVersion; review.Kind != reviewV1.Kind || v != reviewV1.APIVersion && v != admissionv1beta1.SchemeGroupVersion.String() {
+		return nil, http.StatusBadRequest, fmt.Errorf("the body is no AdmissionReview of admission.k8s.io/v1 or v1beta1: apiVersion %q, kind %q", v, review.Kind)
+	}
+	if review.Request == nil || review.Request.UID == "" {
+		return nil, http.StatusBadRequest, errors.New("the AdmissionReview has no request uid")
+	}
+	return &review, 0, nil
+}
+
+// writeReview answers with the response in a review of the request's version,
+// encoded as controller-runtime encodes it.
+func writeReview(w http.ResponseWriter, code int, tm metav1.TypeMeta, resp admission.Response) {
 	w.Header().Set("Content-Type", "application/json")
-	ar := admissionv1.AdmissionReview{TypeMeta: metav1.TypeMeta{APIVersion: rev.APIVersion, Kind: rev.Kind}, Response: &resp.AdmissionResponse}
-	if err := json.NewEncoder(w).Encode(ar); err != nil {
-		logf.FromContext(ctx).Error(err, "failed to write the response")
+	w.WriteHeader(code)
+	if err := json.NewEncoder(w).Encode(admissionv1.AdmissionReview{TypeMeta: tm, Response: &resp.AdmissionResponse}); err != nil {
+		logf.Log.WithName("admission").Error(err, "failed to write the admission response", "requestID", resp.UID)
 	}
 }
-
-// admit recovers a panic as controller-runtime's webhook does, unless its
-// RecoverPanic is off (the fuzz tests turn it off to see panics).
-func (s *reviewServer) admit(ctx context.Context, req admission.Request, pod *corev1.Pod) (resp admission.Response) {
-	if s.webhook.RecoverPanic == nil || *s.webhook.RecoverPanic {
-		defer func() {
-			if r := recover(); r != nil {
-				logf.FromContext(ctx).Error(fmt.Errorf("%v", r), "recovered from a panic in the webhook")
-				resp = admission.Errored(http.StatusInternalServerError, fmt.Errorf("panic: %v [recovered]", r))
-				resp.UID = req.UID
-			}
-		}()
-	}
-	return s.handler.admit(ctx, req.Namespace, req.UID, pod)
-}
-
-// fallback hands a body the fast path does not take to controller-runtime.
-func (s *reviewServer) fallback(w http.ResponseWriter, r *http.Request, body []byte, readErr error) {
-	var rd io.Reader = bytes.NewReader(body)
-	if readErr != nil {
-		rd = io.MultiReader(rd, errReader{readErr})
-	}
-	r.Body = io.NopCloser(rd)
-	s.webhook.ServeHTTP(w, r)
-}
-
-type errReader struct{ err error }
-
-func (e errReader) Read([]byte) (int, error) { return 0, e.err }
