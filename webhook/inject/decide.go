@@ -53,6 +53,11 @@ const (
 	// reasonStaticConflict: the static layout of noLayout selects nodes the
 	// pod's nodeSelector rules out.
 	reasonStaticConflict
+	// reasonTooManyContainers, reasonPatchTooLarge: past config.Limits.
+	reasonTooManyContainers
+	reasonPatchTooLarge
+	// reasonCanceled: the caller gave up on the request.
+	reasonCanceled
 )
 
 // labels are the Result.Reason of a pod that is not denied, which the
@@ -68,6 +73,9 @@ var reasonLabels = [...]string{
 	reasonLegacyKept:        "legacy-kept",
 	reasonStaticLacksLegacy: "static-lacks-legacy",
 	reasonStaticConflict:    "static-conflict",
+	reasonTooManyContainers: "too-many-containers",
+	reasonPatchTooLarge:     "patch-too-large",
+	reasonCanceled:          "canceled",
 }
 
 func (c reason) String() string { return reasonLabels[c] }
@@ -118,6 +126,8 @@ type decision struct {
 	conflict string
 	// warnings are the decision's own, without the edits' (see apply).
 	warnings []string
+	// patchOps and patchBytes estimate the patch of reasonPatchTooLarge.
+	patchOps, patchBytes int
 }
 
 func (d *decision) warn(format string, args ...any) {
@@ -136,6 +146,8 @@ func (r *request) decide() decision {
 	switch {
 	case r.exempt != reasonNone:
 		return decision{outcome: outcomeSkip, reason: r.exempt}
+	case r.tooMany:
+		return decision{outcome: outcomeDeny, reason: reasonTooManyContainers}
 	case len(r.targets) == 0:
 		return r.withoutDriver(decision{reason: reasonNoGPU})
 	case r.prevErr != nil:
@@ -240,6 +252,8 @@ func (r *request) noLayout(d *decision, legacyUnheld bool) *Layout {
 func (r *request) denial(d decision) string {
 	const fixAdvice = `; check the pod's nodeName, nodeSelector, node affinity and tolerations, or opt the pod out with annotation ` + layout.AnnotationInject + `: "false"`
 	switch d.reason {
+	case reasonTooManyContainers, reasonPatchTooLarge, reasonCanceled:
+		return r.limitWhy(d)
 	case reasonPodSecurity:
 		return r.podSecurityWhy(d.runtime) + "; turn on runtime injection (docs/runtime-injection.md), label the namespace pod-security.kubernetes.io/enforce=privileged, or opt the pod out with annotation " + layout.AnnotationInject + `: "false"`
 	case reasonLegacyKept:

@@ -111,6 +111,9 @@ func (r *request) chooseLayout(v *podView, prev *layout.Injected, keep bool) (*L
 	misfits := make([]rankedMisfit, 0, maxMisfitsNamed)
 	var fit []rankedLayout
 	for _, rl := range order {
+		if r.canceled() {
+			return nil, "the API server stopped waiting"
+		}
 		l := rl.layout
 		if prev != nil && (l.Fingerprint != prev.Fingerprint || (l.Pool != "" && l.Pool != prev.Pool)) {
 			continue
