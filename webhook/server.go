@@ -61,6 +61,12 @@ type options struct {
 	webhookConfigName string
 	poolMemory        string
 	shutdownDelay     time.Duration
+	maxInFlight       int
+	readTimeout       time.Duration
+	// clientCA names a file of --cert-dir: when set, only clients with a
+	// certificate it signed (the API server's, through its
+	// AdmissionConfiguration kubeConfigFile) are served.
+	clientCA string
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
@@ -89,6 +95,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz")
 	fs.StringVar(&o.pprofAddr, "pprof-bind-address", "", "address of Go's /debug/pprof endpoints, for profiling; empty (the default) disables them")
 	fs.DurationVar(&o.shutdownDelay, "shutdown-delay", 5*time.Second, "on SIGTERM, keep serving this long with /readyz failing, so that the API server stops choosing this replica before its port closes; then finish the requests in flight and exit")
+	fs.IntVar(&o.maxInFlight, "max-in-flight", DefaultMaxInFlight, "admissions served at once; a request that finds no slot within a second is answered 429 (the webhook's failurePolicy applies)")
+	fs.DurationVar(&o.readTimeout, "read-timeout", DefaultReadTimeout, "how long a request's body may take to arrive after its headers")
+	fs.StringVar(&o.clientCA, "client-ca-name", "", "file in --cert-dir of the CA that signs the API server's client certificate; when set, clients without such a certificate are refused at the TLS handshake")
 	fs.StringVar(&o.logLevel, "log-level", "info", "info or debug")
 	fs.StringVar(&o.logFormat, "log-format", "json", "json or console")
 	if err := fs.Parse(args); err != nil {
@@ -100,6 +109,12 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	o.certs.webhookConfigName = o.webhookConfigName
 	if o.port < 1 || o.port > 65535 {
 		return nil, fmt.Errorf("--port %d is not a TCP port", o.port)
+	}
+	if o.maxInFlight < 1 {
+		return nil, fmt.Errorf("--max-in-flight %d is below 1", o.maxInFlight)
+	}
+	if o.readTimeout <= 0 {
+		return nil, fmt.Errorf("--read-timeout %s is not positive", o.readTimeout)
 	}
 	if o.shutdownDelay < 0 {
 		return nil, fmt.Errorf("--shutdown-delay %s is negative", o.shutdownDelay)
@@ -203,7 +218,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if elect {
 		byObject[&corev1.Pod{}] = gpunodes.PodCacheByObject()
 	}
-	server := webhook.NewServer(webhook.Options{Port: o.port, CertDir: o.certs.dir, CertName: certFile, KeyName: keyFile})
+	server := webhook.NewServer(webhook.Options{Port: o.port, CertDir: o.certs.dir, CertName: certFile, KeyName: keyFile, ClientCAName: o.clientCA})
 	mgr, err := manager.New(restCfg, manager.Options{
 		Scheme: clientgoscheme.Scheme,
 		Logger: log,
@@ -313,7 +328,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 	}
 
-	server.Register(Path, closeWhileDraining(&draining, Serve(NewHandler(cfg, idx, namespaces).WithDRA(dra))))
+	server.Register(Path, closeWhileDraining(&draining, bounded(Serve(NewHandler(cfg, idx, namespaces).WithDRA(dra)), o.maxInFlight, o.readTimeout)))
 	if err := mgr.Add(startAfter{ready: certsReady, server: server}); err != nil {
 		return fmt.Errorf("failed to add the webhook server: %w", err)
 	}

@@ -30,6 +30,7 @@ func TestParseFlags(t *testing.T) {
 	want := options{
 		port: 9443, metricsAddr: ":8080", probeAddr: ":8081", logLevel: "info", logFormat: "json",
 		webhookConfigName: "gpu-injector", poolMemory: "gpu-injector-pools", shutdownDelay: 5 * time.Second,
+		maxInFlight: DefaultMaxInFlight, readTimeout: DefaultReadTimeout,
 		certs: certOptions{
 			mode: CertModeSelf, dir: "/tmp/k8s-webhook-server/serving-certs", secretName: "gpu-injector-webhook-tls",
 			namespace: "gpu-injector", serviceName: "gpu-injector-webhook", webhookConfigName: "gpu-injector",
