@@ -115,6 +115,9 @@ type decision struct {
 	// stale is an earlier injection whose layout no longer fits the pod:
 	// taken out of an admitted or injected pod, named in a denial.
 	stale *layout.Injected
+	// dropRecord: the pod carries a record of a runtime injection that it
+	// does not bear out (believeRuntimeRecord), and gets no driver: it goes.
+	dropRecord bool
 	// dropMarker: the pod carries the NRI plugin's marker, which only
 	// gpu-injector writes and only on pods the plugin serves; it goes.
 	dropMarker bool
@@ -151,13 +154,7 @@ func (r *request) decide() decision {
 	case len(r.targets) == 0:
 		return r.withoutDriver(decision{reason: reasonNoGPU})
 	case r.prevErr != nil:
-		// Without the record, which volumes, mounts and selector are
-		// gpu-injector's is unknown: injecting again could stack a second
-		// driver on the first.
-		d := decision{reason: reasonUnreadableRecord}
-		d.warn("the pod's annotation %s is not one gpu-injector wrote (%v); the pod is left as it is. Remove the annotation to have the driver injected (and the %s* volumes, their mounts and the %s selector, if gpu-injector's earlier injection is still in the pod)",
-			layout.AnnotationInjected, r.prevErr, volumePrefix, layout.LabelFingerprint)
-		return r.withoutDriver(d)
+		return r.unreadableRecord()
 	}
 	rt := r.runtimeChoice()
 	if rt.layout != nil {
@@ -170,7 +167,8 @@ func (r *request) decide() decision {
 // needs changes anyway.
 func (r *request) withoutDriver(d decision) decision {
 	d.outcome = outcomeSkip
-	if len(r.fixes) > 0 || d.dropMarker || d.stale != nil {
+	d.dropRecord = r.forged && d.stale == nil
+	if len(r.fixes) > 0 || d.dropMarker || d.stale != nil || d.dropRecord {
 		d.outcome = outcomeAdmit
 	}
 	return d

@@ -75,8 +75,11 @@ type request struct {
 	// be read.
 	prev    *layout.Injected
 	prevErr error
-	legacy  []legacyMount
-	need    gpuNeed
+	// forged: the pod carried a runtime record it does not bear out, which
+	// prev no longer holds.
+	forged bool
+	legacy []legacyMount
+	need   gpuNeed
 	// affinity is the pod's required node affinity, nil without one.
 	affinity *nodeAffinity
 	// asIs is the view for the layout choice, the fits of its layouts kept.
@@ -108,6 +111,7 @@ func newRequest(in Input, cfg *config.Configuration) request {
 	if r.prev, r.prevErr = PreviousInjection(r.view); r.prevErr != nil {
 		return r
 	}
+	r.distrustRecord()
 	var recorded []string
 	if r.prev != nil {
 		recorded = r.prev.Volumes
