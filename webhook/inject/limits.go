@@ -28,13 +28,18 @@ func (r *request) canceled() bool {
 	return r.ctx != nil && r.ctx.Err() != nil
 }
 
-// tooManyGPUContainers counts the pod's containers that want a GPU, before the resource fixes copy a pod of thousands of them.
+// tooManyGPUContainers counts the containers that would get the driver, before the resource fixes copy a pod of thousands of them.
 func (r *request) tooManyGPUContainers() bool {
+	refs := containerRefs(r.pod)
 	n := 0
-	for _, ref := range containerRefs(r.pod) {
+	for _, ref := range refs {
 		if r.wantsGPU(ref.get(r.pod)) {
 			n++
 		}
+	}
+	if n > 0 && r.cfg.Containers == config.ContainersAll {
+		// Every container of a GPU pod gets the driver.
+		n = len(refs)
 	}
 	return n > r.cfg.Limits.MaxGPUContainers
 }

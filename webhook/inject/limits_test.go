@@ -52,6 +52,21 @@ func TestTooManyGPUContainers(t *testing.T) {
 	gputest.CheckUnchangedUnlessInjected(t, before, pod, res)
 }
 
+// TestTooManyContainersAll: with containers: All, every container of a GPU
+// pod counts towards the limit, not only those with a GPU.
+func TestTooManyContainersAll(t *testing.T) {
+	cfg := config.Default()
+	cfg.Containers = config.ContainersAll
+	pod := manyContainers(5000)
+	for i := 1; i < len(pod.Spec.Containers); i++ {
+		pod.Spec.Containers[i].Resources = corev1.ResourceRequirements{}
+	}
+	res := Mutate(Input{Pod: pod, Layouts: limitLayouts(cfg)}, cfg)
+	if res.Decision != DecisionDenied || !strings.Contains(res.Reason, "limits.maxGPUContainers") {
+		t.Fatalf("decision %s: %s", res.Decision, res.Reason)
+	}
+}
+
 // TestPatchLimits: the limits on patch operations and bytes hold: a pod
 // whose patch would be one operation or one byte over them is denied, so the
 // estimate the decision checks is never below the patch it would build.
