@@ -509,7 +509,7 @@ func TestRender(t *testing.T) {
 		"1.36 with node restriction off": {
 			opts: with(kube136, "nodeprobe.nodeRestriction.enabled=false"),
 			check: func(t *testing.T, r rendered) {
-				if len(r.all("ValidatingAdmissionPolicy")) != 0 {
+				if r.get("ValidatingAdmissionPolicy", probeSA) != nil {
 					t.Errorf("ValidatingAdmissionPolicy rendered although disabled")
 				}
 			},
@@ -637,8 +637,12 @@ func TestRender(t *testing.T) {
 		"probe disabled": {
 			opts: with(kube136, "nodeprobe.enabled=false", "runtimeInjection.enabled=false"),
 			check: func(t *testing.T, r rendered) {
-				for _, kind := range []string{"DaemonSet", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} {
-					if len(r.all(kind)) != 0 {
+				if len(r.all("DaemonSet")) != 0 {
+					t.Errorf("DaemonSet rendered with nodeprobe.enabled=false")
+				}
+				// The webhook's policy on ephemeral containers stays.
+				for _, kind := range []string{"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} {
+					if r.get(kind, probeSA) != nil {
 						t.Errorf("%s rendered with nodeprobe.enabled=false", kind)
 					}
 				}

@@ -28,6 +28,7 @@ func TestWebhookFlags(t *testing.T) {
 		logLevel: "info", logFormat: "json",
 		opts: webhook.Options{
 			Port: 9443, MetricsAddr: ":8080", ProbeAddr: ":8081", PoolMemory: "gpu-injector-pools", ShutdownDelay: 5 * time.Second,
+			MaxInFlight: webhook.DefaultMaxInFlight, ReadTimeout: webhook.DefaultReadTimeout,
 			Certs: webhook.CertOptions{
 				Mode: webhook.CertModeSelf, Dir: "/tmp/k8s-webhook-server/serving-certs", SecretName: "gpu-injector-webhook-tls",
 				Namespace: "gpu-injector", ServiceName: "gpu-injector-webhook", WebhookConfigName: "gpu-injector",

@@ -55,6 +55,9 @@ func parseWebhookFlags(args []string, stderr io.Writer) (*webhookFlags, error) {
 	fs.StringVar(&o.ProbeAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz")
 	fs.StringVar(&o.PprofAddr, "pprof-bind-address", "", "address of Go's /debug/pprof endpoints, for profiling; empty (the default) disables them")
 	fs.DurationVar(&o.ShutdownDelay, "shutdown-delay", 5*time.Second, "on SIGTERM, keep serving this long with /readyz failing, so that the API server stops choosing this replica before its port closes; then finish the requests in flight and exit")
+	fs.IntVar(&o.MaxInFlight, "max-in-flight", webhook.DefaultMaxInFlight, "admissions served at once; a request that finds no slot within a second is answered 429 (the webhook's failurePolicy applies)")
+	fs.DurationVar(&o.ReadTimeout, "read-timeout", webhook.DefaultReadTimeout, "how long a request's body may take to arrive after its headers")
+	fs.StringVar(&o.ClientCA, "client-ca-name", "", "file in --cert-dir of the CA that signs the API server's client certificate; when set, clients without such a certificate are refused at the TLS handshake")
 	fs.StringVar(&f.logLevel, "log-level", "info", "info or debug")
 	fs.StringVar(&f.logFormat, "log-format", "json", "json or console")
 	if err := parse(fs, args); err != nil {
@@ -65,6 +68,10 @@ func parseWebhookFlags(args []string, stderr io.Writer) (*webhookFlags, error) {
 		return nil, usageErrorf("--port %d is not a TCP port", o.Port)
 	case o.ShutdownDelay < 0:
 		return nil, usageErrorf("--shutdown-delay %s is negative", o.ShutdownDelay)
+	case o.MaxInFlight < 1:
+		return nil, usageErrorf("--max-in-flight %d is below 1", o.MaxInFlight)
+	case o.ReadTimeout <= 0:
+		return nil, usageErrorf("--read-timeout %s is not positive", o.ReadTimeout)
 	case o.Certs.Mode != webhook.CertModeSelf && o.Certs.Mode != webhook.CertModeExternal:
 		return nil, usageErrorf("unknown --cert-mode %q: want %s or %s", o.Certs.Mode, webhook.CertModeSelf, webhook.CertModeExternal)
 	case f.logLevel != "info" && f.logLevel != "debug":

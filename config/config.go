@@ -143,7 +143,49 @@ type Configuration struct {
 	// DeliveryRuntime.
 	DriverDelivery string `json:"driverDelivery"`
 	DRA            DRA    `json:"dra"`
+	// Ranking bounds what the nodes of one layout can claim in the layout
+	// choice: nodes publish their own layout and GPU count, and a node is
+	// not to be trusted with every unconstrained GPU pod.
+	Ranking Ranking `json:"ranking"`
+	// Limits bound the work one pod can ask of the webhook.
+	Limits Limits `json:"limits"`
 }
+
+// Ranking bounds the weight of node-published data in the layout choice.
+type Ranking struct {
+	// MaxGPUsPerNode is the most GPUs one node counts for, whatever it
+	// reports: a node that claims 256 weighs as much as this.
+	MaxGPUsPerNode int64 `json:"maxGPUsPerNode"`
+	// MinNodes is how many nodes must publish a layout before it is
+	// established: a layout of fewer nodes is preferred over no established
+	// one, and NewestDriver does not weigh its driver.
+	MinNodes int `json:"minNodes"`
+}
+
+// Limits bound one admission's work and answer.
+type Limits struct {
+	// MaxGPUContainers is the most containers of one pod that get the
+	// driver; a pod with more is denied before any layout is fitted.
+	MaxGPUContainers int `json:"maxGPUContainers"`
+	// MaxPatchOperations and MaxPatchBytes bound the JSON Patch a pod would
+	// get; a pod that would need more is denied.
+	MaxPatchOperations int `json:"maxPatchOperations"`
+	MaxPatchBytes      int `json:"maxPatchBytes"`
+}
+
+// Defaults of Ranking and Limits; docs/configuration.md says why.
+const (
+	// DefaultMaxGPUsPerNode: the largest GPU servers sold carry 8 to 16.
+	DefaultMaxGPUsPerNode = 16
+	DefaultMinLayoutNodes = 2
+	// DefaultMaxGPUContainers is far above what a node's GPUs can serve.
+	DefaultMaxGPUContainers = 128
+	// DefaultMaxPatchOperations: 128 containers of a 30-mount plan.
+	DefaultMaxPatchOperations = 4096
+	// DefaultMaxPatchBytes is etcd's default request limit (1.5 MiB): a pod
+	// whose patch alone is larger could not be stored.
+	DefaultMaxPatchBytes = 1536 << 10
+)
 
 // DRA says which Dynamic Resource Allocation objects are NVIDIA GPUs.
 type DRA struct {
@@ -320,6 +362,7 @@ func SetDefaults(c *Configuration) {
 	if c.DRA.Drivers == nil {
 		c.DRA.Drivers = []string{"gpu.nvidia.com"}
 	}
+	c.setLimitDefaults()
 	for i := range c.StaticLayouts {
 		if c.StaticLayouts[i].SchemaVersion == "" {
 			c.StaticLayouts[i].SchemaVersion = layout.SchemaVersion
@@ -504,6 +547,7 @@ func (c *Configuration) Validate() field.ErrorList {
 	errs = append(errs, oneOf(field.NewPath("legacyMounts"), c.LegacyMounts, legacyMountsActions...)...)
 	errs = append(errs, oneOf(field.NewPath("runtimeInjection"), c.RuntimeInjection, runtimeInjectionActions...)...)
 	errs = append(errs, oneOf(field.NewPath("driverDelivery"), c.DriverDelivery, deliveries...)...)
+	errs = append(errs, c.validateLimits()...)
 	dp := field.NewPath("dra")
 	for i, n := range c.DRA.DeviceClasses {
 		// A class name is a DNS subdomain; a pattern may hold * ? [ as well.
@@ -731,4 +775,42 @@ func Load(file string) (*Configuration, error) {
 		return nil, fmt.Errorf("failed to read configuration %q: %w", file, err)
 	}
 	return Parse(data)
+}
+
+func (c *Configuration) setLimitDefaults() {
+	if c.Ranking.MaxGPUsPerNode == 0 {
+		c.Ranking.MaxGPUsPerNode = DefaultMaxGPUsPerNode
+	}
+	if c.Ranking.MinNodes == 0 {
+		c.Ranking.MinNodes = DefaultMinLayoutNodes
+	}
+	if c.Limits.MaxGPUContainers == 0 {
+		c.Limits.MaxGPUContainers = DefaultMaxGPUContainers
+	}
+	if c.Limits.MaxPatchOperations == 0 {
+		c.Limits.MaxPatchOperations = DefaultMaxPatchOperations
+	}
+	if c.Limits.MaxPatchBytes == 0 {
+		c.Limits.MaxPatchBytes = DefaultMaxPatchBytes
+	}
+}
+
+func (c *Configuration) validateLimits() field.ErrorList {
+	var errs field.ErrorList
+	rp, lp := field.NewPath("ranking"), field.NewPath("limits")
+	for _, f := range []struct {
+		path *field.Path
+		v    int64
+	}{
+		{rp.Child("maxGPUsPerNode"), c.Ranking.MaxGPUsPerNode},
+		{rp.Child("minNodes"), int64(c.Ranking.MinNodes)},
+		{lp.Child("maxGPUContainers"), int64(c.Limits.MaxGPUContainers)},
+		{lp.Child("maxPatchOperations"), int64(c.Limits.MaxPatchOperations)},
+		{lp.Child("maxPatchBytes"), int64(c.Limits.MaxPatchBytes)},
+	} {
+		if f.v < 1 {
+			errs = append(errs, field.Invalid(f.path, f.v, "must be at least 1"))
+		}
+	}
+	return errs
 }

@@ -39,6 +39,9 @@ func schemaOf(t reflect.Type, path string, enums map[string][]string) map[string
 		return s
 	case reflect.Bool:
 		return map[string]any{"type": "boolean"}
+	case reflect.Int, reflect.Int32, reflect.Int64:
+		// Bounds are the binary's to check, with its message.
+		return map[string]any{"type": "integer"}
 	case reflect.Slice:
 		return map[string]any{"type": "array", "items": schemaOf(t.Elem(), path+"[*]", enums)}
 	case reflect.Map:

@@ -114,7 +114,7 @@ func (h *Handler) admit(ctx context.Context, namespace string, uid types.UID, po
 			}
 		}
 	}
-	res := inject.Mutate(in, h.cfg)
+	res := inject.MutateContext(ctx, in, h.cfg)
 	for _, w := range draWarnings {
 		res.Warnings = append(res.Warnings, inject.WarnPrefix+w+"; the claim was not counted as a GPU claim")
 	}

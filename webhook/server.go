@@ -62,6 +62,14 @@ type Options struct {
 	// ShutdownDelay is how long the webhook keeps serving after ctx ends,
 	// with /readyz failing, before it drains the requests in flight.
 	ShutdownDelay time.Duration
+	// MaxInFlight bounds the admissions served at once.
+	MaxInFlight int
+	// ReadTimeout bounds how long a request's body may take to arrive.
+	ReadTimeout time.Duration
+	// ClientCA names a file of Certs.Dir: when set, only clients with a
+	// certificate it signed (the API server's, through its
+	// AdmissionConfiguration kubeConfigFile) are served.
+	ClientCA string
 }
 
 // Run serves Pod admission on Path until ctx ends (`gpu-injector webhook`).
@@ -125,7 +133,7 @@ func Run(ctx context.Context, o Options) error {
 	if elect {
 		byObject[&corev1.Pod{}] = gpunodes.PodCacheByObject()
 	}
-	server := webhook.NewServer(webhook.Options{Port: o.Port, CertDir: o.Certs.Dir, CertName: certFile, KeyName: keyFile})
+	server := webhook.NewServer(webhook.Options{Port: o.Port, CertDir: o.Certs.Dir, CertName: certFile, KeyName: keyFile, ClientCAName: o.ClientCA})
 	mgr, err := manager.New(restCfg, manager.Options{
 		Scheme: clientgoscheme.Scheme,
 		Logger: log,
@@ -235,7 +243,7 @@ func Run(ctx context.Context, o Options) error {
 		}
 	}
 
-	server.Register(Path, closeWhileDraining(&draining, Serve(NewHandler(cfg, idx, namespaces).WithDRA(dra))))
+	server.Register(Path, closeWhileDraining(&draining, bounded(Serve(NewHandler(cfg, idx, namespaces).WithDRA(dra)), o.MaxInFlight, o.ReadTimeout)))
 	if err := mgr.Add(startAfter{ready: certsReady, server: server}); err != nil {
 		return fmt.Errorf("failed to add the webhook server: %w", err)
 	}

@@ -987,6 +987,12 @@ func TestChooseByRequestedResource(t *testing.T) {
 			n.Labels["zone"] = "b"
 			n.Status.Allocatable["nvidia.com/mig-1g.10gb"] = resource.MustParse("7")
 		}),
+		// Two nodes: a layout one node publishes is preferred over no
+		// established one (config ranking.minNodes).
+		*gputest.Node("mig-2", migPlan, 0, func(n *corev1.Node) {
+			n.Labels["zone"] = "b"
+			n.Status.Allocatable["nvidia.com/mig-1g.10gb"] = resource.MustParse("7")
+		}),
 		*gputest.Node("dra-1", draPlan, 0, nil),
 	}
 	idx := NewIndex(cfg, logr.Discard())

@@ -45,6 +45,10 @@ func (r *request) apply(d decision) Result {
 		c.do(removeAnnotation{key: layout.AnnotationRuntimeInject})
 		c.warn("the pod's annotation %s was removed: only gpu-injector writes it, on pods whose driver the node's NRI plugin mounts (%s)", layout.AnnotationRuntimeInject, d.runtime.whyNot())
 	}
+	if d.dropRecord {
+		c.do(removeAnnotation{key: layout.AnnotationInjected})
+		c.warn("the pod's annotation %s was removed: it records a runtime injection that the pod's marker, containers and NRI required-plugins annotation do not bear out, and only gpu-injector writes it", layout.AnnotationInjected)
+	}
 	c.warnings = append(c.warnings, d.warnings...)
 	switch {
 	case d.outcome == outcomeAdmit:

@@ -53,6 +53,11 @@ const (
 	// reasonStaticConflict: the static layout of noLayout selects nodes the
 	// pod's nodeSelector rules out.
 	reasonStaticConflict
+	// reasonTooManyContainers, reasonPatchTooLarge: past config.Limits.
+	reasonTooManyContainers
+	reasonPatchTooLarge
+	// reasonCanceled: the caller gave up on the request.
+	reasonCanceled
 )
 
 // labels are the Result.Reason of a pod that is not denied, which the
@@ -68,6 +73,9 @@ var reasonLabels = [...]string{
 	reasonLegacyKept:        "legacy-kept",
 	reasonStaticLacksLegacy: "static-lacks-legacy",
 	reasonStaticConflict:    "static-conflict",
+	reasonTooManyContainers: "too-many-containers",
+	reasonPatchTooLarge:     "patch-too-large",
+	reasonCanceled:          "canceled",
 }
 
 func (c reason) String() string { return reasonLabels[c] }
@@ -107,6 +115,9 @@ type decision struct {
 	// stale is an earlier injection whose layout no longer fits the pod:
 	// taken out of an admitted or injected pod, named in a denial.
 	stale *layout.Injected
+	// dropRecord: the pod carries a record of a runtime injection that it
+	// does not bear out (believeRuntimeRecord), and gets no driver: it goes.
+	dropRecord bool
 	// dropMarker: the pod carries the NRI plugin's marker, which only
 	// gpu-injector writes and only on pods the plugin serves; it goes.
 	dropMarker bool
@@ -118,6 +129,8 @@ type decision struct {
 	conflict string
 	// warnings are the decision's own, without the edits' (see apply).
 	warnings []string
+	// patchOps and patchBytes estimate the patch of reasonPatchTooLarge.
+	patchOps, patchBytes int
 }
 
 func (d *decision) warn(format string, args ...any) {
@@ -136,16 +149,12 @@ func (r *request) decide() decision {
 	switch {
 	case r.exempt != reasonNone:
 		return decision{outcome: outcomeSkip, reason: r.exempt}
+	case r.tooMany:
+		return decision{outcome: outcomeDeny, reason: reasonTooManyContainers}
 	case len(r.targets) == 0:
 		return r.withoutDriver(decision{reason: reasonNoGPU})
 	case r.prevErr != nil:
-		// Without the record, which volumes, mounts and selector are
-		// gpu-injector's is unknown: injecting again could stack a second
-		// driver on the first.
-		d := decision{reason: reasonUnreadableRecord}
-		d.warn("the pod's annotation %s is not one gpu-injector wrote (%v); the pod is left as it is. Remove the annotation to have the driver injected (and the %s* volumes, their mounts and the %s selector, if gpu-injector's earlier injection is still in the pod)",
-			layout.AnnotationInjected, r.prevErr, volumePrefix, layout.LabelFingerprint)
-		return r.withoutDriver(d)
+		return r.unreadableRecord()
 	}
 	rt := r.runtimeChoice()
 	if rt.layout != nil {
@@ -158,7 +167,8 @@ func (r *request) decide() decision {
 // needs changes anyway.
 func (r *request) withoutDriver(d decision) decision {
 	d.outcome = outcomeSkip
-	if len(r.fixes) > 0 || d.dropMarker || d.stale != nil {
+	d.dropRecord = r.forged && d.stale == nil
+	if len(r.fixes) > 0 || d.dropMarker || d.stale != nil || d.dropRecord {
 		d.outcome = outcomeAdmit
 	}
 	return d
@@ -240,6 +250,8 @@ func (r *request) noLayout(d *decision, legacyUnheld bool) *Layout {
 func (r *request) denial(d decision) string {
 	const fixAdvice = `; check the pod's nodeName, nodeSelector, node affinity and tolerations, or opt the pod out with annotation ` + layout.AnnotationInject + `: "false"`
 	switch d.reason {
+	case reasonTooManyContainers, reasonPatchTooLarge, reasonCanceled:
+		return r.limitWhy(d)
 	case reasonPodSecurity:
 		return r.podSecurityWhy(d.runtime) + "; turn on runtime injection (docs/runtime-injection.md), label the namespace pod-security.kubernetes.io/enforce=privileged, or opt the pod out with annotation " + layout.AnnotationInject + `: "false"`
 	case reasonLegacyKept:

@@ -111,6 +111,9 @@ func (r *request) chooseLayout(v *podView, prev *layout.Injected, keep bool) (*L
 	misfits := make([]rankedMisfit, 0, maxMisfitsNamed)
 	var fit []rankedLayout
 	for _, rl := range order {
+		if r.canceled() {
+			return nil, "the API server stopped waiting"
+		}
 		l := rl.layout
 		if prev != nil && (l.Fingerprint != prev.Fingerprint || (l.Pool != "" && l.Pool != prev.Pool)) {
 			continue
@@ -176,6 +179,9 @@ type rankedLayout struct {
 	layout *Layout
 	gpus   int64
 	index  int
+	// established: enough nodes publish the layout for the policy to weigh
+	// it against others (request.established).
+	established bool
 }
 
 // ranking is the request's layouts in the policy's order, sorted once per
@@ -187,7 +193,7 @@ func (r *request) ranking(keep bool) []rankedLayout {
 	order := make([]rankedLayout, 0, len(r.layouts))
 	for i, l := range r.layouts {
 		if !keep || holdsLegacy(l.Plan, r.legacy) {
-			order = append(order, rankedLayout{l, r.need.gpus(l), i})
+			order = append(order, rankedLayout{layout: l, gpus: r.rankGPUs(l), index: i, established: r.established(l)})
 		}
 	}
 	// SortStableFunc rather than sort.SliceStable: no reflection, on every
@@ -212,8 +218,18 @@ func better(ra, rb rankedLayout, policy string) bool {
 	if (a.Remembered == nil) != (b.Remembered == nil) {
 		return a.Remembered == nil
 	}
+	// A layout few nodes publish is what one compromised node can make up:
+	// it is used only where no established layout fits.
+	// Only among layouts that offer the pod what it asks for: one that
+	// does not is no preference of the policy's.
+	if (ra.gpus > 0) != (rb.gpus > 0) {
+		return ra.gpus > 0
+	}
+	if ra.established != rb.established {
+		return ra.established
+	}
 	dv := layout.CompareVersions(a.Plan.DriverVersion, b.Plan.DriverVersion)
-	if policy == config.LayoutPolicyNewestDriver && dv != 0 {
+	if policy == config.LayoutPolicyNewestDriver && ra.established && dv != 0 {
 		return dv > 0
 	}
 	if ra.gpus != rb.gpus {

@@ -1,6 +1,7 @@
 package inject
 
 import (
+	"context"
 	"fmt"
 	"hash/fnv"
 	"slices"
@@ -32,14 +33,15 @@ const WarnPrefix = "gpu-injector: "
 // answer, and so that running it on its own output changes nothing. It
 // decides first and edits after: a pod skipped or denied is left as it came.
 func Mutate(in Input, cfg *config.Configuration) Result {
-	r := newRequest(in, cfg)
-	return r.apply(r.decide())
+	return MutateContext(context.Background(), in, cfg)
 }
 
 // request is one call of Mutate: the pod and what the decision reads of it,
 // the namespace's Pod Security level, the configuration and the candidate
 // layouts, gathered once.
 type request struct {
+	// ctx is the caller's; nil offline.
+	ctx context.Context
 	cfg *config.Configuration
 	// pod is the pod as it came; only apply changes it.
 	pod *corev1.Pod
@@ -65,14 +67,19 @@ type request struct {
 
 	// exempt is why the pod is left alone before anything else of it is
 	// read (its namespace is excluded, or it opted out), reasonNone if not.
-	exempt  reason
+	exempt reason
+	// tooMany: more containers want a GPU than limits.maxGPUContainers.
+	tooMany bool
 	targets []containerRef
 	// prev is the record of an earlier injection; prevErr why it cannot
 	// be read.
 	prev    *layout.Injected
 	prevErr error
-	legacy  []legacyMount
-	need    gpuNeed
+	// forged: the pod carried a runtime record it does not bear out, which
+	// prev no longer holds.
+	forged bool
+	legacy []legacyMount
+	need   gpuNeed
 	// affinity is the pod's required node affinity, nil without one.
 	affinity *nodeAffinity
 	// asIs is the view for the layout choice, the fits of its layouts kept.
@@ -94,6 +101,9 @@ func newRequest(in Input, cfg *config.Configuration) request {
 	if r.exempt = exemption(in.Pod, cfg); r.exempt != reasonNone {
 		return r
 	}
+	if r.tooMany = r.tooManyGPUContainers(); r.tooMany {
+		return r
+	}
 	r.planFixes()
 	if r.targets = r.targetContainers(r.view); len(r.targets) == 0 {
 		return r
@@ -101,6 +111,7 @@ func newRequest(in Input, cfg *config.Configuration) request {
 	if r.prev, r.prevErr = PreviousInjection(r.view); r.prevErr != nil {
 		return r
 	}
+	r.distrustRecord()
 	var recorded []string
 	if r.prev != nil {
 		recorded = r.prev.Volumes

@@ -48,6 +48,8 @@ const (
 	// noRuntimeSomeNodes: some of the layouts the pod can use have nodes
 	// without the plugin, and hostPath volumes are an option.
 	noRuntimeSomeNodes
+	// noRuntimeRecord: the pod's injection record is unreadable.
+	noRuntimeRecord
 )
 
 // whyNot says why the NRI plugin does not serve the pod.
@@ -65,6 +67,8 @@ func (d runtimeDecision) whyNot() string {
 		return "no GPU node layout the pod can use has gpu-injector's NRI plugin registered on all its nodes (label " + layout.LabelNRIPlugin + "=" + layout.NRIProtocol + ")"
 	case noRuntimeNoNode:
 		return "no ready GPU node fits the pod"
+	case noRuntimeRecord:
+		return "the pod's annotation " + layout.AnnotationInjected + " is not one gpu-injector wrote"
 	case noRuntimeSomeNodes:
 		return fmt.Sprintf("%d of the layouts the pod can use have nodes without gpu-injector's NRI plugin", d.others)
 	}

@@ -89,6 +89,9 @@ type Layout struct {
 	// on first use.
 	nriOnce  sync.Once
 	nriReady bool
+	// sets are Nodes grouped by what they offer, built on first use.
+	setsOnce sync.Once
+	sets     []nodeSet
 }
 
 // NRIReady reports whether every node of the layout injects at the runtime
