@@ -212,3 +212,27 @@ func TestIndexForgetsUnprobedNode(t *testing.T) {
 		t.Errorf("nodes = %v, want a1 and b1", got)
 	}
 }
+
+// TestDRAGPUsOfNodeProbedLater: the GPUs that ResourceSlices publish for a
+// node the index does not keep yet (not probed) are counted once the node
+// is probed, and again after it left the selector and came back.
+func TestDRAGPUsOfNodeProbedLater(t *testing.T) {
+	idx := NewIndex(config.Default(), logr.Discard())
+	p := gputest.Plan("535.104.05")
+	unprobed := gputest.Node("n1", p, 0, func(n *corev1.Node) { delete(n.Labels, layout.LabelState) })
+	idx.Update(unprobed)
+	idx.SetDRAGPUs("n1", 4)
+	if ls := idx.Layouts(); len(ls) != 0 {
+		t.Fatalf("layouts of a node not probed = %v", ls)
+	}
+	for _, when := range []string{"probed", "probed again"} {
+		idx.Update(gputest.Node("n1", p, 0, nil))
+		if ls := idx.Layouts(); len(ls) != 1 || ls[0].AllocatableGPUs != 4 {
+			t.Errorf("%s: layouts %v, want one of 4 DRA GPUs", when, ls)
+		}
+		idx.Update(unprobed)
+		if ls := idx.Layouts(); len(ls) != 0 {
+			t.Errorf("%s, then its label removed: layouts %v, want none", when, ls)
+		}
+	}
+}
