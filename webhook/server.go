@@ -6,6 +6,7 @@ package webhook
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -317,11 +318,10 @@ func (r mismatchRunner) Start(ctx context.Context) error { return r.m.Run(ctx, r
 func (mismatchRunner) NeedLeaderElection() bool { return true }
 
 // listGCPercent is the collector's pace while the first list of Nodes
-// streams. Each Node decodes into tens of kilobytes that are garbage as soon
-// as the index has its few hundred bytes, and at the default pace that
-// garbage is let grow to what is live: at 65,000 nodes a resident peak 1.65
-// times the idle size. Collecting at a quarter costs the list's CPU, once,
-// for a peak close to what the index keeps.
+// streams. Each Node decodes into far more than the index keeps of it, and
+// at the default pace that garbage is let grow to what is live; collecting
+// more often costs the list's CPU, once, for a peak close to what the index
+// keeps (docs/helm.md, "Memory").
 const listGCPercent = 25
 
 // paceFirstList collects garbage at listGCPercent until the index holds the
@@ -351,63 +351,104 @@ func paceFirstList(ctx context.Context, idx *gpunodes.Index, log logr.Logger) {
 }
 
 // firstListPeak is the Go memory (the resident set less the binary's
-// pages) that the first list of a cluster's nodes took in the last
-// measurements: 23.5, 58 and 170.5 MiB with 5,000, 20,000 and 65,000 nodes
-// of 114 labels (docs/helm.md, "Memory").
+// pages) that the first list of this many GPU nodes took in the
+// measurements of docs/helm.md, "Memory" (nodes of a GPU operator's labels),
+// as a fixed part and a part per node.
 func firstListPeak(nodes int64) int64 { return 12<<20 + nodes*2600 }
 
 // binaryPages is what the container's memory holds of the binary's file
-// besides the Go runtime's own memory (measured: 29 MiB).
+// besides the Go runtime's own memory, rounded up from the same
+// measurements.
 const binaryPages = 32 << 20
 
-// listVerdict judges a memory limit against the first list of nodes, from
-// the last measurements (firstListPeak): hold when even the container's
-// limit is below what the list took, so the container would be killed
-// while it lists; warn when the soft limit is below it, so the collector
-// works hard to stay under. need is the measured figure, the binary's
-// pages included.
+// listVerdict judges a memory limit against a first list of that many GPU
+// nodes (firstListPeak): hold when even the container's limit is below what
+// the list took, so the container would be killed while it lists; warn when
+// the soft limit is below it, so the collector works hard to stay under.
+// need is the measured figure, the binary's pages included.
 func listVerdict(nodes, soft, container int64) (hold, warn bool, need int64) {
 	need = firstListPeak(nodes) + binaryPages
 	return container > 0 && need > container, soft > 0 && need-binaryPages > soft, need
 }
 
-// checkListMemory counts the nodes before the first list (one list of one
-// Node, whose answer says how many remain) and judges the memory limit
-// against them (listVerdict). It returns why the webhook must not list, or
-// nil. A failure to count is logged and changes nothing. An explicit
-// GOMEMLIMIT, which the operator chose, is never judged: soft is then the
-// runtime's and container 0.
+// checkListMemory counts the nodes of the first list (countListNodes) and
+// judges the memory limit against them (listVerdict). It returns why the
+// webhook must not list, or nil. A failure to count is logged and changes
+// nothing. An explicit GOMEMLIMIT, which the operator chose, is never
+// judged: soft is then the runtime's and container 0.
 func checkListMemory(ctx context.Context, cfg *rest.Config, soft, container int64, log logr.Logger) error {
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		log.Error(err, "failed to count the nodes against the memory limit")
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	l, err := cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{Limit: 1})
+	nodes, err := countListNodes(ctx, cs, func(n int64) bool {
+		hold, warn, _ := listVerdict(n, soft, container)
+		return hold || warn
+	})
 	if err != nil {
-		log.Error(fmt.Errorf("failed to count the nodes: %w", err), "failed to count the nodes against the memory limit")
+		log.Error(err, "failed to count the nodes against the memory limit")
 		return nil
-	}
-	nodes := int64(len(l.Items))
-	if l.RemainingItemCount != nil {
-		nodes += *l.RemainingItemCount
 	}
 	hold, warn, need := listVerdict(nodes, soft, container)
 	switch {
 	case hold:
 		// Room for what the list took and a quarter more, in 64 MiB steps.
 		raise := (need*5/4 + 64<<20 - 1) / (64 << 20) * 64
-		err := fmt.Errorf("the container's memory limit %s is below the %s that the first list of %d nodes took when measured: not listing, so not ready, rather than killed while listing; raise webhook.resources.limits.memory to %dMi or more (docs/helm.md, Memory), or set GOMEMLIMIT on the container to list anyway",
+		err := fmt.Errorf("the container's memory limit %s is below the %s that the first list of %d GPU nodes took when measured: not listing, so not ready, rather than killed while listing; raise webhook.resources.limits.memory to %dMi or more (docs/helm.md, Memory), or set GOMEMLIMIT on the container to list anyway",
 			mibString(container), mibString(need), nodes, raise)
 		log.Error(err, "not listing the nodes, so not ready: the memory limit is too small")
 		return err
 	case warn:
-		log.Info("warning: the memory limit may be too small for the first list of this many nodes; if the container is OOMKilled, raise webhook.resources.limits.memory (docs/helm.md, Memory)",
+		log.Info("warning: the memory limit may be too small for the first list of this many GPU nodes; if the container is OOMKilled, raise webhook.resources.limits.memory (docs/helm.md, Memory)",
 			"nodes", nodes, "memoryLimit", mibString(soft), "measuredPeak", mibString(need-binaryPages))
 	}
 	return nil
+}
+
+// countPageSize is the rows of one page when countListNodes counts the
+// GPU nodes one by one: a page of names, not of Nodes.
+const countPageSize = 5000
+
+// countListNodes counts the nodes the index will list: those that
+// gpunodes.ProbedNodes selects. An API server tells how many items remain
+// only of a list without a selector, so it counts every Node first (a list
+// of one Node, whose answer says how many remain); only where that many
+// would be judged short of memory (short) does it count the GPU nodes
+// themselves, as pages of a table of their names.
+func countListNodes(ctx context.Context, cs kubernetes.Interface, short func(int64) bool) (int64, error) {
+	l, err := cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{Limit: 1})
+	if err != nil {
+		return 0, fmt.Errorf("failed to count the nodes: %w", err)
+	}
+	all := int64(len(l.Items))
+	if l.RemainingItemCount != nil {
+		all += *l.RemainingItemCount
+	}
+	if !short(all) {
+		return all, nil
+	}
+	opts := metav1.ListOptions{LabelSelector: gpunodes.ProbedNodes().String(), Limit: countPageSize}
+	var gpuNodes int64
+	for {
+		raw, err := cs.CoreV1().RESTClient().Get().Resource("nodes").VersionedParams(&opts, metav1.ParameterCodec).
+			Param("includeObject", string(metav1.IncludeNone)).
+			SetHeader("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io").Do(ctx).Raw()
+		if err != nil {
+			return 0, fmt.Errorf("failed to count the GPU nodes: %w", err)
+		}
+		var t metav1.Table
+		if err := json.Unmarshal(raw, &t); err != nil {
+			return 0, fmt.Errorf("failed to count the GPU nodes: %w", err)
+		}
+		gpuNodes += int64(len(t.Rows))
+		if t.Continue == "" {
+			return gpuNodes, nil
+		}
+		opts.Continue = t.Continue
+	}
 }
 
 // repeatHold says every minute why the webhook is not ready, so that the

@@ -398,7 +398,7 @@ func label(labels, key string) string {
 // table is the run's result as Markdown.
 func (r *run) table() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "kube-apiserver %s on loopback, %d GPU nodes, %d measured dry-run creates per row after %d warm-up, %s\n\n", cluster.KubernetesVersion, r.o.nodes, r.o.requests, r.o.warmup, machine())
+	fmt.Fprintf(&b, "kube-apiserver %s on loopback, %d nodes (%d GPU nodes), %d measured dry-run creates per row after %d warm-up, %s\n\n", cluster.KubernetesVersion, r.o.nodes, gpuNodes(r.o.nodes, r.o.gpuFraction), r.o.requests, r.o.warmup, machine())
 	b.WriteString("| admits the pod | pod | conc. | client p50 ms | client p99 ms | pods/s | API server: webhook mean ms | API server: mutating plugin mean ms | in gpu-injector ms |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|---|\n")
 	for _, x := range r.results {

@@ -15,8 +15,10 @@ import (
 
 	jsonpatch "github.com/evanphx/json-patch/v5"
 	jsonpatchops "gomodules.xyz/jsonpatch/v2"
+	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/gpu-injector/gpu-injector/internal/nodeagent"
+	"github.com/gpu-injector/gpu-injector/webhook/gpunodes"
 )
 
 func TestCELPatch(t *testing.T) {
@@ -160,6 +162,8 @@ func TestParseFlags(t *testing.T) {
 		"a limit, admission run":       {"-memory-limit", "256Mi"},
 		"a bad limit":                  {"-memory-only", "-memory-limit", "lots"},
 		"no node workers":              {"-node-workers", "0"},
+		"no GPU node share":            {"-gpu-fraction", "0"},
+		"a GPU share above one":        {"-gpu-fraction", "1.5"},
 	} {
 		if _, err := parseFlags(args); err == nil {
 			t.Errorf("%s: %q accepted", name, args)
@@ -195,5 +199,42 @@ func TestProcCPUReadsItsOwnProcess(t *testing.T) {
 	}
 	if exited(os.Getpid()) {
 		t.Error("this process is said to have exited")
+	}
+}
+
+func TestGPUFraction(t *testing.T) {
+	var gpu []int
+	cpu := 0
+	for i := range 30 {
+		isGPU, k := gpuNode(i, 0.1)
+		if isGPU {
+			if k != len(gpu) {
+				t.Errorf("node %d is GPU node %d, want %d", i, k, len(gpu))
+			}
+			gpu = append(gpu, i)
+			continue
+		}
+		if k != cpu {
+			t.Errorf("node %d is CPU node %d, want %d", i, k, cpu)
+		}
+		cpu++
+	}
+	if !slices.Equal(gpu, []int{0, 10, 20}) || gpuNodes(30, 0.1) != 3 || gpuNodes(65000, 0.1) != 6500 || gpuNodes(5, 0.1) != 1 {
+		t.Errorf("GPU nodes of 30 at 0.1: %v (%d); of 65,000: %d; of 5: %d", gpu, gpuNodes(30, 0.1), gpuNodes(65000, 0.1), gpuNodes(5, 0.1))
+	}
+	for i := range 10 {
+		if isGPU, k := gpuNode(i, 1); !isGPU || k != i {
+			t.Errorf("at 1, node %d is GPU %v, number %d", i, isGPU, k)
+		}
+	}
+
+	r := &run{o: &options{gpuFraction: 0.5}}
+	for i := range 4 {
+		n, st, _ := r.clusterNode(i)
+		_, hasGPU := st.Allocatable["nvidia.com/gpu"]
+		probed := gpunodes.ProbedNodes().Matches(labels.Set(n.Labels))
+		if want := i%2 == 0; probed != want || hasGPU != want {
+			t.Errorf("node %d %s: selected by the webhook %v, GPUs %v; want %v", i, n.Name, probed, hasGPU, want)
+		}
 	}
 }

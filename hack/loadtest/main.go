@@ -1,6 +1,7 @@
 // Command loadtest measures the webhook side by side with the floors of
 // what any webhook costs, through a real kube-apiserver on loopback: the
-// API server and etcd that hack/tools.sh built, N GPU nodes of several layouts, the
+// API server and etcd that hack/tools.sh built, N GPU nodes of several layouts (or N
+// nodes of which a share are GPU nodes, the others CPU nodes), the
 // gpu-injector webhook with the chart's webhook configuration, a no-op
 // webhook, a webhook that answers at once with a patch the size of ours, and
 // the in-tree MutatingAdmissionPolicy with the same static patch. It sends
@@ -13,6 +14,7 @@
 //
 //	go run ./hack/loadtest -nodes 5000 -requests 300
 //	go run ./hack/loadtest -memory-only -nodes 5000,20000,65000 -memory-limit none,256Mi
+//	go run ./hack/loadtest -memory-only -nodes 65000 -gpu-fraction 0.1
 package main
 
 import (
@@ -41,6 +43,9 @@ const maxNodes = 65000
 
 type options struct {
 	nodes int
+	// gpuFraction is the share of the nodes that are GPU nodes; the others
+	// are CPU nodes (cpuNode).
+	gpuFraction float64
 	// nodeCounts are the cluster sizes that -memory-only measures, ascending;
 	// nodes is the first.
 	nodeCounts []int
@@ -87,7 +92,8 @@ func parseFlags(args []string) (*options, error) {
 	fs := flag.NewFlagSet("loadtest", flag.ContinueOnError)
 	o := &options{}
 	var sizes, conc, variants, nodes, limits string
-	fs.StringVar(&nodes, "nodes", "5000", fmt.Sprintf("GPU nodes to create, 1..%d; with -memory-only, a comma-separated list of cluster sizes, measured one after another on the same API server (the nodes are added)", maxNodes))
+	fs.StringVar(&nodes, "nodes", "5000", fmt.Sprintf("nodes to create, 1..%d; with -memory-only, a comma-separated list of cluster sizes, measured one after another on the same API server (the nodes are added)", maxNodes))
+	fs.Float64Var(&o.gpuFraction, "gpu-fraction", 1, "share of the nodes that are GPU nodes, spread evenly (0.1: every tenth); the others are CPU nodes as the chart's probe labels them (state "+layout.StateNoDriver+")")
 	fs.BoolVar(&o.memoryOnly, "memory-only", false, "measure only the webhook's memory: for each -nodes and -memory-limit, start it, wait until it is ready, and read its resident set (idle and high-water mark) and Go heap; no admission cells")
 	fs.StringVar(&limits, "memory-limit", "none", "with -memory-only: comma-separated container memory limits (Kubernetes quantities, e.g. 256Mi; none: no limit) that the webhook is told of as the chart tells it (GPU_INJECTOR_MEMORY_LIMIT), so it sets the Go runtime's soft limit below each; the process itself is not confined")
 	fs.DurationVar(&o.readyTimeout, "ready-timeout", 5*time.Minute, "how long the webhook may take to list the nodes and become ready")
@@ -136,6 +142,9 @@ func parseFlags(args []string) (*options, error) {
 	o.nodes = o.nodeCounts[0]
 	if len(o.nodeCounts) > 1 && !o.memoryOnly {
 		return nil, errors.New("several -nodes need -memory-only: the admission cells measure one cluster size")
+	}
+	if !(o.gpuFraction > 0 && o.gpuFraction <= 1) {
+		return nil, fmt.Errorf("-gpu-fraction %v: want a share above 0, at most 1", o.gpuFraction)
 	}
 	if o.memoryLimits, err = parseMemoryLimits(limits); err != nil {
 		return nil, err

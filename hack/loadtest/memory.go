@@ -20,7 +20,7 @@ import (
 
 // memoryRow is the webhook's memory once it has listed a cluster's Nodes.
 type memoryRow struct {
-	nodes int
+	nodes, gpuNodes int
 	// limit is the container limit the webhook was told of, in bytes (0:
 	// none); soft the Go runtime's soft limit it set (0: none), or source
 	// says what else set it.
@@ -80,7 +80,7 @@ func measureMemory(ctx context.Context, o *options, dir string, cp *controlPlane
 // memoryRow starts the webhook told of a container limit as the chart tells
 // it, waits until it is ready and idle, reads its memory and stops it.
 func (r *run) memoryRow(ctx context.Context, nodes int, limit int64) (memoryRow, error) {
-	row := memoryRow{nodes: nodes, limit: limit}
+	row := memoryRow{nodes: nodes, gpuNodes: gpuNodes(nodes, r.o.gpuFraction), limit: limit}
 	environ := webhookEnv(os.Environ(), limit)
 	getenv := func(k string) string {
 		for _, e := range environ {
@@ -187,9 +187,9 @@ func kib(k int64) float64 { return float64(k) / 1024 }
 // memoryTable is -memory-only's result as Markdown.
 func memoryTable(rows []memoryRow) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "gpu-injector webhook listing GPU nodes of 114 labels from kube-apiserver %s on loopback, %s\n\n", cluster.KubernetesVersion, machine())
-	b.WriteString("| nodes | container limit | Go soft limit | ready in s | CPU s to idle | high-water mark MiB | within the limit | idle MiB | idle split MiB | Go heap in use / live / goal MiB |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "gpu-injector webhook listing the GPU nodes (114 labels) of clusters from kube-apiserver %s on loopback, %s\n\n", cluster.KubernetesVersion, machine())
+	b.WriteString("| nodes | GPU nodes | container limit | Go soft limit | ready in s | CPU s to idle | high-water mark MiB | within the limit | idle MiB | idle split MiB | Go heap in use / live / goal MiB |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|\n")
 	mib := func(bytes float64) float64 { return bytes / (1 << 20) }
 	for _, x := range rows {
 		soft := "none"
@@ -210,8 +210,8 @@ func memoryTable(rows []memoryRow) string {
 		if x.notReady {
 			ready = "not in " + x.readyIn.String()
 		}
-		fmt.Fprintf(&b, "| %d | %s | %s | %s | %.1f | %.1f | %s | %.1f | %.1f anonymous + %.1f files | %.1f / %.1f / %.1f |\n",
-			x.nodes, limitName(x.limit), soft, ready, x.cpu.Seconds(), kib(x.idle.hwm), within,
+		fmt.Fprintf(&b, "| %d | %d | %s | %s | %s | %.1f | %.1f | %s | %.1f | %.1f anonymous + %.1f files | %.1f / %.1f / %.1f |\n",
+			x.nodes, x.gpuNodes, limitName(x.limit), soft, ready, x.cpu.Seconds(), kib(x.idle.hwm), within,
 			kib(x.idle.rss), kib(x.idle.anon), kib(x.idle.file), mib(x.heapInUse), mib(x.heapLive), mib(x.heapGoal))
 	}
 	b.WriteString("\nThe high-water mark is the first list's peak: the resident set, the binary's mapped pages included, as a container's cgroup counts it. " +

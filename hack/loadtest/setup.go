@@ -191,12 +191,12 @@ func (r *run) namespaces(ctx context.Context) error {
 	return err
 }
 
-// createNodes registers nodes from..to-1 as kubelets would: created with the
+// createNodes registers nodes from..to-1 (clusterNode) as kubelets would: created with the
 // not-ready taint, then Ready through the status subresource, then the taint
 // lifted as the node lifecycle controller would.
 func (r *run) createNodes(ctx context.Context, from, to int) error {
 	start := time.Now()
-	progress("creating GPU nodes %d to %d", from, to-1)
+	progress("creating nodes %d to %d, %d of them GPU nodes", from, to-1, gpuNodes(to, r.o.gpuFraction)-gpuNodes(from, r.o.gpuFraction))
 	// Without the client's rate limit (the control plane's client allows
 	// 1,000 requests/s: 65,000 nodes would take over three minutes at it);
 	// -node-workers bounds the requests in flight.
@@ -222,13 +222,13 @@ func (r *run) createNodes(ctx context.Context, from, to int) error {
 				if i >= to || ctx.Err() != nil {
 					return
 				}
-				n, err := cs.Create(ctx, r.withPlugin(workload.Node(i)), metav1.CreateOptions{})
+				node, status, keep := r.clusterNode(i)
+				n, err := cs.Create(ctx, node, metav1.CreateOptions{})
 				if err == nil {
-					n.Status = workload.NodeStatus(i)
+					n.Status = status
 					n, err = cs.UpdateStatus(ctx, n, metav1.UpdateOptions{})
 				}
 				if err == nil {
-					keep := workload.ReadyNode(i).Spec.Taints
 					patch := lift
 					if len(keep) > 0 {
 						b, _ := json.Marshal(map[string]any{"spec": map[string]any{"taints": keep}})
@@ -268,8 +268,8 @@ func (r *run) withPlugin(n *corev1.Node) *corev1.Node {
 // same-patch floor answers with it and the admission policy applies it.
 func (r *run) ourPatches() error {
 	idx := gpunodes.NewIndex(r.cfg, logr.Discard())
-	for i := range r.o.nodes {
-		idx.Add(r.withPlugin(workload.ReadyNode(i)))
+	for k := range gpuNodes(r.o.nodes, r.o.gpuFraction) {
+		idx.Add(r.withPlugin(workload.ReadyNode(k)))
 	}
 	for _, s := range workload.Sizes {
 		if !contains(r.o.sizes, s.Name) {

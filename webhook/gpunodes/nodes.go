@@ -24,9 +24,10 @@ import (
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/apimachinery/pkg/types"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
@@ -73,8 +74,8 @@ type Index struct {
 }
 
 // nodeState is what the index remembers of one Node between events. It is
-// kept for every node, so it holds no string of its own: its strings are
-// the interned labels' and its pool key is interned (80 bytes a node).
+// kept for every GPU node, so it holds no string of its own: its strings are
+// the interned labels' and its pool key is interned.
 type nodeState struct {
 	info *inject.NodeInfo
 	// ownGPUs are the GPUs of the node's allocatable, before DRA's are
@@ -268,6 +269,12 @@ func (idx *Index) flush(b *batch) {
 // recorded by more than one index (benchmarks do).
 func (idx *Index) record(f *nodeFacts, b *batch) {
 	name := f.info.Name
+	if !f.selected {
+		// As the API server does for a watch: a node that stops matching
+		// ProbedNodes is deleted.
+		idx.forget(name, b)
+		return
+	}
 	old := idx.nodes[name]
 	info := f.info
 	if dra := idx.draGPUs[name]; dra != f.dra {
@@ -544,6 +551,9 @@ func (idx *Index) publish(changed []string) {
 // Nothing in it refers to the Node: its strings are the interned labels'
 // and annotation's, or the node's name.
 type nodeFacts struct {
+	// selected is set when ProbedNodes selects the node; the index keeps
+	// nothing of one it does not, and its other facts are not read.
+	selected bool
 	// info is the NodeInfo to publish if the node changed, its GPUs with dra
 	// DRA GPUs (0 when Transform read it: record adds the index's).
 	info *inject.NodeInfo
@@ -577,9 +587,12 @@ func (f *nodeFacts) wedged() bool {
 // interned values are reused when n has the same; dra are the node's DRA
 // GPUs.
 func (idx *Index) factsOf(n *corev1.Node, old *nodeState, dra int64) nodeFacts {
-	f := nodeFacts{dra: dra, ready: nodeReady(n), unschedulable: n.Spec.Unschedulable}
 	info := &inject.NodeInfo{Name: n.Name}
-	f.info = info
+	f := nodeFacts{info: info}
+	if !probedNodes.Matches(labels.Set(n.Labels)) {
+		return f
+	}
+	f.selected, f.dra, f.ready, f.unschedulable = true, dra, nodeReady(n), n.Spec.Unschedulable
 	if old != nil && old.info.Labels.SameAs(n.Labels) {
 		info.Labels = old.info.Labels
 	} else {
@@ -665,15 +678,13 @@ func infoEqual(a, b *inject.NodeInfo) bool {
 // calls it, NodeStore.Transformer, before its temporary store) and hands
 // the reflector a streamedNode instead: what the index will keep of the
 // node, its labels and layout annotation interned, with its name, UID and
-// resourceVersion, about 200 bytes a node beyond what the index keeps. The
-// reflector holds every item until the list ends, then hands them all to
-// NodeStore.Replace at once: Nodes held there, even stripped, each kept its
-// own copy of the layout annotation (a few KiB), and were most of the first
-// list's peak, about four times what the index keeps at 65,000 nodes. So
-// what the index keeps is built while the list streams, and Replace only
-// files it: each Node is garbage once read, and what lives on is made while
-// that garbage is short-lived, not among thousands of Nodes that all die
-// when the list ends. Transform reads nothing of the index but its
+// resourceVersion. The reflector holds every item until the list ends, then
+// hands them all to NodeStore.Replace at once; held as Nodes, even stripped,
+// each would keep its own copy of the layout annotation until then. So what
+// the index keeps is built while the list streams, and Replace only files
+// it: each Node is garbage once read, while that garbage is short-lived,
+// not among thousands of Nodes that all die when the list ends
+// (docs/helm.md, "Memory"). Transform reads nothing of the index but its
 // configuration, so it takes no lock; the DRA GPUs, which it cannot read,
 // are added when the node is recorded. It changes nothing of obj. Other
 // objects pass through unchanged.
@@ -732,16 +743,42 @@ func nodeName(obj any) (string, bool) {
 	return "", false
 }
 
-// Watch lists and watches Nodes into the index until ctx ends. The index is
-// the reflector's store: no informer cache holds the Nodes besides, only
-// what the index keeps of each, which at thousands of nodes is most of the
-// webhook's memory.
+// Watch lists and watches the Nodes that ProbedNodes selects into the
+// index until ctx ends. The index is the reflector's store: no informer
+// cache holds the Nodes besides, only what the index keeps of each, which
+// at thousands of GPU nodes is most of the webhook's memory.
 func (idx *Index) Watch(ctx context.Context, lw toolscache.ListerWatcher) {
 	r := toolscache.NewReflectorWithOptions(lw, &corev1.Node{}, NodeStore{idx}, toolscache.ReflectorOptions{Name: "nodes", Logger: &idx.log})
 	r.RunWithContext(ctx)
 }
 
-// NodeListWatch lists and watches every Node, as protobuf.
+// probedNodes is ProbedNodes, made once.
+var probedNodes = func() labels.Selector {
+	probed, err := labels.NewRequirement(layout.LabelState, selection.Exists, nil)
+	if err != nil {
+		panic(err)
+	}
+	gpu, err := labels.NewRequirement(layout.LabelState, selection.NotEquals, []string{layout.StateNoDriver})
+	if err != nil {
+		panic(err)
+	}
+	return labels.NewSelector().Add(*probed, *gpu)
+}()
+
+// ProbedNodes selects the Nodes the index keeps: those the probe labelled
+// with a state other than no-driver. Only they can lend a layout, be a
+// member of a pool or be named as wedged in a denial; a node the probe has
+// not examined yet, or where it found no NVIDIA device at all (the chart
+// runs it on every node, and on a CPU node it publishes no-driver), is
+// never one, so the API server does not send it. A Node whose labels stop
+// matching reaches a watch as a deletion, and the index forgets it; the
+// index also forgets a Node it is handed that does not match (the offline
+// command's --nodes file).
+func ProbedNodes() labels.Selector { return probedNodes }
+
+// NodeListWatch lists and watches the Nodes that ProbedNodes selects, as
+// protobuf. A label selector needs no other permission than list and watch
+// of Nodes.
 func NodeListWatch(cfg *rest.Config) (toolscache.ListerWatcher, error) {
 	cfg = rest.CopyConfig(cfg)
 	cfg.ContentType = runtime.ContentTypeProtobuf
@@ -750,8 +787,11 @@ func NodeListWatch(cfg *rest.Config) (toolscache.ListerWatcher, error) {
 	if err != nil {
 		return nil, fmt.Errorf("failed to create the node client: %w", err)
 	}
-	return toolscache.NewListWatchFromClient(c.RESTClient(), "nodes", metav1.NamespaceAll, fields.Everything()), nil
+	return toolscache.NewFilteredListWatchFromClient(c.RESTClient(), "nodes", metav1.NamespaceAll, selectProbed), nil
 }
+
+// selectProbed asks a list or watch of Nodes for those ProbedNodes selects.
+func selectProbed(o *metav1.ListOptions) { o.LabelSelector = probedNodes.String() }
 
 // NodeStore is the index as a reflector's store of Nodes.
 type NodeStore struct{ idx *Index }
@@ -802,10 +842,10 @@ func (s NodeStore) Replace(list []any, _ string) error {
 	}
 	if !s.idx.listed.Swap(true) {
 		// The first list makes the most garbage the process ever makes:
-		// every Node decoded whole (about 80 KB allocated a node, to keep
-		// 1.5 KB). Left to itself the runtime would keep the heap that
-		// garbage grew resident and return it over minutes; a webhook
-		// lives on what the index keeps.
+		// every GPU node decoded whole, to keep a small part of it. Left to
+		// itself the runtime would keep the heap that garbage grew resident
+		// and return it over minutes; a webhook lives on what the index
+		// keeps.
 		debug.FreeOSMemory()
 	}
 	return nil

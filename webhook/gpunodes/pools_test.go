@@ -88,6 +88,12 @@ func TestIndexPools(t *testing.T) {
 	if _, ok := byPool(idx.Layouts())["karpenter.sh/nodepool=b/"+old.Fingerprint()]; !ok {
 		t.Fatal("a node not probed yet must not make its pool mixed")
 	}
+	// Nor does one where the probe found no NVIDIA device: no GPU pod can
+	// land there.
+	idx.Update(gputest.Node("b2", old, 0, func(n *corev1.Node) { inPool("b")(n); n.Labels[layout.LabelState] = layout.StateNoDriver }))
+	if _, ok := byPool(idx.Layouts())["karpenter.sh/nodepool=b/"+old.Fingerprint()]; !ok {
+		t.Fatal("a node without an NVIDIA device must not make its pool mixed")
+	}
 
 	// The pool's nodes leave: without memory, the pool is gone.
 	idx.Delete("b1")

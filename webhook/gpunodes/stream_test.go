@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
 	toolscache "k8s.io/client-go/tools/cache"
@@ -28,7 +29,7 @@ const streamNodes = 3000
 // streamNode is the load script's node i (114 labels, three uniform pools)
 // with, every so often, what makes a node other than a candidate: wedged,
 // cordoned, not Ready, a layout whose fingerprint does not match its label,
-// not probed yet. gen changes the labels of some nodes (a relist after GPU
+// not probed yet, no NVIDIA device. gen changes the labels of some nodes (a relist after GPU
 // feature discovery relabelled them).
 func streamNode(i, gen int) *corev1.Node {
 	n := workload.ReadyNode(i)
@@ -44,6 +45,8 @@ func streamNode(i, gen int) *corev1.Node {
 		n.Labels[layout.LabelFingerprint] = "0123456789abcdef"
 	case i%31 == 0:
 		delete(n.Labels, layout.LabelState)
+	case i%37 == 0:
+		n.Labels[layout.LabelState] = layout.StateNoDriver
 	}
 	if gen > 0 && i%7 == 0 {
 		n.Labels["nvidia.com/gfd.timestamp"] = fmt.Sprint(1800000000 + i)
@@ -61,6 +64,18 @@ func streamList(gen int, gone func(int) bool) []*corev1.Node {
 		}
 	}
 	return nodes
+}
+
+// probed counts the nodes that ProbedNodes selects: those the index keeps
+// of a list that an API server did not filter.
+func probed(nodes []*corev1.Node) int {
+	n := 0
+	for _, node := range nodes {
+		if ProbedNodes().Matches(labels.Set(node.Labels)) {
+			n++
+		}
+	}
+	return n
 }
 
 // streamInto records nodes as a reflector records a streamed list: each
@@ -120,8 +135,8 @@ func TestStreamedListLikeWholeNodes(t *testing.T) {
 			whole.Replace(relist)
 			assertSameIndex(t, "relist", streamed, whole, now)
 			names := streamed.nodeNames()
-			if len(names) != len(relist) {
-				t.Errorf("after the relist the index has %d nodes, want %d", len(names), len(relist))
+			if want := probed(relist); len(names) != want || want == len(relist) {
+				t.Errorf("after the relist the index has %d nodes, want the %d of %d that the probe labelled with a GPU state", len(names), want, len(relist))
 			}
 			if slices.Contains(names, "gpu-00005") || !slices.Contains(names, "gpu-00001") {
 				t.Errorf("after the relist: nodes %v..., want gpu-00005 forgotten", names[:5])
@@ -271,7 +286,7 @@ func TestStreamedListThroughReflector(t *testing.T) {
 
 	w.Error(&metav1.Status{Status: metav1.StatusFailure, Code: 410, Reason: metav1.StatusReasonExpired, Message: "too old resource version"})
 	<-watches
-	waitFor("the relist", func() bool { return len(idx.nodeNames()) == len(relist) })
+	waitFor("the relist", func() bool { return len(idx.nodeNames()) == probed(relist) })
 	whole.Replace(relist)
 	assertSameIndex(t, "relist", idx, whole, time.Now())
 }
