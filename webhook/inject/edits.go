@@ -1,8 +1,6 @@
 package inject
 
 import (
-	"encoding/json"
-	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -451,67 +449,4 @@ func (e removeVolume) apply(pod *corev1.Pod) {
 	if pod.Spec.Volumes = slices.Delete(pod.Spec.Volumes, e.index, e.index+1); len(pod.Spec.Volumes) == 0 {
 		pod.Spec.Volumes = nil
 	}
-}
-
-// MarshalPatch encodes operations exactly as json.Marshal does, with the
-// values prepared per layout (json.RawMessage, most of a loose-file layout's
-// patch) copied as they are and plain strings quoted without reflection,
-// which every request would otherwise pay for (docs/benchmarks.md).
-func MarshalPatch(ops []jsonpatch.Operation) ([]byte, error) {
-	size := 2
-	for _, op := range ops {
-		size += len(op.Path) + 40
-		if raw, ok := op.Value.(json.RawMessage); ok {
-			size += len(raw)
-		}
-	}
-	buf := make([]byte, 0, size)
-	buf = append(buf, '[')
-	for i := range ops {
-		op := &ops[i]
-		if i > 0 {
-			buf = append(buf, ',')
-		}
-		buf = append(buf, `{"op":`...)
-		buf = appendJSONString(buf, op.Operation)
-		buf = append(buf, `,"path":`...)
-		buf = appendJSONString(buf, op.Path)
-		switch v := op.Value.(type) {
-		case nil:
-			// As jsonpatch.Operation's MarshalJSON: add and replace keep a null value.
-			if op.Operation == "add" || op.Operation == "replace" {
-				buf = append(buf, `,"value":null`...)
-			}
-		case json.RawMessage:
-			// Only ever json.Marshal's output (Layout.preparedMounts).
-			buf = append(buf, `,"value":`...)
-			buf = append(buf, v...)
-		case string:
-			buf = append(buf, `,"value":`...)
-			buf = appendJSONString(buf, v)
-		default:
-			b, err := json.Marshal(v)
-			if err != nil {
-				return nil, fmt.Errorf("failed to encode the operation on %s: %w", op.Path, err)
-			}
-			buf = append(buf, `,"value":`...)
-			buf = append(buf, b...)
-		}
-		buf = append(buf, '}')
-	}
-	return append(buf, ']'), nil
-}
-
-// appendJSONString quotes s as encoding/json does; a string that needs an
-// escape (quotes, control or HTML characters, non-ASCII) goes through it.
-func appendJSONString(buf []byte, s string) []byte {
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; c < 0x20 || c >= 0x80 || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
-			b, _ := json.Marshal(s)
-			return append(buf, b...)
-		}
-	}
-	buf = append(buf, '"')
-	buf = append(buf, s...)
-	return append(buf, '"')
 }
