@@ -174,14 +174,15 @@ func TestParseInjected(t *testing.T) {
 		"a closing brace after": `{"fingerprint":"abc","driverVersion":"1","containers":["a"]}}`,
 		// Another reader would see a runtime record where this one sees a
 		// fingerprint, or the other way round.
-		"a key twice":             `{"fingerprint":"abc","driverVersion":"1","containers":["a"],"fingerprint":"def"}`,
-		"an unknown key twice":    `{"fingerprint":"abc","driverVersion":"1","containers":["a"],"x":1,"x":2}`,
-		"a key twice, nested":     `{"fingerprint":"abc","driverVersion":"1","containers":["a"],"x":{"y":1,"y":2}}`,
-		"a key in another case":   `{"fingerprint":"abc","driverVersion":"1","containers":["a"],"Runtime":"nri"}`,
-		"a key folded by Unicode": `{"fingerprint":"abc","driverVerſion":"1","containers":["a"]}`,
-		"oversize":                `{"fingerprint":"` + strings.Repeat("a", MaxAnnotationBytes) + `"}`,
-		"empty":                   "",
-		"an empty JSON object":    "{}",
+		"a key twice":                       `{"fingerprint":"abc","driverVersion":"1","containers":["a"],"fingerprint":"def"}`,
+		"an unknown key twice":              `{"fingerprint":"abc","driverVersion":"1","containers":["a"],"x":1,"x":2}`,
+		"a key twice, nested":               `{"fingerprint":"abc","driverVersion":"1","containers":["a"],"x":{"y":1,"y":2}}`,
+		"a key in another case":             `{"Fingerprint":"abc","driverVersion":"1","containers":["a"]}`,
+		"a key in another case, besides it": `{"fingerprint":"abc","driverVersion":"1","containers":["a"],"Containers":["b"]}`,
+		"a key folded by Unicode":           `{"fingerprint":"abc","driverVerſion":"1","containers":["a"]}`,
+		"oversize":                          `{"fingerprint":"` + strings.Repeat("a", MaxAnnotationBytes) + `"}`,
+		"empty":                             "",
+		"an empty JSON object":              "{}",
 	}
 	for name, s := range tests {
 		t.Run(name, func(t *testing.T) {
