@@ -95,7 +95,8 @@ done
 
 # The NRI plugin's container, rendered: present by default and gone with
 # runtimeInjection.enabled=false, uid 0
-# with nothing else, the socket's folder read-only, the state folder shared with the probe.
+# with nothing else, the socket's folder read-only, the state folder shared with the probe,
+# and no service-account token: the pod mounts none by itself, the probe's container its own.
 # A Go program reads the DaemonSet as the API server's types; it is written under
 # _output/ (ignored), where go run finds this module.
 log "runtime injection: the rendered DaemonSet"
@@ -147,6 +148,7 @@ func main() {
 	if probe == nil {
 		fail("no nodeprobe container")
 	}
+	checkToken(spec, probe)
 	if !want {
 		if plugin != nil || len(spec.Containers) != 1 || slices.ContainsFunc(probe.Args, func(a string) bool { return strings.HasPrefix(a, "--state-dir") }) {
 			fail("runtime injection off, yet the pod has %d containers or the probe a state folder", len(spec.Containers))
@@ -202,6 +204,40 @@ func main() {
 			if v.Name == m.Name && v.HostPath != nil && v.Name != "nri-socket" {
 				fail("nri-plugin mounts hostPath %s", v.HostPath.Path)
 			}
+		}
+	}
+}
+
+// checkToken: the pod mounts no token into every container; the probe's
+// container, the one that calls the API server, mounts one at the place
+// client-go reads it from, and no other container mounts it.
+func checkToken(spec corev1.PodSpec, probe *corev1.Container) {
+	if spec.AutomountServiceAccountToken == nil || *spec.AutomountServiceAccountToken {
+		fail("the probe's pod mounts the service-account token into every container")
+	}
+	const dir = "/var/run/secrets/kubernetes.io/serviceaccount"
+	token := ""
+	for _, v := range spec.Volumes {
+		if v.Projected == nil {
+			continue
+		}
+		for _, s := range v.Projected.Sources {
+			if s.ServiceAccountToken != nil && s.ServiceAccountToken.Path == "token" {
+				token = v.Name
+			}
+		}
+	}
+	if token == "" {
+		fail("no projected service-account token volume")
+	}
+	for _, c := range spec.Containers {
+		mounted := slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool {
+			return m.Name == token && m.MountPath == dir && m.ReadOnly
+		})
+		if mounted != (c.Name == probe.Name) || slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool {
+			return m.Name == token && m.MountPath != dir || strings.HasPrefix(m.MountPath, "/var/run/secrets") && m.Name != token
+		}) {
+			fail("container %s mounts %v: want the token at %s read-only in the probe's container alone", c.Name, c.VolumeMounts, dir)
 		}
 	}
 }

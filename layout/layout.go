@@ -8,8 +8,10 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"path"
+	"reflect"
 	"regexp"
 	"sort"
 	"strconv"
@@ -17,6 +19,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	kjson "sigs.k8s.io/json"
 )
 
 // Prefix is the prefix of every label and annotation this project owns.
@@ -217,26 +220,50 @@ func Encode(p Plan) (string, error) {
 	return string(b), nil
 }
 
-// Decode parses an annotation value strictly: unknown fields, trailing data,
-// oversize input and a foreign schema version are errors, because the value
-// comes from a node agent and the webhook is the trust boundary.
+// Decode parses an annotation value strictly (UnmarshalStrict): unknown,
+// duplicate and case-folded fields, trailing data, oversize input and a
+// foreign schema version are errors, because the value comes from a node
+// agent and the webhook is the trust boundary.
 func Decode(s string) (Plan, error) {
 	var p Plan
 	if len(s) > MaxAnnotationBytes {
 		return p, fmt.Errorf("failed to decode layout: %d bytes exceeds the limit of %d", len(s), MaxAnnotationBytes)
 	}
-	dec := json.NewDecoder(strings.NewReader(s))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&p); err != nil {
+	if err := UnmarshalStrict([]byte(s), &p); err != nil {
 		return Plan{}, fmt.Errorf("failed to decode layout: %w", err)
-	}
-	if dec.More() {
-		return Plan{}, fmt.Errorf("failed to decode layout: trailing data after the JSON object")
 	}
 	if p.SchemaVersion != SchemaVersion {
 		return Plan{}, fmt.Errorf("failed to decode layout: unsupported schemaVersion %q, want %q", p.SchemaVersion, SchemaVersion)
 	}
 	return p, nil
+}
+
+// UnmarshalStrict decodes JSON that a node or a pod wrote so that every JSON
+// reader reads it alike: one value and nothing after it, no key twice, every
+// key spelled exactly as the field it sets, and no key v does not know.
+// encoding/json matches keys case-insensitively (Unicode folding: "ſ" is
+// "s") and lets the last of two equal keys win, so a value that breaks these
+// rules could mean one plan to the webhook and another to any other reader.
+func UnmarshalStrict(data []byte, v any) error {
+	return unmarshalStrict(data, v, kjson.DisallowDuplicateFields, kjson.DisallowUnknownFields)
+}
+
+func unmarshalStrict(data []byte, v any, opts ...kjson.StrictOption) error {
+	// The first value's end, for an error that says what is wrong: the
+	// strict decoder would only call the next byte invalid.
+	dec := json.NewDecoder(bytes.NewReader(data))
+	var first json.RawMessage
+	if err := dec.Decode(&first); err != nil {
+		return err
+	}
+	if len(bytes.TrimLeft(data[dec.InputOffset():], " \t\r\n")) > 0 {
+		return errors.New("trailing data after the JSON value")
+	}
+	strict, err := kjson.UnmarshalStrict(data, v, opts...)
+	if err != nil {
+		return err
+	}
+	return errors.Join(strict...)
 }
 
 // Fingerprint is a short hash of the normalized plan, valid as a label value.
@@ -455,21 +482,44 @@ type Injected struct {
 // InjectedByNRI is Injected.Runtime for runtime injection.
 const InjectedByNRI = "nri"
 
+// injectedKeys are the JSON keys of Injected.
+var injectedKeys = jsonKeys(reflect.TypeFor[Injected]())
+
+func jsonKeys(t reflect.Type) []string {
+	var keys []string
+	for f := range t.Fields() {
+		if name, _, _ := strings.Cut(f.Tag.Get("json"), ","); name != "" && name != "-" {
+			keys = append(keys, name)
+		}
+	}
+	return keys
+}
+
 // ParseInjected reads an AnnotationInjected value. The value is the pod's, so
 // anyone who writes the pod may have written it: an error says what is wrong
 // with it, for a warning the pod's author can act on. Fields of a newer
-// record are ignored, so that a rollback still reads it.
+// record are ignored, so that a rollback still reads it; a key twice, or a
+// key that is one of the record's in another case, is an error, as it would
+// read differently elsewhere (UnmarshalStrict).
 func ParseInjected(s string) (Injected, error) {
 	var i Injected
 	if len(s) > MaxAnnotationBytes {
 		return Injected{}, fmt.Errorf("failed to read the injection record: %d bytes exceeds the limit of %d", len(s), MaxAnnotationBytes)
 	}
-	dec := json.NewDecoder(strings.NewReader(s))
-	if err := dec.Decode(&i); err != nil {
+	// Every key, known or not, at any depth, once; then the record's own.
+	var fields map[string]any
+	if err := unmarshalStrict([]byte(s), &fields, kjson.DisallowDuplicateFields); err != nil {
 		return Injected{}, fmt.Errorf("failed to read the injection record as JSON: %w", err)
 	}
-	if dec.More() {
-		return Injected{}, fmt.Errorf("failed to read the injection record: trailing data after the JSON object")
+	for k := range fields {
+		for _, known := range injectedKeys {
+			if k != known && strings.EqualFold(k, known) {
+				return Injected{}, fmt.Errorf("failed to read the injection record: key %q is %q spelled in another case", Truncate(k, 64), known)
+			}
+		}
+	}
+	if err := kjson.UnmarshalCaseSensitivePreserveInts([]byte(s), &i); err != nil {
+		return Injected{}, fmt.Errorf("failed to read the injection record as JSON: %w", err)
 	}
 	named := 0
 	for _, v := range []string{i.Fingerprint, i.StaticLayout, i.Runtime} {

@@ -1,6 +1,8 @@
 package layout
 
 import (
+	"encoding/json"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -122,6 +124,18 @@ func TestDecodeRejects(t *testing.T) {
 		"empty":         {``, "failed to decode layout"},
 		"wrong type":    {`{"schemaVersion":"v1","mounts":"/"}`, "failed to decode layout"},
 		"no schema":     {`{"driverVersion":"1","mounts":[]}`, `unsupported schemaVersion ""`},
+		// json.Decoder.More is false before a closing bracket, so a decoder
+		// that asks it alone takes these for one object.
+		"a closing brace after":   {`{"schemaVersion":"v1","driverVersion":"1","mounts":[]}}`, "trailing data"},
+		"a closing bracket after": {`{"schemaVersion":"v1","driverVersion":"1","mounts":[]}]`, "trailing data"},
+		// encoding/json lets the last of two keys win, and matches a key
+		// to a field in any case: another reader would see another plan.
+		"a key twice":                   {`{"schemaVersion":"v1","driverVersion":"1","driverVersion":"2","mounts":[]}`, `duplicate field "driverVersion"`},
+		"a mount's key twice":           {`{"schemaVersion":"v1","driverVersion":"1","mounts":[{"hostPath":"/usr/local/nvidia","hostPath":"/etc","containerPath":"/usr/local/nvidia","kind":"Directory"}]}`, `duplicate field "mounts[0].hostPath"`},
+		"a key in another case":         {`{"schemaVersion":"v1","driverVersion":"1","DriverVersion":"2","mounts":[]}`, `unknown field "DriverVersion"`},
+		"a mount's key in another case": {`{"schemaVersion":"v1","driverVersion":"1","mounts":[{"hostpath":"/etc","containerPath":"/usr/local/nvidia","kind":"Directory"}]}`, `unknown field "mounts[0].hostpath"`},
+		// U+017F LATIN SMALL LETTER LONG S folds to "s" in encoding/json.
+		"a key folded by Unicode": {`{"schemaVerſion":"v1","driverVersion":"1","mounts":[]}`, "unknown field"},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -150,16 +164,25 @@ func TestParseInjected(t *testing.T) {
 		t.Errorf("a newer record's fields: %+v, %v", got, err)
 	}
 	tests := map[string]string{
-		"not JSON":             "injected by hand",
-		"cut short":            `{"fingerprint":"abc","driverVe`,
-		"a list":               `["abc"]`,
-		"a volume not a name":  `{"fingerprint":"abc","volumes":[1]}`,
-		"no layout":            `{"driverVersion":"384.130","containers":["a"]}`,
-		"two layouts":          `{"fingerprint":"abc","staticLayout":"ubuntu"}`,
-		"trailing data":        `{"fingerprint":"abc"} {}`,
-		"oversize":             `{"fingerprint":"` + strings.Repeat("a", MaxAnnotationBytes) + `"}`,
-		"empty":                "",
-		"an empty JSON object": "{}",
+		"not JSON":              "injected by hand",
+		"cut short":             `{"fingerprint":"abc","driverVe`,
+		"a list":                `["abc"]`,
+		"a volume not a name":   `{"fingerprint":"abc","volumes":[1]}`,
+		"no layout":             `{"driverVersion":"384.130","containers":["a"]}`,
+		"two layouts":           `{"fingerprint":"abc","staticLayout":"ubuntu"}`,
+		"trailing data":         `{"fingerprint":"abc"} {}`,
+		"a closing brace after": `{"fingerprint":"abc","driverVersion":"1","containers":["a"]}}`,
+		// Another reader would see a runtime record where this one sees a
+		// fingerprint, or the other way round.
+		"a key twice":                       `{"fingerprint":"abc","driverVersion":"1","containers":["a"],"fingerprint":"def"}`,
+		"an unknown key twice":              `{"fingerprint":"abc","driverVersion":"1","containers":["a"],"x":1,"x":2}`,
+		"a key twice, nested":               `{"fingerprint":"abc","driverVersion":"1","containers":["a"],"x":{"y":1,"y":2}}`,
+		"a key in another case":             `{"Fingerprint":"abc","driverVersion":"1","containers":["a"]}`,
+		"a key in another case, besides it": `{"fingerprint":"abc","driverVersion":"1","containers":["a"],"Containers":["b"]}`,
+		"a key folded by Unicode":           `{"fingerprint":"abc","driverVerſion":"1","containers":["a"]}`,
+		"oversize":                          `{"fingerprint":"` + strings.Repeat("a", MaxAnnotationBytes) + `"}`,
+		"empty":                             "",
+		"an empty JSON object":              "{}",
 	}
 	for name, s := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -171,17 +194,24 @@ func TestParseInjected(t *testing.T) {
 }
 
 // FuzzDecode feeds node-published annotation values to the decoder and the
-// validator: never a panic, and whatever decodes re-encodes to a value that
+// validator: never a panic; whatever decodes, encoding/json reads as the
+// same plan (no reader sees another one), and it re-encodes to a value that
 // decodes to the same fingerprint.
 func FuzzDecode(f *testing.F) {
 	good, _ := Encode(plan(Mount{"/usr/lib/x86_64-linux-gnu/libcuda.so.1", "/usr/local/nvidia/lib64/libcuda.so.1", KindFile}))
-	for _, s := range []string{good, `{}`, `{"schemaVersion":"v1"}`, `{"schemaVersion":"v1","mounts":[{"hostPath":"/","containerPath":"/","kind":"Directory"}]}`, `null`, `"x"`, `{"schemaVersion":"v1","libraryPaths":[":"]}`} {
+	for _, s := range []string{good, `{}`, `{"schemaVersion":"v1"}`, `{"schemaVersion":"v1","mounts":[{"hostPath":"/","containerPath":"/","kind":"Directory"}]}`, `null`, `"x"`, `{"schemaVersion":"v1","libraryPaths":[":"]}`,
+		good + "}", strings.Replace(good, `"driverVersion"`, `"DriverVersion"`, 1), strings.Replace(good, `{"schemaVersion":"v1"`, `{"schemaVersion":"v1","schemaVersion":"v2"`, 1),
+		strings.Replace(good, `"kind"`, `"Kind"`, 1), strings.Replace(good, `"hostPath"`, `"hoſtPath"`, 1)} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
 		p, err := Decode(s)
 		if err != nil {
 			return
+		}
+		var other Plan
+		if err := json.Unmarshal([]byte(s), &other); err != nil || !reflect.DeepEqual(p, other) {
+			t.Fatalf("encoding/json reads %+v (%v), Decode %+v", other, err, p)
 		}
 		_ = p.Validate(rules)
 		again, err := Encode(p)
@@ -194,6 +224,35 @@ func FuzzDecode(f *testing.F) {
 		}
 		if p.Fingerprint() != q.Fingerprint() {
 			t.Fatalf("fingerprint changed over a round trip")
+		}
+	})
+}
+
+// FuzzParseInjected feeds pod annotation values to the injection record's
+// reader: never a panic; whatever it accepts, encoding/json reads as the same
+// record, which names one layout and writes back to a value read alike.
+func FuzzParseInjected(f *testing.F) {
+	good := Injected{Fingerprint: "abc", DriverVersion: "384.130", Containers: []string{"a"}, Volumes: []string{"gpu-injector-1"}}.String()
+	for _, s := range []string{good, `{"runtime":"nri","containers":["a"]}`, `{"staticLayout":"ubuntu","driverVersion":"1","containers":[],"new":{"a":1}}`,
+		`{}`, `null`, `[]`, good + "}", good + " {}", strings.Replace(good, `"fingerprint"`, `"Fingerprint"`, 1),
+		strings.Replace(good, `{"fingerprint":"abc"`, `{"fingerprint":"abc","runtime":"nri","fingerprint":""`, 1), `{"runtime":"nri","runtime":"other"}`} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		i, err := ParseInjected(s)
+		if err != nil {
+			if !reflect.DeepEqual(i, Injected{}) {
+				t.Fatalf("a record %+v with the error %v", i, err)
+			}
+			return
+		}
+		var other Injected
+		if err := json.Unmarshal([]byte(s), &other); err != nil || !reflect.DeepEqual(i, other) {
+			t.Fatalf("encoding/json reads %+v (%v), ParseInjected %+v", other, err, i)
+		}
+		again, err := ParseInjected(i.String())
+		if err != nil || !reflect.DeepEqual(again, i) {
+			t.Fatalf("written back as %s, read as %+v (%v), want %+v", i.String(), again, err, i)
 		}
 	})
 }

@@ -1,11 +1,11 @@
 package nodeprobe
 
 import (
+	"bufio"
 	"bytes"
 	"fmt"
 	"io"
 	"io/fs"
-	"os"
 	"path"
 	"regexp"
 	"slices"
@@ -32,6 +32,9 @@ const (
 	gkeContainerPath = "/usr/local/nvidia"
 	// maxCmdlineBytes bounds a process's command line the probe reads.
 	maxCmdlineBytes = 64 << 10
+	// maxMountinfoBytes bounds what the probe reads of a process's mount
+	// table: a node's init has a few lines per running container.
+	maxMountinfoBytes = 16 << 20
 )
 
 // gkePluginSocket is the socket it registers with the kubelet:
@@ -48,8 +51,8 @@ var gkeComm = gkePluginBinary[:15]
 // two things the host shows: its socket, and its process. The socket is in a
 // folder the kubelet creates with mode 0750 for root, which a probe running
 // as a user other than root cannot list; the host's /proc shows every
-// process's name and command line to any user, so the process is how such a
-// probe sees the plugin (and the folders it mounts).
+// process's name, command line and mounts to any user, so the process is
+// how such a probe sees the plugin (and the folders it mounts).
 //
 // It also returns the folder the plugin's mount puts the driver's libraries
 // in, its --container-path's lib64 (the installer writes lib64 and bin there):
@@ -76,13 +79,18 @@ func (h hostFS) gkeDevicePlugin(notes *[]string) ([]string, string) {
 	// Any pod's processes show in the host's /proc, so a process named like
 	// the plugin proves nothing by itself: a pod could pose as it and leave
 	// the node's GPU pods without their driver mounts. It counts only where
-	// GKE's driver installer wrote its folder, which no unprivileged pod can
-	// make on the host.
+	// GKE's driver installer wrote its folder, and only with the kubelet's
+	// device plugin folder mounted, where a device plugin must make its
+	// socket: a pod gets that mount only through a hostPath volume of the
+	// folder, with which it could make the socket too.
 	if len(procs) > 0 {
 		if _, fi, err := h.stat(gkeHostPath); err != nil || !fi.IsDir() {
 			*notes = append(*notes, fmt.Sprintf("process %s runs %s, but %s (where GKE's driver installer puts the driver) is not a folder on this host: not taken for GKE's device plugin", procs[0].pid, procs[0].binary, gkeHostPath))
 			procs = nil
 		}
+	}
+	if len(procs) > 0 {
+		procs = h.holdingDevicePluginDir(procs, notes)
 	}
 	for i, p := range procs {
 		out = append(out, fmt.Sprintf("GKE's device plugin runs (process %s, %s): its Allocate answer mounts host %s at %s", p.pid, p.binary, p.hostPath, p.containerPath))
@@ -129,11 +137,11 @@ func (h hostFS) gkePluginProcesses() []gkePluginProcess {
 		}
 		// Processes come and go between the listing and the read: a
 		// missing file is no news.
-		comm, err := h.readBounded(path.Join("/proc", pid, "comm"), 64)
+		comm, err := h.readFile(path.Join("/proc", pid, "comm"), 64)
 		if err != nil || strings.TrimSpace(string(comm)) != gkeComm {
 			continue
 		}
-		cmdline, err := h.readBounded(path.Join("/proc", pid, "cmdline"), maxCmdlineBytes)
+		cmdline, err := h.readFile(path.Join("/proc", pid, "cmdline"), maxCmdlineBytes)
 		if err != nil {
 			continue
 		}
@@ -182,21 +190,111 @@ func goFlag(args []string, name string) (string, bool) {
 	return value, found
 }
 
-// readBounded reads at most limit bytes of a host file: /proc files have no
-// size to check beforehand.
-func (h hostFS) readBounded(p string, limit int64) ([]byte, error) {
-	real, err := h.resolve(p)
+// holdingDevicePluginDir keeps the processes that have the host's kubelet
+// device plugin folder mounted: a mount of the filesystem that holds it,
+// rooted at the folder, as the host's init sees the folder. The kernel
+// writes both mount tables (/proc/<pid>/mountinfo, readable by any user),
+// so no process can claim a mount it does not have.
+func (h hostFS) holdingDevicePluginDir(procs []gkePluginProcess, notes *[]string) []gkePluginProcess {
+	want, err := h.mountOf("/proc/1/mountinfo", devicePluginDir)
 	if err != nil {
-		return nil, err
+		*notes = append(*notes, fmt.Sprintf("the host's mounts are unreadable (%v): no process is taken for GKE's device plugin", err))
+		return nil
 	}
-	f, err := os.Open(h.osPath(real))
+	var out []gkePluginProcess
+	for _, p := range procs {
+		held := false
+		err := h.eachMount(path.Join("/proc", p.pid, "mountinfo"), func(m mountEntry) bool {
+			held = m.device == want.device && m.root == want.root
+			return !held
+		})
+		if err != nil || !held {
+			*notes = append(*notes, fmt.Sprintf("process %s runs %s without the kubelet's %s mounted: not taken for GKE's device plugin", p.pid, p.binary, devicePluginDir))
+			continue
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+// mountEntry is a line of a mountinfo file (proc_pid_mountinfo(5)): the
+// filesystem's device, the folder of that filesystem the mount shows, and
+// where.
+type mountEntry struct {
+	device, root, mountPoint string
+}
+
+// mountOf returns the filesystem and folder of it that the mount table in
+// file shows at p: the last mount of the longest mount point that holds p,
+// as the kernel's lookup of p finds it, rooted at p.
+func (h hostFS) mountOf(file, p string) (mountEntry, error) {
+	var found mountEntry
+	ok := false
+	err := h.eachMount(file, func(m mountEntry) bool {
+		var rel string
+		switch {
+		case m.mountPoint == p:
+		case m.mountPoint == "/":
+			rel = p
+		case strings.HasPrefix(p, m.mountPoint+"/"):
+			rel = p[len(m.mountPoint):]
+		default:
+			return true
+		}
+		if !ok || len(m.mountPoint) >= len(found.mountPoint) {
+			found, ok = mountEntry{device: m.device, root: path.Join(m.root, rel), mountPoint: m.mountPoint}, true
+		}
+		return true
+	})
+	if err == nil && !ok {
+		err = fmt.Errorf("no mount holds %s", p)
+	}
+	return found, err
+}
+
+// eachMount calls fn with each line of a mountinfo file until it returns
+// false.
+func (h hostFS) eachMount(file string, fn func(mountEntry) bool) error {
+	f, err := h.openFile(file, noLimit)
 	if err != nil {
-		return nil, fmt.Errorf("failed to open %q: %w", p, bare(err))
+		return err
 	}
 	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, limit))
-	if err != nil {
-		return nil, fmt.Errorf("failed to read %q: %w", p, bare(err))
+	sc := bufio.NewScanner(io.LimitReader(f, maxMountinfoBytes))
+	// An overlay's line lists every layer of its image.
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		// ID, parent ID, major:minor, root, mount point, options, ...
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 5 {
+			continue
+		}
+		if !fn(mountEntry{device: fields[2], root: unescapeMountField(fields[3]), mountPoint: unescapeMountField(fields[4])}) {
+			return nil
+		}
 	}
-	return data, nil
+	if err := sc.Err(); err != nil {
+		return fmt.Errorf("failed to read %q: %w", file, bare(err))
+	}
+	return nil
 }
+
+// unescapeMountField undoes the kernel's octal escapes of space, tab,
+// newline and backslash in a mountinfo path (\040, \011, \012, \134).
+func unescapeMountField(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) && '0' <= s[i+1] && s[i+1] <= '3' && isOctal(s[i+2]) && isOctal(s[i+3]) {
+			b.WriteByte((s[i+1]-'0')<<6 | (s[i+2]-'0')<<3 | (s[i+3] - '0'))
+			i += 3
+			continue
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+func isOctal(c byte) bool { return c >= '0' && c <= '7' }

@@ -14,6 +14,17 @@ import (
 	"github.com/gpu-injector/gpu-injector/nodeprobe/ldcache"
 )
 
+// Bounds of the host files the probe reads whole: they come from the node.
+const (
+	// maxLDCacheBytes bounds /etc/ld.so.cache: a distribution's is 10 to
+	// 200 KiB, one of a host with every library of a big desktop under 1 MiB;
+	// parsing costs up to 5 times the file (ldcache.Parse).
+	maxLDCacheBytes = 4 << 20
+	// maxSysfsBytes bounds a one-line /sys or /proc file (a PCI vendor, the
+	// kernel module's version).
+	maxSysfsBytes = 4 << 10
+)
+
 // DriverLibraries are the base names of the driver's compute and utility
 // libraries: what CUDA, OpenCL and NVML programs load (the set NVIDIA's
 // container toolkit mounts for the compute and utility capabilities). Graphics
@@ -153,7 +164,7 @@ func Discover(root string) (*Files, error) {
 		return nil, fmt.Errorf("failed to read host root %q: not a folder", root)
 	}
 	f := &Files{h: h, seenLib: map[string]bool{}, evidence: map[string]bool{}}
-	if data, err := h.readFile("/etc/ld.so.cache"); err == nil {
+	if data, err := h.readFile("/etc/ld.so.cache", maxLDCacheBytes); err == nil {
 		c, err := ldcache.Parse(data)
 		if err != nil {
 			f.Skipped = append(f.Skipped, fmt.Sprintf("/etc/ld.so.cache: %v", err))
@@ -347,7 +358,7 @@ func (f *Files) scanLibraries(h hostFS, dir string, seen map[string]bool) {
 	}
 	for _, fl := range libs {
 		l := fl.lib
-		so, class, machine := readELF(h.osPath(l.Path))
+		so, class, machine := h.readELF(l.Path)
 		if class == elf.ELFCLASS32 || (machine != 0 && f.machine != 0 && machine != f.machine) {
 			// A 32-bit compatibility copy (SUSE and RHEL keep them in
 			// /usr/lib) or another architecture's: not what the node's
@@ -396,12 +407,17 @@ func (f *Files) scanBinaries(h hostFS, dir string, seen map[string]bool) {
 
 // readELF returns the DT_SONAME, class and machine of an ELF file; "" and
 // zeros when it is not ELF.
-func readELF(file string) (string, elf.Class, elf.Machine) {
-	e, err := elf.Open(file)
+func (h hostFS) readELF(p string) (string, elf.Class, elf.Machine) {
+	// Read in pieces (headers, the dynamic section), never whole: no limit.
+	f, err := h.openFile(p, noLimit)
 	if err != nil {
 		return "", 0, 0
 	}
-	defer e.Close()
+	defer f.Close()
+	e, err := elf.NewFile(f)
+	if err != nil {
+		return "", 0, 0
+	}
 	names, err := e.DynString(elf.DT_SONAME)
 	if err != nil || len(names) == 0 {
 		return "", e.Class, e.Machine
@@ -463,13 +479,13 @@ func nvidiaDevice(h hostFS) string {
 	}
 	for _, de := range des {
 		dev := path.Join("/sys/bus/pci/devices", de.Name())
-		vendor, err := h.readFile(dev + "/vendor")
+		vendor, err := h.readFile(dev+"/vendor", maxSysfsBytes)
 		if err != nil || strings.TrimSpace(string(vendor)) != "0x10de" {
 			continue
 		}
 		// Class 0x03xxxx: VGA, 3D or display controller; NVSwitches and
 		// audio functions of the same vendor are not GPUs.
-		if class, err := h.readFile(dev + "/class"); err == nil && strings.HasPrefix(strings.TrimSpace(string(class)), "0x03") {
+		if class, err := h.readFile(dev+"/class", maxSysfsBytes); err == nil && strings.HasPrefix(strings.TrimSpace(string(class)), "0x03") {
 			return "an NVIDIA GPU at PCI " + de.Name()
 		}
 	}

@@ -8,6 +8,8 @@ import (
 	"path"
 	"path/filepath"
 	"reflect"
+	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -185,7 +187,7 @@ func FuzzKernelModuleVersion(f *testing.F) {
 		if !fromSys && !fromProc {
 			t.Fatalf("version %q is in neither file", v)
 		}
-		if hasSys && versionRE.MatchString(strings.TrimSpace(sysData)) && !fromSys {
+		if hasSys && len(sysData) <= maxSysfsBytes && versionRE.MatchString(strings.TrimSpace(sysData)) && !fromSys {
 			t.Fatalf("version %q, but /sys says %q and wins", v, sysData)
 		}
 	})
@@ -196,7 +198,8 @@ func FuzzKernelModuleVersion(f *testing.F) {
 // the SONAME, class and machine of a well-formed shared object read back
 // exactly.
 func FuzzReadELF(f *testing.F) {
-	file := filepath.Join(f.TempDir(), "libcuda.so.580.1")
+	h := hostFS{root: f.TempDir()}
+	file := filepath.Join(h.root, "libcuda.so.580.1")
 	f.Add(fakeroot.SharedObject("libcuda.so.1"), "libnvidia-ml.so.1")
 	f.Add(fakeroot.SharedObject(""), "")
 	f.Add([]byte("\x7fELF\x02\x01\x01"), "x")
@@ -205,7 +208,7 @@ func FuzzReadELF(f *testing.F) {
 			t.Fatal(err)
 		}
 		start := time.Now()
-		_, _, _ = readELF(file)
+		_, _, _ = h.readELF("/libcuda.so.580.1")
 		if d := time.Since(start); d > time.Second {
 			t.Fatalf("reading %d bytes took %v", len(data), d)
 		}
@@ -215,7 +218,7 @@ func FuzzReadELF(f *testing.F) {
 		if err := os.WriteFile(file, fakeroot.SharedObject(soname), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		if got, class, machine := readELF(file); got != soname || class != elf.ELFCLASS64 || machine != elf.EM_X86_64 {
+		if got, class, machine := h.readELF("/libcuda.so.580.1"); got != soname || class != elf.ELFCLASS64 || machine != elf.EM_X86_64 {
 			t.Fatalf("SONAME %q read back as %q, %v, %v", soname, got, class, machine)
 		}
 	})
@@ -272,8 +275,8 @@ func FuzzRuntimeConfig(f *testing.F) {
 	})
 }
 
-// FuzzGKEPluginProcess: a host process's comm and command line, which the
-// probe reads to find GKE's device plugin.
+// FuzzGKEPluginProcess: a host process's comm, command line and mount
+// table, which the probe reads to find GKE's device plugin.
 func FuzzGKEPluginProcess(f *testing.F) {
 	root := f.TempDir()
 	dir := filepath.Join(root, "proc", "2741")
@@ -284,13 +287,25 @@ func FuzzGKEPluginProcess(f *testing.F) {
 	if err := os.MkdirAll(filepath.Join(root, "home/kubernetes/bin/nvidia"), 0o755); err != nil {
 		f.Fatal(err)
 	}
-	f.Add("nvidia-gpu-devi\n", "/usr/bin/nvidia-gpu-device-plugin\x00-logtostderr\x00--enable-health-monitoring\x00")
-	f.Add("nvidia-gpu-devi\n", "/usr/bin/nvidia-gpu-device-plugin\x00-v\x003\x00-host-path=/var/lib/nvidia\x00--container-path\x00/usr/local/nvidia/lib64\x00")
-	f.Add("nvidia-gpu-devi", "nvidia-gpu-device-plugin\x00--host-path\x00")
-	f.Add("nvidia-device-p\n", "/usr/bin/nvidia-device-plugin\x00--pass-device-specs\x00")
-	f.Add("", "\x00\x00")
-	f.Fuzz(func(t *testing.T, comm, cmdline string) {
-		for name, data := range map[string]string{"comm": comm, "cmdline": cmdline} {
+	if err := os.MkdirAll(filepath.Join(root, "proc/1"), 0o755); err != nil {
+		f.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "proc/1/mountinfo"), []byte(fakeroot.COSInitMounts), 0o644); err != nil {
+		f.Fatal(err)
+	}
+	const held = "1200 1100 0:123 / / rw,relatime - overlay overlay rw\n1210 1200 8:1 /var/lib/kubelet/device-plugins /device-plugin rw,nosuid,nodev,relatime - ext4 /dev/sda1 rw\n"
+	f.Add("nvidia-gpu-devi\n", "/usr/bin/nvidia-gpu-device-plugin\x00-logtostderr\x00--enable-health-monitoring\x00", held)
+	f.Add("nvidia-gpu-devi\n", "/usr/bin/nvidia-gpu-device-plugin\x00-v\x003\x00-host-path=/var/lib/nvidia\x00--container-path\x00/usr/local/nvidia/lib64\x00", held)
+	f.Add("nvidia-gpu-devi", "nvidia-gpu-device-plugin\x00--host-path\x00", "1 0 8:1 /var/lib/kubelet/device\\055plugins /x rw - ext4 /dev/sda1 rw")
+	f.Add("nvidia-gpu-devi\n", "/usr/bin/nvidia-gpu-device-plugin\x00", "1200 1100 0:123 / / rw - overlay overlay rw\n1210 1200 0:99 /var/lib/kubelet/device-plugins /device-plugin rw - tmpfs tmpfs rw\n")
+	f.Add("nvidia-device-p\n", "/usr/bin/nvidia-device-plugin\x00--pass-device-specs\x00", held)
+	f.Add("", "\x00\x00", "")
+	escape := regexp.MustCompile(`\\[0-3][0-7]{2}`)
+	f.Fuzz(func(t *testing.T, comm, cmdline, mountinfo string) {
+		// Lines the kernel writes are short; the scanner's 64 KiB limit on
+		// one is not what this target is about.
+		mountinfo = mountinfo[:min(len(mountinfo), 4<<10)]
+		for name, data := range map[string]string{"comm": comm, "cmdline": cmdline, "mountinfo": mountinfo} {
 			if err := os.WriteFile(filepath.Join(dir, name), []byte(data), 0o644); err != nil {
 				t.Fatal(err)
 			}
@@ -301,16 +316,32 @@ func FuzzGKEPluginProcess(f *testing.F) {
 			t.Fatalf("detection took %v", d)
 		}
 		// Restated apart from the code: the kernel's short name of the
-		// plugin, then a command line that runs a program of its name; of
-		// each file, what the probe reads at most.
-		comm, cmdline = comm[:min(len(comm), 64)], cmdline[:min(len(cmdline), maxCmdlineBytes)]
+		// plugin, then a command line that runs a program of its name,
+		// each within what the probe reads; and a mount of the filesystem
+		// of the host's /var (8:1 in COSInitMounts) rooted at the kubelet's
+		// device plugin folder, octal escapes undone.
 		args := strings.Split(strings.TrimRight(cmdline, "\x00"), "\x00")
-		want := strings.TrimSpace(comm) == "nvidia-gpu-devi" && path.Base(args[0]) == "nvidia-gpu-device-plugin"
+		want := len(comm) <= 64 && len(cmdline) <= maxCmdlineBytes &&
+			strings.TrimSpace(comm) == "nvidia-gpu-devi" && path.Base(args[0]) == "nvidia-gpu-device-plugin"
+		holds := false
+		for _, line := range strings.Split(mountinfo, "\n") {
+			fields := strings.Fields(line)
+			unescaped := func(s string) string {
+				return escape.ReplaceAllStringFunc(s, func(e string) string {
+					n, _ := strconv.ParseUint(e[1:], 8, 8)
+					return string([]byte{byte(n)})
+				})
+			}
+			if len(fields) >= 5 && fields[2] == "8:1" && unescaped(fields[3]) == "/var/lib/kubelet/device-plugins" {
+				holds = true
+			}
+		}
+		want = want && holds
 		switch {
 		case !want && r.Kind == "" && len(r.Evidence) == 0:
 		case want && r.Kind == layout.RuntimeDevicePlugin && len(r.Evidence) > 0 && strings.Contains(r.Evidence[0], "process 2741"):
 		default:
-			t.Fatalf("comm %q, command line %q gave kind %q with evidence %q", comm, cmdline, r.Kind, r.Evidence)
+			t.Fatalf("comm %q, command line %q, mounts %q gave kind %q with evidence %q", comm, cmdline, mountinfo, r.Kind, r.Evidence)
 		}
 		for _, flag := range []string{"host-path", "container-path"} {
 			if v, ok := goFlag(args[1:], flag); ok && !strings.Contains(cmdline, v) {

@@ -310,12 +310,12 @@ func appendMount(ms []layout.Mount, m layout.Mount) []layout.Mount {
 // kernelModuleVersion reads the loaded kernel module's version from the host's
 // /sys or /proc, which needs no device access; "" when unknown.
 func kernelModuleVersion(h hostFS) string {
-	if data, err := h.readFile("/sys/module/nvidia/version"); err == nil {
+	if data, err := h.readFile("/sys/module/nvidia/version", maxSysfsBytes); err == nil {
 		if v := strings.TrimSpace(string(data)); versionRE.MatchString(v) {
 			return v
 		}
 	}
-	if data, err := h.readFile("/proc/driver/nvidia/version"); err == nil {
+	if data, err := h.readFile("/proc/driver/nvidia/version", maxSysfsBytes); err == nil {
 		// NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  Tue ...
 		for _, f := range strings.Fields(string(data)) {
 			if versionRE.MatchString(f) {

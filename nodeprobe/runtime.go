@@ -2,6 +2,7 @@ package nodeprobe
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"path"
 	"sort"
@@ -95,16 +96,16 @@ func isToolkitRuntime(binary string) bool {
 }
 
 func (h hostFS) readConfig(p string, notes *[]string) ([]byte, bool) {
-	real, fi, err := h.stat(p)
+	real, err := h.resolve(p)
 	if err != nil {
 		return nil, false
 	}
-	if !fi.Mode().IsRegular() || fi.Size() > maxConfigBytes {
+	data, err := h.readFile(real, maxConfigBytes)
+	switch {
+	case errors.Is(err, errNotRegular) || errors.Is(err, errTooLarge):
 		*notes = append(*notes, fmt.Sprintf("%s: not a regular file under %d bytes", p, maxConfigBytes))
 		return nil, false
-	}
-	data, err := h.readFile(real)
-	if err != nil {
+	case err != nil:
 		*notes = append(*notes, err.Error())
 		return nil, false
 	}

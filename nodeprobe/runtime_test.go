@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/gpu-injector/gpu-injector/internal/testfixtures/fakeroot"
 	"github.com/gpu-injector/gpu-injector/layout"
 )
 
@@ -91,18 +92,35 @@ func TestDetectRuntimeInjection(t *testing.T) {
 			want: layout.RuntimeDevicePlugin, evidence: "socket /var/lib/kubelet/device-plugins/nvidiaGPU-1718000000.sock", libs: []string{"/usr/local/nvidia/lib64"}},
 		"GKE's device plugin socket and its host folder": {sockets: []string{dp + "/nvidiaGPU-1718000000.sock"}, files: map[string]string{"/home/kubernetes/bin/nvidia/bin/nvidia-smi": ""},
 			want: layout.RuntimeDevicePlugin, evidence: "mounts exists: /home/kubernetes/bin/nvidia", libs: []string{"/usr/local/nvidia/lib64"}},
-		"GKE's device plugin process": {files: onGKE(gkeProcess("2741", "/usr/bin/nvidia-gpu-device-plugin", "-logtostderr", "--enable-container-gpu-metrics", "--enable-health-monitoring")),
+		"GKE's device plugin process": {files: onGKE(gkePlugin("2741", "/usr/bin/nvidia-gpu-device-plugin", "-logtostderr", "--enable-container-gpu-metrics", "--enable-health-monitoring")),
 			want: layout.RuntimeDevicePlugin, evidence: "process 2741, /usr/bin/nvidia-gpu-device-plugin): its Allocate answer mounts host /home/kubernetes/bin/nvidia at /usr/local/nvidia", libs: []string{"/usr/local/nvidia/lib64"}},
-		"GKE's device plugin process with its folders set": {files: onGKE(gkeProcess("99", "/usr/bin/nvidia-gpu-device-plugin", "-v", "3", "--enable-health-monitoring", "-host-path=/var/lib/nvidia", "--container-path", "/usr/local/nvidia/lib64")),
+		"GKE's device plugin process with its folders set": {files: onGKE(gkePlugin("99", "/usr/bin/nvidia-gpu-device-plugin", "-v", "3", "--enable-health-monitoring", "-host-path=/var/lib/nvidia", "--container-path", "/usr/local/nvidia/lib64")),
 			want: layout.RuntimeDevicePlugin, evidence: "mounts host /var/lib/nvidia at /usr/local/nvidia/lib64", libs: []string{"/usr/local/nvidia/lib64/lib64"}},
 		// The flag's folder as the host gives it; the probe checks it
 		// against the configuration before it publishes it.
-		"GKE's device plugin process with another container path": {sockets: []string{dp + "/nvidiaGPU-1718000000.sock"}, files: onGKE(gkeProcess("99", "/usr/bin/nvidia-gpu-device-plugin", "--container-path=/opt/nvidia")),
+		"GKE's device plugin process with another container path": {sockets: []string{dp + "/nvidiaGPU-1718000000.sock"}, files: onGKE(gkePlugin("99", "/usr/bin/nvidia-gpu-device-plugin", "--container-path=/opt/nvidia")),
 			want: layout.RuntimeDevicePlugin, libs: []string{"/opt/nvidia/lib64"}},
 		// Any pod's processes show in the host's /proc: one posing as the
 		// plugin where GKE's installer wrote no driver folder is ignored.
-		"a process posing as GKE's device plugin": {files: gkeProcess("4242", "/usr/bin/nvidia-gpu-device-plugin", "--container-path=/opt/nvidia"), want: ""},
-		"two processes of the plugin that disagree": {files: onGKE(merge(gkeProcess("7", "/usr/bin/nvidia-gpu-device-plugin"), gkeProcess("8", "/usr/bin/nvidia-gpu-device-plugin", "--container-path=/opt/nvidia"))),
+		"a process posing as GKE's device plugin": {files: gkePlugin("4242", "/usr/bin/nvidia-gpu-device-plugin", "--container-path=/opt/nvidia"), want: ""},
+		// On a node with GKE's driver folder (a GKE node running another
+		// device plugin), any pod could run a program of the plugin's name:
+		// only one with the kubelet's device plugin folder mounted counts.
+		"a pod's process posing as GKE's device plugin": {files: onGKE(merge(gkeProcess("4242", "/usr/bin/nvidia-gpu-device-plugin", "--container-path=/opt/nvidia"),
+			map[string]string{"/proc/4242/mountinfo": podMounts})),
+			want: "", note: "process 4242 runs /usr/bin/nvidia-gpu-device-plugin without the kubelet's /var/lib/kubelet/device-plugins mounted"},
+		"a process with a folder of the same name on its own filesystem": {files: onGKE(merge(gkeProcess("4242", "/usr/bin/nvidia-gpu-device-plugin"),
+			map[string]string{"/proc/4242/mountinfo": podMounts + "1500 1300 0:99 /var/lib/kubelet/device-plugins /device-plugin rw - tmpfs tmpfs rw\n"})),
+			want: ""},
+		"a process with the node's pod folder mounted": {files: onGKE(merge(gkeProcess("4242", "/usr/bin/nvidia-gpu-device-plugin"),
+			map[string]string{"/proc/4242/mountinfo": podMounts + "1500 1300 8:1 /var/lib/kubelet /device-plugin rw - ext4 /dev/sda1 rw\n"})),
+			want: ""},
+		"the host's mounts unreadable": {files: merge(gkePlugin("2741", "/usr/bin/nvidia-gpu-device-plugin"), map[string]string{"/home/kubernetes/bin/nvidia/bin/nvidia-smi": ""}),
+			want: "", note: "the host's mounts are unreadable"},
+		"a mount point with an escaped space": {files: onGKE(merge(gkeProcess("7", "/usr/bin/nvidia-gpu-device-plugin"),
+			map[string]string{"/proc/7/mountinfo": "1210 1200 8:1 /var/lib/kubelet/device-plugins /device\\040plugin rw - ext4 /dev/sda1 rw\n"})),
+			want: layout.RuntimeDevicePlugin, libs: []string{"/usr/local/nvidia/lib64"}},
+		"two processes of the plugin that disagree": {files: onGKE(merge(gkePlugin("7", "/usr/bin/nvidia-gpu-device-plugin"), gkePlugin("8", "/usr/bin/nvidia-gpu-device-plugin", "--container-path=/opt/nvidia"))),
 			want: layout.RuntimeDevicePlugin, libs: []string{"/usr/local/nvidia/lib64"}},
 		"the toolkit wins over GKE's device plugin": {sockets: []string{dp + "/nvidiaGPU-1718000000.sock"}, files: map[string]string{"/etc/containerd/config.toml": "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd]\n  default_runtime_name = \"nvidia\"\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.nvidia.options]\n  BinaryName = \"/usr/bin/nvidia-container-runtime\"\n"},
 			want: layout.RuntimeToolkit},
@@ -250,10 +268,24 @@ const dp = "/var/lib/kubelet/device-plugins"
 
 // gkeProcess is a host process in /proc: its short name as the kernel cuts
 // it, and its command line.
-// onGKE adds to files what GKE's driver installer writes on the host.
+// onGKE adds to files what GKE's driver installer writes on the host, and
+// the host's mount table.
 func onGKE(files map[string]string) map[string]string {
-	return merge(files, map[string]string{"/home/kubernetes/bin/nvidia/bin/nvidia-smi": ""})
+	return merge(files, map[string]string{"/home/kubernetes/bin/nvidia/bin/nvidia-smi": "", "/proc/1/mountinfo": fakeroot.COSInitMounts})
 }
+
+// gkePlugin is GKE's device plugin's process: gkeProcess with the kubelet's
+// device plugin folder mounted at /device-plugin, as its DaemonSet has it.
+func gkePlugin(pid string, args ...string) map[string]string {
+	return merge(gkeProcess(pid, args...), map[string]string{"/proc/" + pid + "/mountinfo": podMounts +
+		"1210 1200 8:1 /var/lib/kubelet/device-plugins /device-plugin rw,nosuid,nodev,relatime - ext4 /dev/sda1 rw\n"})
+}
+
+// podMounts are a pod's container's mounts: its image, an emptyDir and the
+// files the kubelet writes for it, all of the node's filesystem.
+const podMounts = "1200 1100 0:123 / / rw,relatime - overlay overlay rw\n" +
+	"1201 1200 8:1 /var/lib/kubelet/pods/0c6b/volumes/kubernetes.io~empty-dir/cache /cache rw,nosuid,nodev - ext4 /dev/sda1 rw\n" +
+	"1202 1200 8:1 /var/lib/kubelet/pods/0c6b/etc-hosts /etc/hosts rw,nosuid,nodev - ext4 /dev/sda1 rw\n"
 
 func merge(a, b map[string]string) map[string]string {
 	out := maps.Clone(a)

@@ -162,13 +162,8 @@ func decodeEntry(key, value string, cfg *config.Configuration, rules layout.Rule
 		return m, false, fmt.Errorf("%d bytes exceeds the limit of %d", len(value), maxMemoryEntry)
 	}
 	var e memoryEntry
-	dec := json.NewDecoder(strings.NewReader(value))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&e); err != nil {
+	if err := layout.UnmarshalStrict([]byte(value), &e); err != nil {
 		return m, false, fmt.Errorf("failed to decode: %w", err)
-	}
-	if dec.More() {
-		return m, false, errors.New("failed to decode: trailing data after the JSON object")
 	}
 	if len(e.Pool) != len(cfg.Pinning.NodeLabels) || Key(e.Pool, cfg.Pinning.NodeLabels) == "" {
 		// Written under other pinning labels: not an error, just not ours now.

@@ -55,17 +55,21 @@ func TestDecodeMemoryIsUntrusted(t *testing.T) {
 		key, value string
 		wantErr    string
 	}{
-		"good":                {MemoryKey(good.Pool), enc(good), ""},
-		"host path outside":   {MemoryKey(good.Pool), enc(hostile), "not under the host path allowlist"},
-		"future lastSeen":     {MemoryKey(good.Pool), enc(future), "in the future"},
-		"taint effect":        {MemoryKey(good.Pool), enc(badTaint), "PreferNoSchedule"},
-		"node label":          {MemoryKey(good.Pool), enc(badLabel), "bad key!"},
-		"key of another pool": {MemoryKey("karpenter.sh/nodepool=b"), enc(good), "does not match"},
-		"unknown field":       {MemoryKey(good.Pool), strings.Replace(enc(good), `{"pool"`, `{"extra":1,"pool"`, 1), "unknown field"},
-		"trailing data":       {MemoryKey(good.Pool), enc(good) + "{}", "trailing"},
-		"not json":            {MemoryKey(good.Pool), "pool: a", "failed to decode"},
-		"oversize":            {MemoryKey(good.Pool), strings.Repeat(" ", maxMemoryEntry+1), "exceeds the limit"},
-		"other labels":        {MemoryKey(other.Pool), enc(other), ""},
+		"good":                  {MemoryKey(good.Pool), enc(good), ""},
+		"host path outside":     {MemoryKey(good.Pool), enc(hostile), "not under the host path allowlist"},
+		"future lastSeen":       {MemoryKey(good.Pool), enc(future), "in the future"},
+		"taint effect":          {MemoryKey(good.Pool), enc(badTaint), "PreferNoSchedule"},
+		"node label":            {MemoryKey(good.Pool), enc(badLabel), "bad key!"},
+		"key of another pool":   {MemoryKey("karpenter.sh/nodepool=b"), enc(good), "does not match"},
+		"unknown field":         {MemoryKey(good.Pool), strings.Replace(enc(good), `{"pool"`, `{"extra":1,"pool"`, 1), "unknown field"},
+		"trailing data":         {MemoryKey(good.Pool), enc(good) + "{}", "trailing"},
+		"a closing brace after": {MemoryKey(good.Pool), enc(good) + "}", "trailing"},
+		"a key twice":           {MemoryKey(good.Pool), strings.Replace(enc(good), `{"pool"`, `{"layout":"{}","pool"`, 1), `duplicate field "layout"`},
+		"a label twice":         {MemoryKey(good.Pool), strings.Replace(enc(good), `"pool":{`, `"pool":{"a":"b","a":"c",`, 1), "duplicate field"},
+		"a key in another case": {MemoryKey(good.Pool), strings.Replace(enc(good), `"lastSeen"`, `"LastSeen"`, 1), `unknown field "LastSeen"`},
+		"not json":              {MemoryKey(good.Pool), "pool: a", "failed to decode"},
+		"oversize":              {MemoryKey(good.Pool), strings.Repeat(" ", maxMemoryEntry+1), "exceeds the limit"},
+		"other labels":          {MemoryKey(other.Pool), enc(other), ""},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {

@@ -9,6 +9,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // The magic strings and sizes are those of glibc's sysdeps/generic/dl-cache.h.
@@ -69,7 +70,12 @@ type Cache struct {
 var ErrNotCache = errors.New("not an ld.so.cache file")
 
 // Parse decodes a cache file. String offsets are checked against the file
-// size and strings are NUL-terminated within maxStringLength bytes.
+// size and strings are NUL-terminated within maxStringLength bytes. It
+// allocates in proportion to the file whatever the file says: the table can
+// hold no more entries than fit in the file, and every key and value is a
+// piece of one copy of it, so entries that all name one long string (a
+// crafted file's way to make a reader copy the same 4 KiB for each of them)
+// cost no more than entries that name their own.
 func Parse(data []byte) (*Cache, error) {
 	switch {
 	case bytes.HasPrefix(data, []byte(magicNew)):
@@ -107,10 +113,11 @@ func Parse(data []byte) (*Cache, error) {
 
 // parseOld reads the old table; its string offsets count from the end of the table.
 func parseOld(data []byte, n, stringsStart int) ([]Entry, error) {
+	text := string(data)
 	entries := make([]Entry, 0, n)
 	for i := range n {
 		off := headerOldSize + i*entryOldSize
-		e, err := readEntry(data, binary.LittleEndian, off, stringsStart)
+		e, err := readEntry(data, text, binary.LittleEndian, off, stringsStart)
 		if err != nil {
 			return nil, fmt.Errorf("failed to parse ld.so.cache entry %d: %w", i, err)
 		}
@@ -140,10 +147,11 @@ func parseNew(data []byte, start int) ([]Entry, error) {
 	if uint64(headerNewSize)+n*entryNewSize > uint64(len(h)) {
 		return nil, fmt.Errorf("failed to parse ld.so.cache: %d entries exceed the file size %d", n, len(data))
 	}
+	text := string(data)
 	entries := make([]Entry, 0, n)
 	for i := range int(n) {
 		off := start + headerNewSize + i*entryNewSize
-		e, err := readEntry(data, order, off, start)
+		e, err := readEntry(data, text, order, off, start)
 		if err != nil {
 			return nil, fmt.Errorf("failed to parse ld.so.cache entry %d: %w", i, err)
 		}
@@ -153,32 +161,34 @@ func parseNew(data []byte, start int) ([]Entry, error) {
 	return entries, nil
 }
 
-func readEntry(data []byte, order binary.ByteOrder, off, stringsStart int) (Entry, error) {
-	key, err := cString(data, stringsStart, order.Uint32(data[off+4:off+8]))
+// readEntry reads the entry at off of data; its strings are pieces of text,
+// data's one copy.
+func readEntry(data []byte, text string, order binary.ByteOrder, off, stringsStart int) (Entry, error) {
+	key, err := cString(text, stringsStart, order.Uint32(data[off+4:off+8]))
 	if err != nil {
 		return Entry{}, fmt.Errorf("failed to read key: %w", err)
 	}
-	value, err := cString(data, stringsStart, order.Uint32(data[off+8:off+12]))
+	value, err := cString(text, stringsStart, order.Uint32(data[off+8:off+12]))
 	if err != nil {
 		return Entry{}, fmt.Errorf("failed to read value: %w", err)
 	}
 	return Entry{Key: key, Value: value, Flags: int32(order.Uint32(data[off : off+4]))}, nil
 }
 
-func cString(data []byte, base int, off uint32) (string, error) {
+func cString(text string, base int, off uint32) (string, error) {
 	start := uint64(base) + uint64(off)
-	if start >= uint64(len(data)) {
-		return "", fmt.Errorf("string offset %d is past the end of the file (%d bytes)", start, len(data))
+	if start >= uint64(len(text)) {
+		return "", fmt.Errorf("string offset %d is past the end of the file (%d bytes)", start, len(text))
 	}
-	rest := data[start:]
+	rest := text[start:]
 	if len(rest) > maxStringLength {
 		rest = rest[:maxStringLength]
 	}
-	i := bytes.IndexByte(rest, 0)
+	i := strings.IndexByte(rest, 0)
 	if i < 0 {
 		return "", fmt.Errorf("string at offset %d is not terminated within %d bytes", start, len(rest))
 	}
-	return string(rest[:i]), nil
+	return rest[:i], nil
 }
 
 // Lookup returns the entries whose key is name, in cache order (glibc puts

@@ -2,10 +2,12 @@ package ldcache
 
 import (
 	"bytes"
+	"encoding/binary"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"runtime"
 	"sort"
 	"strings"
 	"testing"
@@ -252,4 +254,61 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("round trip changed entries: %+v vs %+v", c.Entries, c2.Entries)
 		}
 	})
+}
+
+// TestParseAllocatesInProportion: a crafted cache whose entries all name one
+// string of almost maxStringLength bytes costs a small multiple of the file,
+// as a valid cache of that size does, not a copy of the string per entry
+// (a 1 MiB file would cost 343 MiB in the new format, 700 MiB in the old).
+func TestParseAllocatesInProportion(t *testing.T) {
+	const size = 1 << 20
+	long := strings.Repeat("x", maxStringLength-1) + "\x00"
+	le := binary.LittleEndian
+	crafted := map[Format][]byte{}
+	{
+		n := (size - headerNewSize - len(long)) / entryNewSize
+		stringsAt := uint32(headerNewSize + n*entryNewSize)
+		b := append([]byte(magicNew+versionNew), make([]byte, headerNewSize-len(magicNew)-len(versionNew))...)
+		le.PutUint32(b[20:], uint32(n))
+		b[28] = endianLittle
+		for range n {
+			b = le.AppendUint32(b, FlagELFLibc6)
+			b = le.AppendUint32(b, stringsAt)
+			b = le.AppendUint32(b, stringsAt)
+			b = le.AppendUint32(b, 0)
+			b = le.AppendUint64(b, 0)
+		}
+		crafted[FormatNew] = append(b, long...)
+	}
+	{
+		n := (size - headerOldSize - len(long)) / entryOldSize
+		b := append([]byte(magicOld), make([]byte, headerOldSize-len(magicOld))...)
+		le.PutUint32(b[12:], uint32(n))
+		for range n {
+			b = le.AppendUint32(b, FlagELFLibc6)
+			b = le.AppendUint32(b, 0)
+			b = le.AppendUint32(b, 0)
+		}
+		crafted[FormatOld] = append(b, long...)
+	}
+	for format, data := range crafted {
+		t.Run(string(format), func(t *testing.T) {
+			var before, after runtime.MemStats
+			runtime.GC()
+			runtime.ReadMemStats(&before)
+			c, err := Parse(data)
+			runtime.ReadMemStats(&after)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.Format != format || len(c.Entries) < size/entryNewSize/2 || len(c.Entries[0].Value) != maxStringLength-1 {
+				t.Fatalf("the crafted file parsed as %s with %d entries", c.Format, len(c.Entries))
+			}
+			// One copy of the file and the entries, 48 bytes each for at
+			// least 12 bytes of table.
+			if got, limit := after.TotalAlloc-before.TotalAlloc, uint64(6*len(data)); got > limit {
+				t.Errorf("parsing %d bytes allocated %d MiB, more than %d MiB", len(data), got>>20, limit>>20)
+			}
+		})
+	}
 }

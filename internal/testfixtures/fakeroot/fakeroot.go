@@ -329,6 +329,10 @@ func Layouts() map[string]Layout {
 					file("/proc/1/cmdline", "/sbin/init\x00"),
 					file("/proc/2741/comm", "nvidia-gpu-devi\n"),
 					file("/proc/2741/cmdline", "/usr/bin/nvidia-gpu-device-plugin\x00-logtostderr\x00--enable-container-gpu-metrics\x00--enable-health-monitoring\x00"),
+					// COS keeps /var on its stateful partition; the plugin's
+					// container has the kubelet's folder at /device-plugin.
+					file("/proc/1/mountinfo", COSInitMounts),
+					file("/proc/2741/mountinfo", "1200 1100 0:123 / / rw,relatime - overlay overlay rw\n1210 1200 8:1 /var/lib/kubelet/device-plugins /device-plugin rw,nosuid,nodev,relatime - ext4 /dev/sda1 rw\n1212 1200 8:1 /home/kubernetes/bin/nvidia /usr/local/nvidia ro,nosuid,nodev,relatime - ext4 /dev/sda1 rw\n"),
 				},
 			),
 		},
@@ -681,6 +685,14 @@ func Layouts() map[string]Layout {
 // nvidia/current, reached through alternatives.
 // gkeCOS is GKE's Container-Optimized OS with the driver its installer puts
 // in /home/kubernetes/bin/nvidia.
+// COSInitMounts is the mount table of a Container-Optimized OS node's init
+// (/proc/1/mountinfo), in part: its read-only root, and /var and /home bound
+// from the stateful partition.
+const COSInitMounts = "21 1 254:0 / / ro,relatime shared:1 - ext2 /dev/root ro\n" +
+	"24 21 8:1 / /mnt/stateful_partition rw,nosuid,nodev,relatime shared:9 - ext4 /dev/sda1 rw,commit=30\n" +
+	"27 21 8:1 /var /var rw,nosuid,nodev,relatime shared:9 - ext4 /dev/sda1 rw,commit=30\n" +
+	"30 21 8:1 /home /home rw,nosuid,nodev,relatime shared:9 - ext4 /dev/sda1 rw,commit=30\n"
+
 func gkeCOS() []node {
 	return concat(
 		system("/usr/lib64", "/usr/bin"),
