@@ -134,8 +134,16 @@ func Run(ctx context.Context, args []string, stderr io.Writer) error {
 		return fmt.Errorf("failed to create the state folder %q: %w", o.stateDir, err)
 	}
 	m := newMetrics()
+	rro, kernel := KernelHasRecursiveReadOnly()
 	s := &server{opts: o, log: log, metrics: m,
-		plugin: &Plugin{StateDir: o.stateDir, Rules: cfg.Rules(), Log: log, Count: m.count}}
+		plugin: &Plugin{StateDir: o.stateDir, Rules: cfg.Rules(), Log: log, Count: m.count,
+			LDLibraryPath: cfg.LDLibraryPath, RecursiveReadOnly: rro}}
+	mountOptions := recursiveReadOnlyOptions
+	if !rro {
+		mountOptions = noSubmountOptions
+	}
+	log.Info("driver mounts read-only all the way down", "kernel", kernel, "recursiveReadOnly", rro, "mountOptions", mountOptions,
+		"ldLibraryPath", cfg.LDLibraryPath)
 	return s.run(ctx)
 }
 
