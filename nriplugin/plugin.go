@@ -222,7 +222,8 @@ func libraryPath(env, libs []string, mode string) (value string, ok bool) {
 	}
 	old := ""
 	for _, kv := range env {
-		// The first, which getenv(3) returns to the container's programs.
+		// containerd keeps one entry per name; should there be two, the
+		// adjustment replaces the first.
 		if v, found := strings.CutPrefix(kv, envLibraryPath+"="); found {
 			old = v
 			break
@@ -261,10 +262,7 @@ func checkRequirements(env []string, plan *layout.Plan) (result string, err erro
 		cuda = "unknown"
 	}
 	for _, v := range vars {
-		req, err := cudareq.Parse(v.Value)
-		if err == nil {
-			err = req.Check(node)
-		}
+		err := cudareq.Check(v.Value, node)
 		if err == nil {
 			continue
 		}
@@ -275,6 +273,8 @@ func checkRequirements(env []string, plan *layout.Plan) (result string, err erro
 				stated, err, cudareq.EnvDisable)
 		}
 		where := fmt.Sprintf("select nodes by %s or %s", layout.LabelCUDADriverVersionNumber, layout.LabelDriverVersion)
+		// Parse fails only over the size limit, where Check did already.
+		req, _ := cudareq.Parse(v.Value)
 		if gt, ok := req.AffinityGt(); ok {
 			where = fmt.Sprintf("nodeAffinity %s Gt %d selects them", layout.LabelCUDADriverVersionNumber, gt)
 		}

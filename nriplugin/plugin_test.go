@@ -3,6 +3,7 @@ package nriplugin
 import (
 	"context"
 	"errors"
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -458,15 +459,27 @@ func TestIsGPUDevicePath(t *testing.T) {
 
 // BenchmarkCreateContainer measures what the plugin adds to every container
 // creation on a node: the unmarked fast path, and a marked GPU container
-// given a 19-file plan (the stat of layout.json included).
+// given a 19-file plan (the stat of layout.json included), without an
+// environment and with a CUDA image's (its NVIDIA_REQUIRE_CUDA checked,
+// LD_LIBRARY_PATH merged).
 func BenchmarkCreateContainer(b *testing.B) {
 	plan := workload.LooseFilePlan("570.133.20")
+	cudaImage := gpuContainer("main")
+	cudaImage.Env = []string{
+		"PATH=/usr/local/nvidia/bin:/usr/local/cuda/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+		"NVARCH=x86_64", "NV_CUDA_CUDART_VERSION=12.4.127", "CUDA_VERSION=12.4.1",
+		"LD_LIBRARY_PATH=/usr/local/cuda/compat/lib:/opt/app/lib",
+		"NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=compute,utility",
+		"NVIDIA_REQUIRE_CUDA=" + cudaRequirement("12.4", 470, 525, 535),
+		"HOSTNAME=train-0", "KUBERNETES_SERVICE_HOST=10.96.0.1", "KUBERNETES_SERVICE_PORT=443", "HOME=/root",
+	}
 	for name, tc := range map[string]struct {
 		pod *api.PodSandbox
 		ctr *api.Container
 	}{
 		"unmarked":      {pod(""), gpuContainer("main")},
 		"injected":      {pod("main"), gpuContainer("main")},
+		"injected-env":  {pod("main"), cudaImage},
 		"not-listed":    {pod("sidecar"), gpuContainer("main")},
 		"marker-no-gpu": {pod("main"), gpuContainer("main", "/dev/fuse")},
 	} {
@@ -481,4 +494,17 @@ func BenchmarkCreateContainer(b *testing.B) {
 			}
 		})
 	}
+}
+
+// cudaRequirement is an NVIDIA_REQUIRE_CUDA in the form NVIDIA's CUDA images
+// state it: the release, or a driver branch of its forward compatibility on
+// any brand.
+func cudaRequirement(cuda string, branches ...int) string {
+	parts := []string{"cuda>=" + cuda}
+	for _, br := range branches {
+		for _, brand := range []string{"tesla", "unknown", "nvidia", "nvidiartx", "geforce", "geforcertx", "quadro", "quadrortx", "titan", "titanrtx"} {
+			parts = append(parts, fmt.Sprintf("brand=%s,driver>=%d,driver<%d", brand, br, br+1))
+		}
+	}
+	return strings.Join(parts, " ")
 }

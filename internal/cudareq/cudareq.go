@@ -35,7 +35,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -72,24 +72,28 @@ type Var struct {
 // turns the check off. A name given twice counts once, with its first value,
 // which is the one getenv(3) returns to the container's programs.
 func FromEnv(env []string) (vars []Var, disabled bool) {
-	seen := map[string]bool{}
+	sawDisable := false
 	for _, kv := range env {
 		k, v, ok := strings.Cut(kv, "=")
-		if !ok || seen[k] || !strings.HasPrefix(k, "NVIDIA_") {
+		if !ok || !strings.HasPrefix(k, "NVIDIA_") {
 			continue
 		}
-		seen[k] = true
 		switch {
 		case k == EnvDisable:
-			disabled, _ = strconv.ParseBool(v)
+			if !sawDisable {
+				disabled, _ = strconv.ParseBool(v)
+			}
+			sawDisable = true
 		case strings.HasPrefix(k, EnvPrefix) && !strings.HasPrefix(k, envJetpack):
-			vars = append(vars, Var{Name: k, Value: v})
+			if !slices.ContainsFunc(vars, func(x Var) bool { return x.Name == k }) {
+				vars = append(vars, Var{Name: k, Value: v})
+			}
 		}
 	}
 	if disabled {
 		return nil, true
 	}
-	sort.Slice(vars, func(i, j int) bool { return vars[i].Name < vars[j].Name })
+	slices.SortFunc(vars, func(a, b Var) int { return strings.Compare(a.Name, b.Name) })
 	return vars, false
 }
 
@@ -134,9 +138,10 @@ type Requirement struct {
 	Alternatives [][]Clause
 }
 
-// Parse reads a requirement. Only a value over MaxBytes is an error: a
-// clause that is no expression is marked Invalid, and fails the check only
-// if the check reaches it.
+// Parse reads a requirement's structure, for a reader that looks at its
+// clauses (AffinityGt). Only a value over MaxBytes is an error: a clause that
+// is no expression is marked Invalid, and fails Check only if Check reaches
+// it.
 func Parse(s string) (Requirement, error) {
 	if len(s) > MaxBytes {
 		return Requirement{}, fmt.Errorf("%w: %d bytes exceeds the limit of %d", ErrInvalid, len(s), MaxBytes)
@@ -176,26 +181,36 @@ func parseClause(text string) Clause {
 	case end == len(text):
 		c.Invalid = "no value after the operator"
 	default:
-		switch p := asciiLower(text[:n]); p {
-		case PropertyCUDA, PropertyDriver, PropertyArch, PropertyBrand:
-			c.Property, c.Op, c.Value = p, text[n:end], text[end:]
-		default:
-			c.Invalid = fmt.Sprintf("unknown property %q (one of cuda, driver, arch, brand)", text[:n])
+		for _, p := range []string{PropertyCUDA, PropertyDriver, PropertyArch, PropertyBrand} {
+			if asciiEqualFold(text[:n], p) {
+				c.Property, c.Op, c.Value = p, text[n:end], text[end:]
+				return c
+			}
 		}
+		c.Invalid = fmt.Sprintf("unknown property %q (one of cuda, driver, arch, brand)", text[:n])
 	}
 	return c
 }
 
-// asciiLower folds ASCII letters only, as strcasecmp(3) does in the C
-// locale: no other letter may pass for one of "cuda".
-func asciiLower(s string) string {
-	b := []byte(s)
-	for i, c := range b {
-		if c >= 'A' && c <= 'Z' {
-			b[i] = c + 'a' - 'A'
+// asciiEqualFold compares folding ASCII letters only, as strcasecmp(3) does
+// in the C locale: no other letter may pass for one of "cuda".
+func asciiEqualFold(a, b string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := 0; i < len(a); i++ {
+		x, y := a[i], b[i]
+		if x >= 'A' && x <= 'Z' {
+			x += 'a' - 'A'
+		}
+		if y >= 'A' && y <= 'Z' {
+			y += 'a' - 'A'
+		}
+		if x != y {
+			return false
 		}
 	}
-	return string(b)
+	return true
 }
 
 func operator(op string) bool {
@@ -217,15 +232,33 @@ func (e *UnsatisfiedError) Error() string {
 	return "unsatisfied condition: " + e.First
 }
 
-// Check evaluates the requirement on the node as libnvidia-container does:
+// Check evaluates a requirement on the node as libnvidia-container does:
 // nil when it holds, an *UnsatisfiedError when it does not, or an error
-// wrapping ErrInvalid for a clause reached that is no expression or whose
-// versions are no dotted numbers.
-func (r Requirement) Check(n Node) error {
-	held := true
-	for _, alt := range r.Alternatives {
+// wrapping ErrInvalid for a value over MaxBytes, or a clause reached that is
+// no expression or whose versions are no dotted numbers. It reads the text as
+// it goes, and allocates nothing for a requirement that holds.
+func Check(req string, n Node) error {
+	if len(req) > MaxBytes {
+		return fmt.Errorf("%w: %d bytes exceeds the limit of %d", ErrInvalid, len(req), MaxBytes)
+	}
+	held, first := true, ""
+	for rest, more := req, true; more; {
+		var alt string
+		alt, rest, more = strings.Cut(rest, " ")
+		if alt == "" {
+			continue
+		}
+		if first == "" {
+			first = alt
+		}
 		all := true
-		for _, c := range alt {
+		for clauses, more := alt, true; more; {
+			var text string
+			text, clauses, more = strings.Cut(clauses, ",")
+			if text == "" {
+				continue
+			}
+			c := parseClause(text)
 			ok, err := c.eval(n)
 			if err != nil {
 				return fmt.Errorf("%w: %q: %s", ErrInvalid, layout.Truncate(c.Text, 128), err)
@@ -246,18 +279,7 @@ func (r Requirement) Check(n Node) error {
 	if held {
 		return nil
 	}
-	return &UnsatisfiedError{First: layout.Truncate(r.first(), 256)}
-}
-
-func (r Requirement) first() string {
-	if len(r.Alternatives) == 0 {
-		return ""
-	}
-	texts := make([]string, len(r.Alternatives[0]))
-	for i, c := range r.Alternatives[0] {
-		texts[i] = c.Text
-	}
-	return strings.Join(texts, ",")
+	return &UnsatisfiedError{First: layout.Truncate(first, 256)}
 }
 
 func (c Clause) eval(n Node) (bool, error) {
@@ -278,9 +300,9 @@ func (c Clause) eval(n Node) (bool, error) {
 		}
 		switch c.Op {
 		case "=":
-			return asciiLower(n.Brand) == asciiLower(c.Value), nil
+			return asciiEqualFold(n.Brand, c.Value), nil
 		case "!=":
-			return asciiLower(n.Brand) != asciiLower(c.Value), nil
+			return !asciiEqualFold(n.Brand, c.Value), nil
 		}
 		return false, fmt.Errorf("a brand compares only with = or !=, not %s", c.Op)
 	}

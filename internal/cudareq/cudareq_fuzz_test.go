@@ -48,7 +48,7 @@ func FuzzRequirement(f *testing.F) {
 			t.Fatalf("Parse = %v", err)
 		}
 		for _, n := range fuzzNodes {
-			err := r.Check(n)
+			err := Check(s, n)
 			var u *UnsatisfiedError
 			got := "ok"
 			switch {
@@ -67,12 +67,18 @@ func FuzzRequirement(f *testing.F) {
 		if !ok {
 			return
 		}
-		first := Requirement{Alternatives: r.Alternatives[:1]}
+		first := ""
+		for _, alt := range strings.Split(s, " ") {
+			if alt != "" {
+				first = alt
+				break
+			}
+		}
 		for major := 0; major <= 20; major++ {
 			for _, minor := range []int{0, 1, 4, 9, 10, 99} {
 				v := strconv.Itoa(major) + "." + strconv.Itoa(minor)
 				num, _ := layout.CUDAVersionNumber(v)
-				if holds := first.Check(Node{CUDA: v}) == nil; holds != (num > gt) {
+				if holds := Check(first, Node{CUDA: v}) == nil; holds != (num > gt) {
 					t.Fatalf("%q on CUDA %s (%d): holds=%v, but the affinity Gt %d says %v", s, v, num, holds, gt, num > gt)
 				}
 			}

@@ -90,11 +90,10 @@ func TestCheck(t *testing.T) {
 		"the node's version is odd":   {"driver>=535", Node{Driver: "535.104.05-open"}, invalid},
 	} {
 		t.Run(name, func(t *testing.T) {
-			r, err := Parse(tc.req)
-			if err != nil {
+			if _, err := Parse(tc.req); err != nil {
 				t.Fatalf("Parse(%q) = %v", tc.req, err)
 			}
-			err = r.Check(tc.node)
+			err := Check(tc.req, tc.node)
 			var u *UnsatisfiedError
 			got := ok
 			switch {
@@ -116,23 +115,43 @@ func TestCheck(t *testing.T) {
 }
 
 func TestUnsatisfiedNamesTheFirstAlternative(t *testing.T) {
-	r, _ := Parse(ngcStyle("12.8", 470, 525))
-	err := r.Check(t4)
+	err := Check(ngcStyle("12.8", 470, 525), t4)
 	if err == nil || err.Error() != "unsatisfied condition: cuda>=12.8" {
 		t.Errorf("Check = %v, want NVIDIA's wording naming cuda>=12.8", err)
 	}
-	r, _ = Parse("brand=tesla,driver>=999 cuda>=99")
-	if err := r.Check(t4); err == nil || err.Error() != "unsatisfied condition: brand=tesla,driver>=999" {
+	if err := Check("  brand=tesla,driver>=999 cuda>=99", t4); err == nil || err.Error() != "unsatisfied condition: brand=tesla,driver>=999" {
 		t.Errorf("Check = %v", err)
 	}
 }
 
-func TestParseLimit(t *testing.T) {
-	if _, err := Parse(strings.Repeat("cuda>=1 ", MaxBytes/8)); err != nil {
+func TestLimit(t *testing.T) {
+	at := strings.Repeat("cuda>=99 ", MaxBytes/9)
+	if _, err := Parse(at); err != nil {
 		t.Errorf("Parse at the limit: %v", err)
 	}
-	if _, err := Parse(strings.Repeat("x", MaxBytes+1)); !errors.Is(err, ErrInvalid) {
+	var u *UnsatisfiedError
+	if err := Check(at, t4); !errors.As(err, &u) {
+		t.Errorf("Check at the limit = %v, want unsatisfied", err)
+	}
+	over := strings.Repeat("x", MaxBytes+1)
+	if _, err := Parse(over); !errors.Is(err, ErrInvalid) {
 		t.Errorf("Parse over the limit = %v, want ErrInvalid", err)
+	}
+	if err := Check(over, t4); !errors.Is(err, ErrInvalid) {
+		t.Errorf("Check over the limit = %v, want ErrInvalid", err)
+	}
+}
+
+// TestCheckAllocations: a requirement that holds, as on most containers,
+// costs no allocation, however long.
+func TestCheckAllocations(t *testing.T) {
+	req := ngcStyle("12.2", 470, 525, 535)
+	if n := testing.AllocsPerRun(100, func() {
+		if err := Check(req, t4); err != nil {
+			t.Fatal(err)
+		}
+	}); n != 0 {
+		t.Errorf("Check allocates %v times", n)
 	}
 }
 
