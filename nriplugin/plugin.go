@@ -62,8 +62,8 @@ const nvidiaMajor = 195
 // gives it (rbind, rprivate, ro), plus nosuid and nodev, which a driver folder
 // never needs. runc binds first and applies ro, nosuid and nodev in a
 // remount, which works for a file as for a folder, but only on the mount it
-// made: a mount below the host path (a driver folder that is itself a mount
-// point's parent) comes along with rbind as writable as it is on the host.
+// made: a mount below the host path (a filesystem mounted inside a driver
+// folder) comes along with rbind as writable as it is on the host.
 // So the driver is read-only all the way down in one of two ways:
 //
 //   - rro where the kernel has mount_setattr(2) (Linux 5.12): runc 1.1 and

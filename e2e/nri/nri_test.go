@@ -610,6 +610,15 @@ func compile(t *testing.T, dir, out, src string, args ...string) string {
 	return bin
 }
 
+// release deletes a pod, whose GPU goes back to the device plugin only
+// once it is gone: the kubelet node has two.
+func release(t *testing.T, ns, name string) {
+	t.Helper()
+	if err := client().CoreV1().Pods(ns).Delete(context.Background(), name, metav1.DeleteOptions{}); err != nil {
+		t.Errorf("failed to delete pod %s/%s: %v", ns, name, err)
+	}
+}
+
 // waitRefused waits for the pod's container to be refused at creation and
 // returns the reason the kubelet shows.
 func waitRefused(t *testing.T, ns, name string) string {
@@ -693,6 +702,7 @@ func TestImageEnvironment(t *testing.T) {
 	}
 	check := func(t *testing.T, ns, name string) {
 		t.Helper()
+		defer release(t, ns, name)
 		done := waitDone(t, ns, name)
 		log := podLog(t, ns, name, "app")
 		if done.Status.Phase != corev1.PodSucceeded {
@@ -790,11 +800,7 @@ func TestCUDARequirement(t *testing.T) {
 				t.Errorf("the reason does not say %q", want)
 			}
 		}
-		// Refused before any driver was mounted, and kept so: the kubelet
-		// retries, and the check refuses each time.
-		if err := client().CoreV1().Pods(ns).Delete(context.Background(), p.Name, metav1.DeleteOptions{}); err != nil {
-			t.Errorf("failed to delete the refused pod: %v", err)
-		}
+		release(t, ns, p.Name)
 	})
 	t.Run("within, steered by the label", func(t *testing.T) {
 		p := pod("within", okRef)
@@ -806,6 +812,7 @@ func TestCUDARequirement(t *testing.T) {
 			}}},
 		}}
 		p = createInjected(t, ns, p)
+		defer release(t, ns, p.Name)
 		d := waitDone(t, ns, p.Name)
 		log := podLog(t, ns, p.Name, "cuda")
 		if d.Status.Phase != corev1.PodSucceeded {
@@ -817,6 +824,7 @@ func TestCUDARequirement(t *testing.T) {
 		p := pod("disabled", newRef)
 		p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "NVIDIA_DISABLE_REQUIRE", Value: "true"}}
 		p = createInjected(t, ns, p)
+		defer release(t, ns, p.Name)
 		d := waitDone(t, ns, p.Name)
 		log := podLog(t, ns, p.Name, "cuda")
 		if d.Status.Phase != corev1.PodSucceeded {
@@ -1005,6 +1013,7 @@ func TestSubmountReadOnly(t *testing.T) {
 	p.Spec.Containers[0].Image = ref
 	p.Spec.Containers[0].Command = []string{"/rw-check", path.Join(folder.ContainerPath, "gpu-injector-e2e-submount")}
 	p = createInjected(t, ns, p)
+	defer release(t, ns, p.Name)
 	assertRuntimeInjected(t, p, "cuda")
 	d := waitDone(t, ns, p.Name)
 	log := podLog(t, ns, p.Name, "cuda")
