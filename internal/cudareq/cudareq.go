@@ -177,7 +177,7 @@ func parseClause(text string) Clause {
 	case n == 0:
 		c.Invalid = "no property before the operator"
 	case !operator(text[n:end]):
-		c.Invalid = fmt.Sprintf("%q is not one of the operators = != < <= > >=", text[n:end])
+		c.Invalid = fmt.Sprintf("%q is not one of the operators = != < <= > >=", layout.Truncate(text[n:end], 16))
 	case end == len(text):
 		c.Invalid = "no value after the operator"
 	default:
@@ -187,7 +187,7 @@ func parseClause(text string) Clause {
 				return c
 			}
 		}
-		c.Invalid = fmt.Sprintf("unknown property %q (one of cuda, driver, arch, brand)", text[:n])
+		c.Invalid = fmt.Sprintf("unknown property %q (one of cuda, driver, arch, brand)", layout.Truncate(text[:n], 64))
 	}
 	return c
 }
