@@ -420,7 +420,7 @@ func TestNodeRestrictionPolicy(t *testing.T) {
 		notMatch    bool     // the policy does not apply at all
 	}{
 		"own node, our keys added and changed": {
-			new: `{"metadata":{"labels":{"gpu-injector.io/layout-fingerprint":"bbbb","gpu-injector.io/driver-version":"550.54.15"},"annotations":{"gpu-injector.io/layout":"{}"}}}`,
+			new: `{"metadata":{"labels":{"gpu-injector.io/layout-fingerprint":"bbbb","gpu-injector.io/driver-version":"550.54.15","gpu-injector.io/cuda-driver-version-number":"12040"},"annotations":{"gpu-injector.io/layout":"{}"}}}`,
 		},
 		"own node, our keys removed": {
 			new: `{"metadata":{"labels":{"gpu-injector.io/layout-fingerprint":null},"annotations":{"gpu-injector.io/layout":null}}}`,

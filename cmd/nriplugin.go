@@ -57,5 +57,6 @@ func NRIPlugin(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	o.Rules = cfg.Rules()
+	o.LDLibraryPath = cfg.LDLibraryPath
 	return nriplugin.Run(ctx, o)
 }

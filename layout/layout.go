@@ -45,6 +45,12 @@ const (
 	LabelMIGEnabled        = Prefix + "mig-enabled"
 )
 
+// LabelCUDADriverVersionNumber is the CUDA driver version as one integer
+// (CUDAVersionNumber: 12040 for 12.4), published by the probe beside
+// LabelCUDADriverVersion, so that a nodeAffinity Gt or Lt term can compare
+// it: label values are text, and Gt and Lt read integers only.
+const LabelCUDADriverVersionNumber = Prefix + "cuda-driver-version-number"
+
 // Keys users and the webhook put on Namespaces and Pods.
 const (
 	// LabelInject on a Namespace opts it in with the value InjectEnabled.
@@ -543,6 +549,33 @@ func (i Injected) String() string {
 	enc.SetEscapeHTML(false)
 	_ = enc.Encode(i)
 	return strings.TrimSpace(b.String())
+}
+
+// CUDAVersionNumber encodes a CUDA version "major.minor" as NVIDIA's driver
+// API does (cuDriverGetVersion, nvmlSystemGetCudaDriverVersion): 1000*major +
+// 10*minor, so 12.4 is 12040 and 9.2 is 9020. ok is false for anything else,
+// or a minor of 100 or more, which the encoding cannot hold.
+func CUDAVersionNumber(v string) (n int, ok bool) {
+	major, minor, found := strings.Cut(v, ".")
+	if !found || !digits(major, 6) || !digits(minor, 2) {
+		return 0, false
+	}
+	ma, _ := strconv.Atoi(major)
+	mi, _ := strconv.Atoi(minor)
+	return 1000*ma + 10*mi, true
+}
+
+// digits reports whether s is 1 to max ASCII digits.
+func digits(s string, max int) bool {
+	if len(s) == 0 || len(s) > max {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return true
 }
 
 // CompareVersions compares dotted versions numerically (driver 535.104.05 <

@@ -256,3 +256,17 @@ func FuzzParseInjected(f *testing.F) {
 		}
 	})
 }
+
+func TestCUDAVersionNumber(t *testing.T) {
+	for v, want := range map[string]int{"12.4": 12040, "9.2": 9020, "13.0": 13000, "8.0": 8000, "12.10": 12100, "0.0": 0} {
+		if got, ok := CUDAVersionNumber(v); !ok || got != want {
+			t.Errorf("CUDAVersionNumber(%q) = %d, %v; want %d", v, got, ok, want)
+		}
+	}
+	// The encoding has room for two digits of minor and nothing after it.
+	for _, v := range []string{"", "12", "12.", ".4", "12.4.1", "12.100", "v12.4", "12.-4", "+1.2", "1234567.0", "12.4 "} {
+		if got, ok := CUDAVersionNumber(v); ok {
+			t.Errorf("CUDAVersionNumber(%q) = %d, want not ok", v, got)
+		}
+	}
+}

@@ -112,6 +112,9 @@ func Desired(r Result) (Published, error) {
 	}
 	if f := r.NVML.Facts; f != nil {
 		setLabel(layout.LabelCUDADriverVersion, f.CUDADriverVersion)
+		if n, ok := layout.CUDAVersionNumber(f.CUDADriverVersion); ok {
+			p.Labels[layout.LabelCUDADriverVersionNumber] = strconv.Itoa(n)
+		}
 		if len(f.GPUs) > 0 {
 			p.Labels[layout.LabelGPUCount] = strconv.Itoa(len(f.GPUs))
 			// A mixed node advertises what every GPU offers at least.
@@ -174,7 +177,7 @@ var owned = map[string]bool{
 	layout.LabelGPUProduct: true, layout.LabelGPUCount: true, layout.LabelGPUMemoryMiB: true,
 	layout.LabelComputeCapability: true, layout.LabelMIGEnabled: true,
 	AnnotationVersionSource: true, AnnotationNVMLState: true,
-	layout.LabelNRIPlugin: true,
+	layout.LabelNRIPlugin: true, layout.LabelCUDADriverVersionNumber: true,
 }
 
 // ours returns the entries of m that the probe owns.

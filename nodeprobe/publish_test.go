@@ -59,6 +59,9 @@ func TestDesired(t *testing.T) {
 			layout.LabelGPUMemoryMiB:      "81559",
 			layout.LabelComputeCapability: "9.0",
 			layout.LabelMIGEnabled:        "false",
+
+			// What a nodeAffinity Gt term compares.
+			layout.LabelCUDADriverVersionNumber: "13000",
 		},
 		Annotations: map[string]string{
 			layout.AnnotationLayout: enc,
@@ -85,6 +88,7 @@ func TestDesiredMixedNodeAndErrors(t *testing.T) {
 	for k, v := range map[string]string{
 		layout.LabelState: layout.StateError, layout.LabelGPUProduct: "mixed", layout.LabelGPUMemoryMiB: "40960",
 		layout.LabelComputeCapability: "8.0", layout.LabelMIGEnabled: "true", layout.LabelCUDADriverVersion: "12.8",
+		layout.LabelCUDADriverVersionNumber: "12080",
 	} {
 		if p.Labels[k] != v {
 			t.Errorf("label %s = %q, want %q", k, p.Labels[k], v)

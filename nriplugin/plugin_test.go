@@ -3,6 +3,7 @@ package nriplugin
 import (
 	"context"
 	"errors"
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -37,7 +38,8 @@ func newPlugin(t testing.TB, plan *layout.Plan) (*Plugin, counts) {
 		}
 	}
 	c := counts{}
-	return &Plugin{StateDir: dir, Rules: config.Default().Rules(), Log: logr.Discard(), Count: func(r string) { c[r]++ }}, c
+	return &Plugin{StateDir: dir, Rules: config.Default().Rules(), Log: logr.Discard(), Count: func(r string) { c[r]++ },
+		RecursiveReadOnly: true}, c
 }
 
 func pod(marker string) *api.PodSandbox {
@@ -68,7 +70,7 @@ func gpuContainer(name string, devices ...string) *api.Container {
 func wantMounts(p layout.Plan) []*api.Mount {
 	var out []*api.Mount
 	for _, m := range p.Mounts {
-		out = append(out, &api.Mount{Source: m.HostPath, Destination: m.ContainerPath, Type: "bind", Options: []string{"rbind", "rprivate", "ro", "nosuid", "nodev"}})
+		out = append(out, &api.Mount{Source: m.HostPath, Destination: m.ContainerPath, Type: "bind", Options: []string{"rbind", "rprivate", "ro", "rro", "nosuid", "nodev"}})
 	}
 	return out
 }
@@ -117,8 +119,12 @@ func TestCreateContainer(t *testing.T) {
 			if got := mountsOf(adj); !reflect.DeepEqual(got, tc.want) {
 				t.Errorf("mounts\n%v\nwant\n%v", got, tc.want)
 			}
-			if adj != nil && (len(adj.Env) > 0 || adj.Linux != nil || len(adj.Annotations) > 0) {
-				t.Errorf("the adjustment changes more than mounts: %v", adj)
+			var wantEnv []*api.KeyValue
+			if tc.want != nil {
+				wantEnv = []*api.KeyValue{{Key: "LD_LIBRARY_PATH", Value: "/usr/local/nvidia/lib64"}}
+			}
+			if adj != nil && (!reflect.DeepEqual(adj.Env, wantEnv) || adj.Linux != nil || len(adj.Annotations) > 0) {
+				t.Errorf("the adjustment changes more than mounts and LD_LIBRARY_PATH: %v", adj)
 			}
 			if !reflect.DeepEqual(c, counts{tc.result: 1}) {
 				t.Errorf("counted %v, want %s once", c, tc.result)
@@ -245,6 +251,200 @@ func TestCreateContainerDriverUpgrade(t *testing.T) {
 	}
 }
 
+// TestCreateContainerDevices: only a character device of NVIDIA's major at
+// /dev/nvidia<N> is a GPU; a raw block volume a pod's author put at that
+// path, or another character device, gets nothing.
+func TestCreateContainerDevices(t *testing.T) {
+	folder := folderPlan("580.159.04")
+	dev := func(path, typ string, major int64) *api.LinuxDevice {
+		return &api.LinuxDevice{Path: path, Type: typ, Major: major}
+	}
+	for name, tc := range map[string]struct {
+		devices []*api.LinuxDevice
+		result  string
+	}{
+		"a GPU":                           {[]*api.LinuxDevice{dev("/dev/nvidiactl", "c", 195), dev("/dev/nvidia0", "c", 195)}, ResultInjected},
+		"a raw block volume":              {[]*api.LinuxDevice{dev("/dev/nvidia0", "b", 7)}, ResultNotGPUDevice},
+		"a block device of major 195":     {[]*api.LinuxDevice{dev("/dev/nvidia0", "b", 195)}, ResultNotGPUDevice},
+		"another character device":        {[]*api.LinuxDevice{dev("/dev/nvidia0", "c", 1)}, ResultNotGPUDevice},
+		"no type":                         {[]*api.LinuxDevice{dev("/dev/nvidia0", "", 195)}, ResultNotGPUDevice},
+		"a fake beside the control nodes": {[]*api.LinuxDevice{dev("/dev/nvidiactl", "c", 195), dev("/dev/nvidia-uvm", "c", 511), dev("/dev/nvidia1", "b", 7)}, ResultNotGPUDevice},
+		"a fake and a GPU":                {[]*api.LinuxDevice{dev("/dev/nvidia0", "b", 7), dev("/dev/nvidia1", "c", 195)}, ResultInjected},
+		"only the control node":           {[]*api.LinuxDevice{dev("/dev/nvidiactl", "c", 195)}, ResultNoGPU},
+	} {
+		t.Run(name, func(t *testing.T) {
+			p, c := newPlugin(t, &folder)
+			ctr := gpuContainer("main")
+			ctr.Linux.Devices = tc.devices
+			adj, _, err := p.CreateContainer(context.Background(), pod("main"), ctr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if injected := len(mountsOf(adj)) > 0; injected != (tc.result == ResultInjected) {
+				t.Errorf("mounts %v, want result %s", mountsOf(adj), tc.result)
+			}
+			if adj == nil && tc.result == ResultInjected || adj != nil && tc.result != ResultInjected {
+				t.Errorf("adjustment %v for result %s", adj, tc.result)
+			}
+			if !reflect.DeepEqual(c, counts{tc.result: 1}) {
+				t.Errorf("counted %v, want %s once", c, tc.result)
+			}
+		})
+	}
+}
+
+// TestCreateContainerLibraryPath: LD_LIBRARY_PATH from the container's whole
+// environment (the image's ENV and the pod's env, as the runtime hands them
+// over), the plan's folders merged as ldLibraryPath says.
+func TestCreateContainerLibraryPath(t *testing.T) {
+	plan := folderPlan("580.159.04")
+	plan.LibraryPaths = []string{"/usr/local/nvidia/lib64", "/usr/local/nvidia/lib64/gbm"}
+	const driver = "/usr/local/nvidia/lib64:/usr/local/nvidia/lib64/gbm"
+	for name, tc := range map[string]struct {
+		env  []string
+		mode string
+		want string // "": no LD_LIBRARY_PATH in the adjustment
+	}{
+		"none set":                 {env: []string{"PATH=/usr/bin"}, want: driver},
+		"the image's own":          {env: []string{"PATH=/usr/bin", "LD_LIBRARY_PATH=/opt/app/lib"}, want: "/opt/app/lib:" + driver},
+		"empty":                    {env: []string{"LD_LIBRARY_PATH="}, want: driver},
+		"one there already":        {env: []string{"LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/nvidia/lib64"}, want: "/usr/local/cuda/lib64:/usr/local/nvidia/lib64:/usr/local/nvidia/lib64/gbm"},
+		"both there already":       {env: []string{"LD_LIBRARY_PATH=/usr/local/nvidia/lib64/gbm:/usr/local/nvidia/lib64"}},
+		"a longer name is another": {env: []string{"LD_LIBRARY_PATH_X=/x", "MY_LD_LIBRARY_PATH=/y"}, want: driver},
+		"the first of two":         {env: []string{"LD_LIBRARY_PATH=/a", "LD_LIBRARY_PATH=/b"}, want: "/a:" + driver},
+		"prepend":                  {env: []string{"LD_LIBRARY_PATH=/usr/local/cuda/compat/lib:/opt/app/lib"}, mode: config.LDLibraryPathPrepend, want: driver + ":/usr/local/cuda/compat/lib:/opt/app/lib"},
+		"prepend, one there":       {env: []string{"LD_LIBRARY_PATH=/opt/app/lib:/usr/local/nvidia/lib64/gbm"}, mode: config.LDLibraryPathPrepend, want: "/usr/local/nvidia/lib64:/opt/app/lib:/usr/local/nvidia/lib64/gbm"},
+		"prepend, none set":        {mode: config.LDLibraryPathPrepend, want: driver},
+		"append":                   {env: []string{"LD_LIBRARY_PATH=/opt/app/lib"}, mode: config.LDLibraryPathAppend, want: "/opt/app/lib:" + driver},
+		"off":                      {env: []string{"LD_LIBRARY_PATH=/opt/app/lib"}, mode: config.LDLibraryPathOff},
+		"off, none set":            {mode: config.LDLibraryPathOff},
+	} {
+		t.Run(name, func(t *testing.T) {
+			p, c := newPlugin(t, &plan)
+			p.LDLibraryPath = tc.mode
+			ctr := gpuContainer("main")
+			ctr.Env = tc.env
+			adj, _, err := p.CreateContainer(context.Background(), pod("main"), ctr)
+			if err != nil || c[ResultInjected] != 1 {
+				t.Fatalf("CreateContainer = %v, %v; counted %v", adj, err, c)
+			}
+			var want []*api.KeyValue
+			if tc.want != "" {
+				want = []*api.KeyValue{{Key: "LD_LIBRARY_PATH", Value: tc.want}}
+			}
+			if !reflect.DeepEqual(adj.Env, want) {
+				t.Errorf("env %v, want %v", adj.Env, want)
+			}
+		})
+	}
+	// A plan without library folders (a loose-file plan of binaries only)
+	// leaves the variable alone.
+	plan.LibraryPaths = nil
+	p, _ := newPlugin(t, &plan)
+	if adj, _, err := p.CreateContainer(context.Background(), pod("main"), gpuContainer("main")); err != nil || len(adj.Env) != 0 {
+		t.Errorf("no library folders: %v, %v", adj, err)
+	}
+}
+
+// TestCreateContainerCUDARequirement: a container whose environment requires
+// a newer CUDA than the node's driver offers is not created, and the reason
+// names the requirement, the node's driver and CUDA version and the label to
+// select nodes by; NVIDIA_DISABLE_REQUIRE=true turns the check off.
+func TestCreateContainerCUDARequirement(t *testing.T) {
+	plan := folderPlan("535.104.05")
+	plan.CUDADriverVersion = "12.2"
+	noCUDA := folderPlan("535.104.05")
+	toolkit := layout.Plan{SchemaVersion: layout.SchemaVersion, DriverVersion: "535.104.05", CUDADriverVersion: "12.2", RuntimeInjection: layout.RuntimeToolkit}
+	for name, tc := range map[string]struct {
+		plan   layout.Plan
+		env    []string
+		result string
+		want   []string // in the error
+	}{
+		"within the driver":        {plan, []string{"NVIDIA_REQUIRE_CUDA=cuda>=12.2"}, ResultInjected, nil},
+		"a forward-compatible one": {plan, []string{"NVIDIA_REQUIRE_CUDA=cuda>=12.4 brand=tesla,driver>=535,driver<536"}, ResultInjected, nil},
+		"above the driver": {plan, []string{"PATH=/usr/bin", "NVIDIA_REQUIRE_CUDA=cuda>=13.0 brand=tesla,driver>=470,driver<471"}, ResultCUDAUnsatisfied, []string{
+			`container "main" of pod ml/train`,
+			`NVIDIA_REQUIRE_CUDA="cuda>=13.0 brand=tesla,driver>=470,driver<471"`,
+			"unsatisfied condition: cuda>=13.0",
+			"driver 535.104.05 (CUDA 12.2)",
+			"nodeAffinity gpu-injector.io/cuda-driver-version-number Gt 12999",
+			"NVIDIA_DISABLE_REQUIRE=true",
+		}},
+		"a driver range": {plan, []string{"NVIDIA_REQUIRE_DRIVER=driver>=550"}, ResultCUDAUnsatisfied, []string{
+			"NVIDIA_REQUIRE_DRIVER", "unsatisfied condition: driver>=550", "select nodes by gpu-injector.io/cuda-driver-version-number or gpu-injector.io/driver-version",
+		}},
+		"disabled":                {plan, []string{"NVIDIA_REQUIRE_CUDA=cuda>=13.0", "NVIDIA_DISABLE_REQUIRE=true"}, ResultInjected, nil},
+		"disabled by the pod":     {plan, []string{"NVIDIA_REQUIRE_CUDA=cuda>=13.0", "PATH=/bin", "NVIDIA_DISABLE_REQUIRE=1"}, ResultInjected, nil},
+		"not disabled by false":   {plan, []string{"NVIDIA_REQUIRE_CUDA=cuda>=13.0", "NVIDIA_DISABLE_REQUIRE=false"}, ResultCUDAUnsatisfied, []string{"cuda>=13.0"}},
+		"the node's CUDA unknown": {noCUDA, []string{"NVIDIA_REQUIRE_CUDA=cuda>=13.0"}, ResultInjected, nil},
+		"unreadable": {plan, []string{"NVIDIA_REQUIRE_CUDA=cuda=>13.0"}, ResultCUDAInvalid, []string{
+			`NVIDIA_REQUIRE_CUDA="cuda=>13.0"`, "invalid requirement", `"=>" is not one of the operators`, "NVIDIA_DISABLE_REQUIRE=true",
+		}},
+		// The toolkit checks the requirement itself on a node where it injects.
+		"a toolkit node": {toolkit, []string{"NVIDIA_REQUIRE_CUDA=cuda>=13.0"}, ResultRuntimeInjects, nil},
+	} {
+		t.Run(name, func(t *testing.T) {
+			p, c := newPlugin(t, &tc.plan)
+			ctr := gpuContainer("main")
+			ctr.Env = tc.env
+			adj, _, err := p.CreateContainer(context.Background(), pod("main"), ctr)
+			if !reflect.DeepEqual(c, counts{tc.result: 1}) {
+				t.Errorf("counted %v, want %s once", c, tc.result)
+			}
+			if tc.want == nil {
+				if err != nil {
+					t.Fatalf("CreateContainer = %v", err)
+				}
+				return
+			}
+			if err == nil || adj != nil {
+				t.Fatalf("CreateContainer = %v, %v; want a refusal", adj, err)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("the refusal does not say %q: %v", w, err)
+				}
+			}
+			t.Logf("refused: %v", err)
+		})
+	}
+}
+
+// TestMountOptions: rro where the kernel has it, else binds that carry no
+// mount from below the host path; read-only, nosuid and nodev either way.
+func TestMountOptions(t *testing.T) {
+	plan := folderPlan("580.159.04")
+	for rro, want := range map[bool][]string{
+		true:  {"rbind", "rprivate", "ro", "rro", "nosuid", "nodev"},
+		false: {"bind", "rprivate", "ro", "nosuid", "nodev"},
+	} {
+		p, _ := newPlugin(t, &plan)
+		p.RecursiveReadOnly = rro
+		adj, _, err := p.CreateContainer(context.Background(), pod("main"), gpuContainer("main"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range adj.Mounts {
+			if !reflect.DeepEqual(m.Options, want) {
+				t.Errorf("recursiveReadOnly=%v: %s has options %v, want %v", rro, m.Destination, m.Options, want)
+			}
+		}
+	}
+}
+
+func TestKernelAtLeast(t *testing.T) {
+	for release, want := range map[string]bool{
+		"5.12.0": true, "5.12": true, "5.15.0-1050-aws": true, "6.8.0-45-generic": true, "6.18.44-fc-v669": true, "10.0": true,
+		"5.11.22": false, "5.4.0-150-generic": false, "4.18.0-553.el8_10.x86_64": false, "3.10.0-1160.el7.x86_64": false,
+		"": false, "5": false, "x.y": false, "5.x": false,
+	} {
+		if got := kernelAtLeast(release, 5, 12); got != want {
+			t.Errorf("kernelAtLeast(%q, 5, 12) = %v, want %v", release, got, want)
+		}
+	}
+}
+
 func TestIsGPUDevicePath(t *testing.T) {
 	for p, want := range map[string]bool{
 		"/dev/nvidia0": true, "/dev/nvidia15": true, "/dev/nvidia": false, "/dev/nvidiactl": false,
@@ -259,15 +459,27 @@ func TestIsGPUDevicePath(t *testing.T) {
 
 // BenchmarkCreateContainer measures what the plugin adds to every container
 // creation on a node: the unmarked fast path, and a marked GPU container
-// given a 19-file plan (the stat of layout.json included).
+// given a 19-file plan (the stat of layout.json included), without an
+// environment and with a CUDA image's (its NVIDIA_REQUIRE_CUDA checked,
+// LD_LIBRARY_PATH merged).
 func BenchmarkCreateContainer(b *testing.B) {
 	plan := workload.LooseFilePlan("570.133.20")
+	cudaImage := gpuContainer("main")
+	cudaImage.Env = []string{
+		"PATH=/usr/local/nvidia/bin:/usr/local/cuda/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+		"NVARCH=x86_64", "NV_CUDA_CUDART_VERSION=12.4.127", "CUDA_VERSION=12.4.1",
+		"LD_LIBRARY_PATH=/usr/local/cuda/compat/lib:/opt/app/lib",
+		"NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=compute,utility",
+		"NVIDIA_REQUIRE_CUDA=" + cudaRequirement("12.4", 470, 525, 535),
+		"HOSTNAME=train-0", "KUBERNETES_SERVICE_HOST=10.96.0.1", "KUBERNETES_SERVICE_PORT=443", "HOME=/root",
+	}
 	for name, tc := range map[string]struct {
 		pod *api.PodSandbox
 		ctr *api.Container
 	}{
 		"unmarked":      {pod(""), gpuContainer("main")},
 		"injected":      {pod("main"), gpuContainer("main")},
+		"injected-env":  {pod("main"), cudaImage},
 		"not-listed":    {pod("sidecar"), gpuContainer("main")},
 		"marker-no-gpu": {pod("main"), gpuContainer("main", "/dev/fuse")},
 	} {
@@ -282,4 +494,17 @@ func BenchmarkCreateContainer(b *testing.B) {
 			}
 		})
 	}
+}
+
+// cudaRequirement is an NVIDIA_REQUIRE_CUDA in the form NVIDIA's CUDA images
+// state it: the release, or a driver branch of its forward compatibility on
+// any brand.
+func cudaRequirement(cuda string, branches ...int) string {
+	parts := []string{"cuda>=" + cuda}
+	for _, br := range branches {
+		for _, brand := range []string{"tesla", "unknown", "nvidia", "nvidiartx", "geforce", "geforcertx", "quadro", "quadrortx", "titan", "titanrtx"} {
+			parts = append(parts, fmt.Sprintf("brand=%s,driver>=%d,driver<%d", brand, br, br+1))
+		}
+	}
+	return strings.Join(parts, " ")
 }

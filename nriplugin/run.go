@@ -52,7 +52,10 @@ type Options struct {
 	MetricsAddr string
 	// Rules are the host path rules a plan must pass.
 	Rules layout.Rules
-	Log   logr.Logger
+	// LDLibraryPath is the configuration's ldLibraryPath: how the plan's
+	// library folders join a container's LD_LIBRARY_PATH.
+	LDLibraryPath string
+	Log           logr.Logger
 }
 
 type metrics struct {
@@ -98,8 +101,16 @@ func Run(ctx context.Context, o Options) error {
 		return fmt.Errorf("failed to create the state folder %q: %w", o.StateDir, err)
 	}
 	m := newMetrics()
+	rro, kernel := KernelHasRecursiveReadOnly()
 	s := &server{opts: &o, log: o.Log, metrics: m,
-		plugin: &Plugin{StateDir: o.StateDir, Rules: o.Rules, Log: o.Log, Count: m.count}}
+		plugin: &Plugin{StateDir: o.StateDir, Rules: o.Rules, Log: o.Log, Count: m.count,
+			LDLibraryPath: o.LDLibraryPath, RecursiveReadOnly: rro}}
+	mountOptions := recursiveReadOnlyOptions
+	if !rro {
+		mountOptions = noSubmountOptions
+	}
+	o.Log.Info("driver mounts read-only all the way down", "kernel", kernel, "recursiveReadOnly", rro, "mountOptions", mountOptions,
+		"ldLibraryPath", o.LDLibraryPath)
 	return s.run(ctx)
 }
 

@@ -140,7 +140,7 @@ func TestAgainstTheRuntime(t *testing.T) {
 	m := newMetrics()
 	s := &server{opts: &Options{Socket: sock, StateDir: dir, PluginIndex: "50", HealthAddr: "0", MetricsAddr: "0"},
 		log: nodeagent.NewLogger(io.Discard, 0), metrics: m,
-		plugin: &Plugin{StateDir: dir, Rules: config.Default().Rules(), Log: nodeagent.NewLogger(io.Discard, 0), Count: m.count}}
+		plugin: &Plugin{StateDir: dir, Rules: config.Default().Rules(), Log: nodeagent.NewLogger(io.Discard, 0), Count: m.count, RecursiveReadOnly: true}}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- s.run(ctx) }()
@@ -174,6 +174,9 @@ func TestAgainstTheRuntime(t *testing.T) {
 	}
 	if got := resp.GetAdjust().GetMounts(); !reflect.DeepEqual(got, wantMounts(plan)) {
 		t.Errorf("mounts through the runtime\n%v\nwant\n%v", got, wantMounts(plan))
+	}
+	if got, want := resp.GetAdjust().GetEnv(), []*api.KeyValue{{Key: "LD_LIBRARY_PATH", Value: "/usr/local/nvidia/lib64"}}; !reflect.DeepEqual(got, want) {
+		t.Errorf("environment through the runtime %v, want %v", got, want)
 	}
 	if _, err := r.CreateContainer(context.Background(), &api.CreateContainerRequest{Pod: pod(""), Container: gpuContainer("main")}); err != nil {
 		t.Errorf("an unmarked container: %v", err)

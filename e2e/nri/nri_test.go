@@ -12,7 +12,9 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"os/exec"
 	"os/signal"
+	"path"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -35,6 +37,7 @@ import (
 	"github.com/gpu-injector/gpu-injector/e2e/standin"
 	"github.com/gpu-injector/gpu-injector/e2e/workloads"
 	"github.com/gpu-injector/gpu-injector/layout"
+	"github.com/gpu-injector/gpu-injector/nriplugin"
 )
 
 var testEnv *env.Env
@@ -558,4 +561,478 @@ func TestContainerStartCost(t *testing.T) {
 	t.Logf("  not marked (namespace not opted in): create %.2f ms, start %.2f ms; the plugin's CreateContainer: %.3f ms mean, %v of %v within 5 ms",
 		pc.meanMS(), ps.meanMS(), pp.meanMS(), pp.under5ms, pp.count)
 	t.Logf("  added by the plugin's mounts: create %+.2f ms, start %+.2f ms", ic.meanMS()-pc.meanMS(), is.meanMS()-ps.meanMS())
+}
+
+// The node's decisions: LD_LIBRARY_PATH from the image's ENV, the image's
+// CUDA requirement against the node's driver, only GPUs get the driver, and
+// its mounts read-only all the way down.
+
+// importImage builds an image of files (container path -> host path) with
+// env, and loads it into the kubelet node's runtime.
+func importImage(t *testing.T, ref string, files map[string]string, env ...string) {
+	t.Helper()
+	tar, err := testEnv.Cluster.BuildImageWithConfig(ref, files, cluster.ImageConfig{Env: env})
+	if err != nil {
+		t.Fatalf("failed to build image %s: %v", ref, err)
+	}
+	if err := testEnv.Cluster.ImportImage(context.Background(), tar); err != nil {
+		t.Fatalf("failed to import image %s: %v", ref, err)
+	}
+}
+
+// cudaCheckFiles builds cuda-check and returns the files of an image that
+// runs it, with glibc and the loader, and no driver file.
+func cudaCheckFiles(t *testing.T) map[string]string {
+	t.Helper()
+	built, err := workloads.Build(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := map[string]string{}
+	for _, f := range built {
+		files[f.Dest] = f.Source
+	}
+	return files
+}
+
+// compile runs gcc on a C source in dir and returns the output's path.
+func compile(t *testing.T, dir, out, src string, args ...string) string {
+	t.Helper()
+	c := filepath.Join(dir, out+".c")
+	if err := os.WriteFile(c, []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, out)
+	cmd := exec.Command("gcc", append([]string{"-O2", "-o", bin, c}, args...)...)
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("failed to compile %s: %v\n%s", out, err, b)
+	}
+	return bin
+}
+
+// release deletes a pod, whose GPU goes back to the device plugin only
+// once it is gone: the kubelet node has two.
+func release(t *testing.T, ns, name string) {
+	t.Helper()
+	if err := client().CoreV1().Pods(ns).Delete(context.Background(), name, metav1.DeleteOptions{}); err != nil {
+		t.Errorf("failed to delete pod %s/%s: %v", ns, name, err)
+	}
+}
+
+// waitRefused waits for the pod's container to be refused at creation and
+// returns the reason the kubelet shows.
+func waitRefused(t *testing.T, ns, name string) string {
+	t.Helper()
+	var why string
+	poll(t, runTimeout, "pod "+ns+"/"+name+"'s container to be refused", func(ctx context.Context) (bool, error) {
+		p, err := client().CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+			return false, fmt.Errorf("pod %s: %s", p.Status.Phase, podLog(t, ns, name, p.Spec.Containers[0].Name))
+		}
+		for _, cs := range p.Status.ContainerStatuses {
+			if w := cs.State.Waiting; w != nil && w.Reason == "CreateContainerError" {
+				why = w.Message
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	return why
+}
+
+// appLibSource is the image's own library, in a folder only its
+// LD_LIBRARY_PATH names.
+const appLibSource = `int app_answer(void) { return 42; }
+`
+
+// appCheckSource needs both the image's library (the loader resolves it
+// before main, through LD_LIBRARY_PATH) and the driver's libcuda.so.1.
+const appCheckSource = `#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <link.h>
+#include <stdio.h>
+#include <stdlib.h>
+int app_answer(void);
+int main(void) {
+	const char *p = getenv("LD_LIBRARY_PATH");
+	struct link_map *m = NULL;
+	void *h;
+	printf("LD_LIBRARY_PATH=%s\n", p ? p : "");
+	printf("libapp: %d\n", app_answer());
+	h = dlopen("libcuda.so.1", RTLD_NOW);
+	if (h == NULL) {
+		printf("cannot load libcuda.so.1: %s\n", dlerror());
+		return 1;
+	}
+	if (dlinfo(h, RTLD_DI_LINKMAP, &m) != 0 || m == NULL) {
+		printf("loaded libcuda.so.1 from an unknown file\n");
+		return 1;
+	}
+	printf("loaded libcuda.so.1 from %s\n", m->l_name);
+	return 0;
+}
+`
+
+// TestImageEnvironment: an image whose ENV LD_LIBRARY_PATH names a folder
+// of its own library runs a program that needs that library and the node's
+// libcuda.so.1. The plugin reads LD_LIBRARY_PATH from the environment the
+// runtime hands it and appends the driver's folder, so containerd must hand
+// it the image's ENV: a plugin that saw only the pod's env would set the
+// driver's folder alone, and the loader would not find libapp.so.
+func TestImageEnvironment(t *testing.T) {
+	waitPluginReady(t)
+	files := cudaCheckFiles(t)
+	dir := t.TempDir()
+	lib := compile(t, dir, "libapp.so", appLibSource, "-shared", "-fPIC")
+	// -ldl for glibc older than 2.34, where dlopen lived there.
+	app := compile(t, dir, "app-check", appCheckSource, "-L"+dir, "-lapp", "-ldl")
+	files["/opt/app/lib/libapp.so"] = lib
+	files["/usr/bin/app-check"] = app
+	const ref = "gpu-injector.local/e2e/app-env:v1"
+	importImage(t, ref, files, "PATH=/usr/local/nvidia/bin:/usr/bin:/bin", "LD_LIBRARY_PATH=/opt/app/lib")
+	appPod := func() *corev1.Pod {
+		p := cudaPod("app")
+		p.Spec.Containers[0].Name = "app"
+		p.Spec.Containers[0].Image = ref
+		p.Spec.Containers[0].Command = []string{"/usr/bin/app-check"}
+		return p
+	}
+	check := func(t *testing.T, ns, name string) {
+		t.Helper()
+		defer release(t, ns, name)
+		done := waitDone(t, ns, name)
+		log := podLog(t, ns, name, "app")
+		if done.Status.Phase != corev1.PodSucceeded {
+			t.Fatalf("pod %s:\n%s", done.Status.Phase, log)
+		}
+		for _, want := range []string{
+			"LD_LIBRARY_PATH=/opt/app/lib:/usr/local/nvidia/lib64\n",
+			"libapp: 42\n",
+			"loaded libcuda.so.1 from /usr/local/nvidia/lib64/libcuda.so.1\n",
+		} {
+			if !strings.Contains(log, want) {
+				t.Errorf("app-check log:\n%s\nwant %q", log, want)
+			}
+		}
+	}
+
+	// The plugin alone: a namespace the webhook does not serve, the marker
+	// written by hand, nothing in the pod's env.
+	t.Run("the plugin", func(t *testing.T) {
+		ns := newNamespace(t, "nri-plain-", nil)
+		p := appPod()
+		p.Annotations = map[string]string{layout.AnnotationRuntimeInject: "app"}
+		created, err := client().CoreV1().Pods(ns).Create(context.Background(), p, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatalf("failed to create the pod: %v", err)
+		}
+		if env := created.Spec.Containers[0].Env; len(env) != 0 {
+			t.Fatalf("the pod has env %v; this case is about the image's alone", env)
+		}
+		check(t, ns, created.Name)
+	})
+	// Through the webhook, which leaves LD_LIBRARY_PATH to the plugin for
+	// a container the driver reaches at the runtime.
+	t.Run("the webhook and the plugin", func(t *testing.T) {
+		ns := namespace(t, "baseline")
+		p := createInjected(t, ns, appPod())
+		assertRuntimeInjected(t, p, "app")
+		for _, e := range p.Spec.Containers[0].Env {
+			if e.Name == "LD_LIBRARY_PATH" {
+				t.Errorf("the webhook wrote LD_LIBRARY_PATH=%q into the pod, which replaces the image's", e.Value)
+			}
+		}
+		check(t, ns, p.Name)
+	})
+}
+
+// TestCUDARequirement: an image whose NVIDIA_REQUIRE_CUDA asks for a CUDA
+// newer than the node's driver offers is not created, and the reason names
+// the requirement, the node's driver and CUDA version and the label that
+// selects nodes that satisfy it; one within it runs, steered by that label;
+// the one too new runs with NVIDIA_DISABLE_REQUIRE=true in the pod's env.
+func TestCUDARequirement(t *testing.T) {
+	waitPluginReady(t)
+	kn := testEnv.KubeletNode()
+	code, err := standin.CUDADriverVersion(kn.DriverVersion)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cuda := fmt.Sprintf("%d.%d", code/1000, code%1000/10)
+	node, err := client().CoreV1().Nodes().Get(context.Background(), kn.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := node.Labels[layout.LabelCUDADriverVersion]; got != cuda {
+		t.Fatalf("%s=%q, want the stand-in's %s", layout.LabelCUDADriverVersion, got, cuda)
+	}
+	if got := node.Labels[layout.LabelCUDADriverVersionNumber]; got != strconv.Itoa(code) {
+		t.Fatalf("%s=%q, want %d", layout.LabelCUDADriverVersionNumber, got, code)
+	}
+	files := cudaCheckFiles(t)
+	tooNew := fmt.Sprintf("cuda>=%d.0 brand=tesla,driver>=470,driver<471", code/1000+1)
+	within := "cuda>=" + cuda + " brand=tesla,driver>=470,driver<471"
+	const newRef, okRef = "gpu-injector.local/e2e/cuda-too-new:v1", "gpu-injector.local/e2e/cuda-within:v1"
+	path := "PATH=/usr/local/nvidia/bin:/usr/bin:/bin"
+	importImage(t, newRef, files, path, "NVIDIA_REQUIRE_CUDA="+tooNew)
+	importImage(t, okRef, files, path, "NVIDIA_REQUIRE_CUDA="+within)
+	ns := namespace(t, "baseline")
+	pod := func(name, ref string) *corev1.Pod {
+		p := cudaPod(name)
+		p.Spec.Containers[0].Image = ref
+		return p
+	}
+
+	t.Run("too new", func(t *testing.T) {
+		p := createInjected(t, ns, pod("too-new", newRef))
+		why := waitRefused(t, ns, p.Name)
+		t.Logf("refused: %s", why)
+		for _, want := range []string{
+			"NVIDIA_REQUIRE_CUDA", fmt.Sprintf("cuda>=%d.0", code/1000+1),
+			"driver " + kn.DriverVersion + " (CUDA " + cuda + ")",
+			fmt.Sprintf("%s Gt %d", layout.LabelCUDADriverVersionNumber, (code/1000+1)*1000-1),
+			"NVIDIA_DISABLE_REQUIRE=true",
+		} {
+			if !strings.Contains(why, want) {
+				t.Errorf("the reason does not say %q", want)
+			}
+		}
+		release(t, ns, p.Name)
+	})
+	t.Run("within, steered by the label", func(t *testing.T) {
+		p := pod("within", okRef)
+		p.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
+			RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+				MatchExpressions: []corev1.NodeSelectorRequirement{{
+					Key: layout.LabelCUDADriverVersionNumber, Operator: corev1.NodeSelectorOpGt, Values: []string{strconv.Itoa(code - 1)},
+				}},
+			}}},
+		}}
+		p = createInjected(t, ns, p)
+		defer release(t, ns, p.Name)
+		d := waitDone(t, ns, p.Name)
+		log := podLog(t, ns, p.Name, "cuda")
+		if d.Status.Phase != corev1.PodSucceeded {
+			t.Fatalf("pod %s:\n%s", d.Status.Phase, log)
+		}
+		assertSawDriver(t, log, kn.DriverVersion)
+	})
+	t.Run("too new, check disabled", func(t *testing.T) {
+		p := pod("disabled", newRef)
+		p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "NVIDIA_DISABLE_REQUIRE", Value: "true"}}
+		p = createInjected(t, ns, p)
+		defer release(t, ns, p.Name)
+		d := waitDone(t, ns, p.Name)
+		log := podLog(t, ns, p.Name, "cuda")
+		if d.Status.Phase != corev1.PodSucceeded {
+			t.Fatalf("pod %s:\n%s", d.Status.Phase, log)
+		}
+		assertSawDriver(t, log, kn.DriverVersion)
+	})
+}
+
+// TestBlockDeviceAtNvidia0: a CPU container with a raw block volume at
+// /dev/nvidia0 (volumeDevices, which Pod Security's restricted level allows)
+// and a marker written by hand gets no driver; the plugin logs why.
+func TestBlockDeviceAtNvidia0(t *testing.T) {
+	waitPluginReady(t)
+	kn := testEnv.KubeletNode()
+	backing := filepath.Join(t.TempDir(), "block")
+	if err := os.WriteFile(backing, make([]byte, 1<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("losetup", "--find", "--show", backing).CombinedOutput()
+	if err != nil {
+		t.Fatalf("failed to attach a loop device: %v: %s", err, out)
+	}
+	loop := strings.TrimSpace(string(out))
+	t.Cleanup(func() {
+		if out, err := exec.Command("losetup", "--detach", loop).CombinedOutput(); err != nil {
+			t.Errorf("failed to detach %s: %v: %s", loop, err, out)
+		}
+	})
+	ns := newNamespace(t, "nri-plain-", nil)
+	block := corev1.PersistentVolumeBlock
+	pvName := ns + "-block"
+	pv := &corev1.PersistentVolume{
+		ObjectMeta: metav1.ObjectMeta{Name: pvName},
+		Spec: corev1.PersistentVolumeSpec{
+			Capacity:                      corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Mi")},
+			AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			VolumeMode:                    &block,
+			PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimRetain,
+			StorageClassName:              "gpu-injector-e2e-block",
+			PersistentVolumeSource:        corev1.PersistentVolumeSource{Local: &corev1.LocalVolumeSource{Path: loop}},
+			NodeAffinity: &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+				MatchExpressions: []corev1.NodeSelectorRequirement{{Key: "kubernetes.io/hostname", Operator: corev1.NodeSelectorOpIn, Values: []string{kn.Name}}},
+			}}}},
+		},
+	}
+	if _, err := client().CoreV1().PersistentVolumes().Create(context.Background(), pv, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("failed to create the block volume: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = client().CoreV1().PersistentVolumes().Delete(context.Background(), pvName, metav1.DeleteOptions{})
+	})
+	class := "gpu-injector-e2e-block"
+	pvc := &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: "block"},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce}, VolumeMode: &block,
+			StorageClassName: &class, VolumeName: pvName,
+			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Mi")}},
+		},
+	}
+	if _, err := client().CoreV1().PersistentVolumeClaims(ns).Create(context.Background(), pvc, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("failed to create the claim: %v", err)
+	}
+	no := false
+	c := container("cpu", gpu, workloads.CUDACheck)
+	c.Resources = corev1.ResourceRequirements{}
+	c.VolumeDevices = []corev1.VolumeDevice{{Name: "block", DevicePath: "/dev/nvidia0"}}
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "block-at-nvidia0", Annotations: map[string]string{layout.AnnotationRuntimeInject: "cpu"}},
+		Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever, AutomountServiceAccountToken: &no, Containers: []corev1.Container{c},
+			Volumes: []corev1.Volume{{Name: "block", VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "block"}}}}},
+	}
+	if _, err := client().CoreV1().Pods(ns).Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("failed to create the pod: %v", err)
+	}
+	d := waitDone(t, ns, p.Name)
+	log := podLog(t, ns, p.Name, "cpu")
+	t.Logf("cuda-check in a CPU container with a block device at /dev/nvidia0:\n%s", log)
+	if d.Spec.NodeName != kn.Name {
+		t.Fatalf("ran on %q, want %s", d.Spec.NodeName, kn.Name)
+	}
+	if !strings.Contains(log, "devices: /dev/nvidia0\n") {
+		t.Errorf("the container did not have the block device at /dev/nvidia0 alone")
+	}
+	if d.Status.Phase != corev1.PodFailed || !strings.Contains(log, "cannot load libcuda.so.1") {
+		t.Errorf("pod %s: the container got the driver", d.Status.Phase)
+	}
+	// The plugin says why, naming the device's type.
+	pods, err := client().CoreV1().Pods(env.Namespace).List(context.Background(), metav1.ListOptions{FieldSelector: "spec.nodeName=" + kn.Name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for i := range pods.Items {
+		for _, pc := range pods.Items[i].Spec.Containers {
+			if pc.Name != "nri-plugin" {
+				continue
+			}
+			for _, line := range strings.Split(testEnv.PodLog(context.Background(), &pods.Items[i], "nri-plugin", false, 0), "\n") {
+				if strings.Contains(line, "holds another device") && strings.Contains(line, ns+"/"+p.Name) && strings.Contains(line, `"type":"b"`) {
+					found = true
+				}
+			}
+		}
+	}
+	if !found {
+		t.Errorf("no line of the plugin's log says it refused the block device of %s/%s", ns, p.Name)
+	}
+}
+
+// rwCheckSource reads a marker in a folder and tries to create a file
+// there: what a container can do to a mount below a driver folder.
+const rwCheckSource = `#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+	char path[4096], buf[64] = {0};
+	int fd;
+	if (argc != 2) return 2;
+	snprintf(path, sizeof(path), "%s/marker", argv[1]);
+	fd = open(path, O_RDONLY);
+	if (fd < 0) {
+		printf("marker: %s\n", strerror(errno));
+	} else {
+		if (read(fd, buf, sizeof(buf) - 1) < 0) buf[0] = 0;
+		printf("marker: %s\n", buf);
+		close(fd);
+	}
+	snprintf(path, sizeof(path), "%s/created", argv[1]);
+	fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+	printf("create: %s\n", fd < 0 ? strerror(errno) : "ok");
+	return 0;
+}
+`
+
+// TestSubmountReadOnly: a writable mount below a driver folder the plugin
+// mounts (a tmpfs anyone may write) stays read-only in the container: the
+// whole tree with rro where the kernel has it, or absent, with binds that
+// carry no submount, where it does not.
+func TestSubmountReadOnly(t *testing.T) {
+	waitPluginReady(t)
+	kn := testEnv.KubeletNode()
+	node, err := client().CoreV1().Nodes().Get(context.Background(), kn.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan, err := layout.Decode(node.Annotations[layout.AnnotationLayout])
+	if err != nil {
+		t.Fatalf("the kubelet node's layout: %v", err)
+	}
+	var folder *layout.Mount
+	for i, m := range plan.Mounts {
+		if m.Kind == layout.KindDirectory {
+			folder = &plan.Mounts[i]
+			break
+		}
+	}
+	if folder == nil {
+		t.Fatalf("the kubelet node's plan mounts no folder: %+v", plan.Mounts)
+	}
+	sub := filepath.Join(kn.HostRoot, folder.HostPath, "gpu-injector-e2e-submount")
+	if err := os.Mkdir(sub, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.Remove(sub) })
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=1m,mode=1777", "gpu-injector-e2e", sub).CombinedOutput(); err != nil {
+		t.Fatalf("failed to mount a tmpfs at %s: %v: %s", sub, err, out)
+	}
+	t.Cleanup(func() {
+		if out, err := exec.Command("umount", sub).CombinedOutput(); err != nil {
+			t.Errorf("failed to unmount %s: %v: %s", sub, err, out)
+		}
+	})
+	// Writable on the host, by anyone: only a read-only mount can refuse.
+	if err := os.WriteFile(filepath.Join(sub, "marker"), []byte("submount"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bin := compile(t, t.TempDir(), "rw-check", rwCheckSource, "-static")
+	const ref = "gpu-injector.local/e2e/rw-check:v1"
+	importImage(t, ref, map[string]string{"/rw-check": bin})
+	ns := namespace(t, "baseline")
+	p := cudaPod("submount")
+	p.Spec.Containers[0].Image = ref
+	p.Spec.Containers[0].Command = []string{"/rw-check", path.Join(folder.ContainerPath, "gpu-injector-e2e-submount")}
+	p = createInjected(t, ns, p)
+	defer release(t, ns, p.Name)
+	assertRuntimeInjected(t, p, "cuda")
+	d := waitDone(t, ns, p.Name)
+	log := podLog(t, ns, p.Name, "cuda")
+	t.Logf("rw-check on %s:\n%s", folder.ContainerPath, log)
+	if d.Status.Phase != corev1.PodSucceeded {
+		t.Fatalf("pod %s", d.Status.Phase)
+	}
+	if _, err := os.Stat(filepath.Join(sub, "created")); err == nil {
+		t.Errorf("the container created a file in the submount on the host")
+	}
+	if !strings.Contains(log, "create: Read-only file system\n") {
+		t.Errorf("the container could write below %s", folder.ContainerPath)
+	}
+	rro, kernel := nriplugin.KernelHasRecursiveReadOnly()
+	want := "marker: submount\n"
+	if !rro {
+		want = "marker: No such file or directory\n"
+	}
+	if !strings.Contains(log, want) {
+		t.Errorf("kernel %s (recursive read-only: %v): want %q", kernel, rro, want)
+	}
 }
