@@ -758,6 +758,23 @@ func TestDrillAPIServerRestart(t *testing.T) {
 		}
 		return true, nil
 	})
+
+	// The controller manager came back too: its informers reconnect on
+	// their own backoff, which after an outage this long can leave a new
+	// namespace without its default service account for a minute, and the
+	// tests after this one install into new namespaces.
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "drill-controllers-"}}
+	created, err := client().CoreV1().Namespaces().Create(testContext(t), ns, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = client().CoreV1().Namespaces().Delete(context.Background(), created.Name, metav1.DeleteOptions{})
+	})
+	start := time.Now()
+	waitDefaultServiceAccount(t, created.Name, 2*time.Minute)
+	t.Logf("the controller manager gave a new namespace its default service account %s after it was created, %s after the API server's return",
+		time.Since(start).Round(time.Millisecond), time.Since(up).Round(time.Millisecond))
 }
 
 // burstUntilEveryReplica sends bursts of concurrent GPU pod creates (dry
