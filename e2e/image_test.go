@@ -10,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/gpu-injector/gpu-injector/e2e/env"
 )
@@ -71,12 +72,14 @@ func TestImageFromRegistry(t *testing.T) {
 // TestImageNotPullable: a release whose image the registry does not have
 // (a mirror not copied yet, a wrong tag) fails `helm install --wait`, and
 // what docs/troubleshooting.md tells a user to run names the image and the
-// registry's answer: the pods' Failed events. A second release, in a
-// namespace of its own, with the image values of the first but a tag that
-// was never pushed; uninstalled at the end.
+// registry's answer: the Failed events of the release's first pod, the
+// install hook's. A second release, in a namespace of its own, with the image
+// values of the first but a tag that was never pushed; uninstalled at the end.
+// The namespace is made first, with its default service account, which the
+// hook's pod runs as.
 func TestImageNotPullable(t *testing.T) {
 	const release = "gpu-injector-badimage"
-	ns := release
+	ns := newNamespace(t, false)
 	bad := testEnv.Cluster.RegistryHost + "/" + env.ImageName + ":not-pushed"
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -87,26 +90,39 @@ func TestImageNotPullable(t *testing.T) {
 		_ = testEnv.Clientset.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{})
 	})
 	out, err := testEnv.HelmCommand(t.Context(), "install", release, testEnv.ChartRef(), "--version", env.ChartVersion, "--plain-http",
-		"-n", ns, "--create-namespace", "--wait", "--timeout", "40s",
+		"-n", ns, "--wait", "--timeout", "40s",
 		"--set-string", `nodeprobe.nodeSelector.nvidia\.com/gpu\.present=true`,
 		"--set", "image.repository="+testEnv.Cluster.RegistryHost+"/"+env.ImageName, "--set", "image.tag=not-pushed")
 	if err == nil {
 		t.Fatalf("helm install --wait of an image the registry lacks succeeded:\n%s", out)
 	}
 	t.Logf("helm install --wait failed as it should: %s", strings.TrimSpace(out))
-	events, err := testEnv.Clientset.CoreV1().Events(ns).List(t.Context(), metav1.ListOptions{FieldSelector: "reason=Failed"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	found := ""
-	for _, ev := range events.Items {
-		if strings.HasPrefix(ev.Message, `Failed to pull image "`+bad+`"`) && strings.Contains(ev.Message, "not found") {
-			found = ev.InvolvedObject.Name + ": " + ev.Message
+	// The kubelet records the event on its own schedule, which may end after
+	// helm's.
+	found, failed := "", 0
+	err = wait.PollUntilContextTimeout(t.Context(), 250*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		events, err := testEnv.Clientset.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "reason=Failed"})
+		if err != nil {
+			return false, nil
 		}
+		failed = len(events.Items)
+		for _, ev := range events.Items {
+			hook := strings.HasPrefix(ev.InvolvedObject.Name, release+"-validate-")
+			if hook && strings.HasPrefix(ev.Message, `Failed to pull image "`+bad+`"`) && strings.Contains(ev.Message, "not found") {
+				found = ev.InvolvedObject.Name + ": " + ev.Message
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		pods, _ := testEnv.Clientset.CoreV1().Pods(ns).List(t.Context(), metav1.ListOptions{})
+		var states []string
+		for _, p := range pods.Items {
+			states = append(states, p.Name+" "+string(p.Status.Phase)+" on "+p.Spec.NodeName)
+		}
+		t.Errorf("no Failed event of the hook's pod %s-validate-... that names %s and the registry's \"not found\" in %s (%d Failed events; pods: %v)", release, bad, ns, failed, states)
+		return
 	}
-	if found == "" {
-		t.Errorf("no Failed event that names %s and the registry's \"not found\" in %s (%d Failed events)", bad, ns, len(events.Items))
-	} else {
-		t.Logf("Failed %s", found)
-	}
+	t.Logf("Failed %s", found)
 }

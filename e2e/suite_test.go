@@ -127,12 +127,19 @@ func newNamespace(t *testing.T, inject bool) string {
 	if err != nil {
 		t.Fatalf("failed to create namespace: %v", err)
 	}
-	name := created.Name
-	waitFor(t, apiTimeout, "default service account in "+name, func(ctx context.Context) (bool, error) {
-		_, err := client().CoreV1().ServiceAccounts(name).Get(ctx, "default", metav1.GetOptions{})
+	waitDefaultServiceAccount(t, created.Name, apiTimeout)
+	return created.Name
+}
+
+// waitDefaultServiceAccount waits for the controller manager to give ns its
+// default service account: until then the API server refuses every pod
+// there that names no service account of its own, a Job's too.
+func waitDefaultServiceAccount(t *testing.T, ns string, timeout time.Duration) {
+	t.Helper()
+	waitFor(t, timeout, "default service account in "+ns, func(ctx context.Context) (bool, error) {
+		_, err := client().CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{})
 		return err == nil, nil
 	})
-	return name
 }
 
 // waitFor polls cond every 250ms until it holds, fails the test when cond
