@@ -988,23 +988,26 @@ func TestSubmountReadOnly(t *testing.T) {
 	if folder == nil {
 		t.Fatalf("the kubelet node's plan mounts no folder: %+v", plan.Mounts)
 	}
+	// Mounted in the node's mount namespace, where containerd binds it, and
+	// writable there by anyone: only a read-only mount can refuse.
 	sub := filepath.Join(kn.HostRoot, folder.HostPath, "gpu-injector-e2e-submount")
 	if err := os.Mkdir(sub, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = os.Remove(sub) })
-	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=1m,mode=1777", "gpu-injector-e2e", sub).CombinedOutput(); err != nil {
-		t.Fatalf("failed to mount a tmpfs at %s: %v: %s", sub, err, out)
+	inNode := func(bin string, args ...string) {
+		t.Helper()
+		if _, err := testEnv.Cluster.InNodeNamespace(context.Background(), bin, args...); err != nil {
+			t.Fatal(err)
+		}
 	}
+	inNode("mount", "-t", "tmpfs", "-o", "size=1m,mode=1777", "gpu-injector-e2e", sub)
 	t.Cleanup(func() {
-		if out, err := exec.Command("umount", sub).CombinedOutput(); err != nil {
-			t.Errorf("failed to unmount %s: %v: %s", sub, err, out)
+		if _, err := testEnv.Cluster.InNodeNamespace(context.Background(), "umount", sub); err != nil {
+			t.Error(err)
 		}
 	})
-	// Writable on the host, by anyone: only a read-only mount can refuse.
-	if err := os.WriteFile(filepath.Join(sub, "marker"), []byte("submount"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	inNode("sh", "-c", "printf submount > "+filepath.Join(sub, "marker"))
 	bin := compile(t, t.TempDir(), "rw-check", rwCheckSource, "-static")
 	const ref = "gpu-injector.local/e2e/rw-check:v1"
 	importImage(t, ref, map[string]string{"/rw-check": bin})
@@ -1021,8 +1024,8 @@ func TestSubmountReadOnly(t *testing.T) {
 	if d.Status.Phase != corev1.PodSucceeded {
 		t.Fatalf("pod %s", d.Status.Phase)
 	}
-	if _, err := os.Stat(filepath.Join(sub, "created")); err == nil {
-		t.Errorf("the container created a file in the submount on the host")
+	if out, err := testEnv.Cluster.InNodeNamespace(context.Background(), "ls", "-A", sub); err != nil || string(out) != "marker\n" {
+		t.Errorf("the submount holds %q (%v), want the marker alone", out, err)
 	}
 	if !strings.Contains(log, "create: Read-only file system\n") {
 		t.Errorf("the container could write below %s", folder.ContainerPath)
