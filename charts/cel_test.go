@@ -350,49 +350,7 @@ var wedgedNode = strings.Replace(baseNode, "  nodeInfo:", `  - {type: GPUDriverW
 func TestNodeRestrictionPolicy(t *testing.T) {
 	vap := mustGet[admissionregistrationv1.ValidatingAdmissionPolicy](t, render(t, kube136), "ValidatingAdmissionPolicy", probeSA)
 
-	variables := make([]plugincel.NamedExpressionAccessor, len(vap.Spec.Variables))
-	for i, v := range vap.Spec.Variables {
-		variables[i] = &validating.Variable{Name: v.Name, Expression: v.Expression}
-	}
-	matchConds := make([]plugincel.ExpressionAccessor, len(vap.Spec.MatchConditions))
-	for i := range vap.Spec.MatchConditions {
-		matchConds[i] = (*matchconditions.MatchCondition)(&vap.Spec.MatchConditions[i])
-	}
-	validations := make([]plugincel.ExpressionAccessor, len(vap.Spec.Validations))
-	for i, v := range vap.Spec.Validations {
-		validations[i] = &validating.ValidationCondition{Expression: v.Expression, Message: v.Message, Reason: v.Reason}
-	}
-
-	// What kube-apiserver checks when the policy is created.
-	for vname, v := range celVersions {
-		compiler, err := plugincel.NewCompositedCompiler(environment.MustBaseEnvSet(v))
-		if err != nil {
-			t.Fatalf("failed to build the CEL compiler: %v", err)
-		}
-		for _, variable := range variables {
-			if res := compiler.CompileAndStoreVariable(variable, celDecls, environment.NewExpressions); res.Error != nil {
-				t.Fatalf("%s: the API server would refuse variable %s: %v", vname, variable.GetName(), res.Error)
-			}
-		}
-		for _, a := range append(slices.Clone(matchConds), validations...) {
-			if res := compiler.CompileCELExpression(a, celDecls, environment.NewExpressions); res.Error != nil {
-				t.Fatalf("%s: the API server would refuse expression %q: %v", vname, a.GetExpression(), res.Error)
-			}
-		}
-	}
-
-	// What it runs on each request: the compilePolicy of its validating plugin.
-	compiler, err := plugincel.NewCompositedCompiler(environment.MustBaseEnvSet(environment.DefaultCompatibilityVersion()))
-	if err != nil {
-		t.Fatalf("failed to build the CEL compiler: %v", err)
-	}
-	compiler.CompileAndStoreVariables(variables, celDecls, environment.StoredExpressions)
-	validator := validating.NewValidator(
-		compiler.CompileCondition(validations, celDecls, environment.StoredExpressions),
-		matchconditions.NewMatcher(compiler.CompileCondition(matchConds, celDecls, environment.StoredExpressions), vap.Spec.FailurePolicy, "policy", "validate", vap.Name),
-		compiler.CompileCondition(nil, celDecls, environment.StoredExpressions),
-		compiler.CompileCondition(nil, celDecls, environment.StoredExpressions),
-		vap.Spec.FailurePolicy, nil)
+	validator := compilePolicy(t, vap)
 
 	const (
 		ownNode     = "the gpu-injector probe may only change its own Node"
@@ -641,4 +599,54 @@ func merge(dst, patch map[string]any) map[string]any {
 		}
 	}
 	return dst
+}
+
+// compilePolicy checks a ValidatingAdmissionPolicy's CEL as kube-apiserver
+// does when the policy is created, on every CEL version the chart supports,
+// and returns the validator its validating plugin runs on each request.
+func compilePolicy(t *testing.T, vap *admissionregistrationv1.ValidatingAdmissionPolicy) validating.Validator {
+	t.Helper()
+	variables := make([]plugincel.NamedExpressionAccessor, len(vap.Spec.Variables))
+	for i, v := range vap.Spec.Variables {
+		variables[i] = &validating.Variable{Name: v.Name, Expression: v.Expression}
+	}
+	matchConds := make([]plugincel.ExpressionAccessor, len(vap.Spec.MatchConditions))
+	for i := range vap.Spec.MatchConditions {
+		matchConds[i] = (*matchconditions.MatchCondition)(&vap.Spec.MatchConditions[i])
+	}
+	validations := make([]plugincel.ExpressionAccessor, len(vap.Spec.Validations))
+	for i, v := range vap.Spec.Validations {
+		validations[i] = &validating.ValidationCondition{Expression: v.Expression, Message: v.Message, Reason: v.Reason}
+	}
+	for vname, v := range celVersions {
+		compiler, err := plugincel.NewCompositedCompiler(environment.MustBaseEnvSet(v))
+		if err != nil {
+			t.Fatalf("failed to build the CEL compiler: %v", err)
+		}
+		for _, variable := range variables {
+			if res := compiler.CompileAndStoreVariable(variable, celDecls, environment.NewExpressions); res.Error != nil {
+				t.Fatalf("%s: the API server would refuse variable %s: %v", vname, variable.GetName(), res.Error)
+			}
+		}
+		for _, a := range append(slices.Clone(matchConds), validations...) {
+			if res := compiler.CompileCELExpression(a, celDecls, environment.NewExpressions); res.Error != nil {
+				t.Fatalf("%s: the API server would refuse expression %q: %v", vname, a.GetExpression(), res.Error)
+			}
+		}
+	}
+	compiler, err := plugincel.NewCompositedCompiler(environment.MustBaseEnvSet(environment.DefaultCompatibilityVersion()))
+	if err != nil {
+		t.Fatalf("failed to build the CEL compiler: %v", err)
+	}
+	compiler.CompileAndStoreVariables(variables, celDecls, environment.StoredExpressions)
+	var matcher matchconditions.Matcher
+	if len(matchConds) > 0 {
+		matcher = matchconditions.NewMatcher(compiler.CompileCondition(matchConds, celDecls, environment.StoredExpressions), vap.Spec.FailurePolicy, "policy", "validate", vap.Name)
+	}
+	return validating.NewValidator(
+		compiler.CompileCondition(validations, celDecls, environment.StoredExpressions),
+		matcher,
+		compiler.CompileCondition(nil, celDecls, environment.StoredExpressions),
+		compiler.CompileCondition(nil, celDecls, environment.StoredExpressions),
+		vap.Spec.FailurePolicy, nil)
 }

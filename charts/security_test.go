@@ -11,11 +11,9 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apiserver/pkg/admission"
-	plugincel "k8s.io/apiserver/pkg/admission/plugin/cel"
 	"k8s.io/apiserver/pkg/admission/plugin/policy/validating"
 	celconfig "k8s.io/apiserver/pkg/apis/cel"
 	"k8s.io/apiserver/pkg/authentication/user"
-	"k8s.io/apiserver/pkg/cel/environment"
 )
 
 const ephemeralPolicy = "gpu-injector-ephemeral-containers"
@@ -26,41 +24,7 @@ const ephemeralPolicy = "gpu-injector-ephemeral-containers"
 func TestEphemeralContainersPolicy(t *testing.T) {
 	vap := mustGet[admissionregistrationv1.ValidatingAdmissionPolicy](t, render(t, kube136), "ValidatingAdmissionPolicy", ephemeralPolicy)
 	mustGet[admissionregistrationv1.ValidatingAdmissionPolicyBinding](t, render(t, kube136), "ValidatingAdmissionPolicyBinding", ephemeralPolicy)
-	variables := make([]plugincel.NamedExpressionAccessor, len(vap.Spec.Variables))
-	for i, v := range vap.Spec.Variables {
-		variables[i] = &validating.Variable{Name: v.Name, Expression: v.Expression}
-	}
-	validations := make([]plugincel.ExpressionAccessor, len(vap.Spec.Validations))
-	for i, v := range vap.Spec.Validations {
-		validations[i] = &validating.ValidationCondition{Expression: v.Expression, Message: v.Message, Reason: v.Reason}
-	}
-	for vname, v := range celVersions {
-		compiler, err := plugincel.NewCompositedCompiler(environment.MustBaseEnvSet(v))
-		if err != nil {
-			t.Fatalf("failed to build the CEL compiler: %v", err)
-		}
-		for _, variable := range variables {
-			if res := compiler.CompileAndStoreVariable(variable, celDecls, environment.NewExpressions); res.Error != nil {
-				t.Fatalf("%s: the API server would refuse variable %s: %v", vname, variable.GetName(), res.Error)
-			}
-		}
-		for _, a := range validations {
-			if res := compiler.CompileCELExpression(a, celDecls, environment.NewExpressions); res.Error != nil {
-				t.Fatalf("%s: the API server would refuse expression %q: %v", vname, a.GetExpression(), res.Error)
-			}
-		}
-	}
-	compiler, err := plugincel.NewCompositedCompiler(environment.MustBaseEnvSet(environment.DefaultCompatibilityVersion()))
-	if err != nil {
-		t.Fatalf("failed to build the CEL compiler: %v", err)
-	}
-	compiler.CompileAndStoreVariables(variables, celDecls, environment.StoredExpressions)
-	validator := validating.NewValidator(
-		compiler.CompileCondition(validations, celDecls, environment.StoredExpressions),
-		nil,
-		compiler.CompileCondition(nil, celDecls, environment.StoredExpressions),
-		compiler.CompileCondition(nil, celDecls, environment.StoredExpressions),
-		vap.Spec.FailurePolicy, nil)
+	validator := compilePolicy(t, vap)
 
 	const pod = `apiVersion: v1
 kind: Pod
