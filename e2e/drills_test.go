@@ -868,21 +868,26 @@ func burstUntilEveryReplica(t *testing.T, ns string, pods []corev1.Pod, hc *http
 // to the webhook that takes this long has hung.
 const webhookTimeout = 5 * time.Second
 
-// injectedCount is a webhook pod's gpu_injector_pods_injected_total, or -1
+// webhookMetric is the value of a webhook pod's metric of no labels, or -1
 // when its metrics cannot be read.
-func injectedCount(hc *http.Client, p corev1.Pod) float64 {
+func webhookMetric(hc *http.Client, p corev1.Pod, name string) float64 {
 	resp, err := hc.Get("http://" + net.JoinHostPort(p.Status.PodIP, "8080") + "/metrics")
 	if err != nil {
 		return -1
 	}
 	for _, line := range strings.Split(readAll(resp), "\n") {
-		if v, ok := strings.CutPrefix(line, "gpu_injector_pods_injected_total "); ok {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
 			if f, err := strconv.ParseFloat(strings.TrimSpace(v), 64); err == nil {
 				return f
 			}
 		}
 	}
 	return -1
+}
+
+// injectedCount is a webhook pod's gpu_injector_pods_injected_total.
+func injectedCount(hc *http.Client, p corev1.Pod) float64 {
+	return webhookMetric(hc, p, "gpu_injector_pods_injected_total")
 }
 
 func readAll(resp *http.Response) string {

@@ -4,9 +4,7 @@ package e2e
 
 import (
 	"fmt"
-	"net"
 	"net/http"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -33,18 +31,7 @@ func manyContainersPod(name string, n int) *corev1.Pod {
 // webhookRSS is a webhook pod's process_resident_memory_bytes, or -1 when
 // its metrics cannot be read.
 func webhookRSS(hc *http.Client, p corev1.Pod) float64 {
-	resp, err := hc.Get("http://" + net.JoinHostPort(p.Status.PodIP, "8080") + "/metrics")
-	if err != nil {
-		return -1
-	}
-	for _, line := range strings.Split(readAll(resp), "\n") {
-		if v, ok := strings.CutPrefix(line, "process_resident_memory_bytes "); ok {
-			if f, err := strconv.ParseFloat(strings.TrimSpace(v), 64); err == nil {
-				return f
-			}
-		}
-	}
-	return -1
+	return webhookMetric(hc, p, "process_resident_memory_bytes")
 }
 
 // TestManyContainersDenied: pods of hundreds of GPU containers, sent at once
