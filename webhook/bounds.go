@@ -58,11 +58,18 @@ func bounded(next http.Handler, maxInFlight int, readTimeout time.Duration) http
 			case <-t.C:
 				admissionsBusy.Inc()
 				w.Header().Set("Retry-After", strconv.Itoa(1))
-				http.Error(w, "gpu-injector: too many admissions in flight", http.StatusTooManyRequests)
+				http.Error(w, busyMessage(maxInFlight), http.StatusTooManyRequests)
 				return
 			}
 		}
 		defer func() { <-slots }()
 		next.ServeHTTP(w, r)
 	})
+}
+
+// busyMessage is what the API server reports of a busy replica, under the
+// webhook's failurePolicy: what to change if it is not a passing flood.
+func busyMessage(maxInFlight int) string {
+	return "gpu-injector: this replica already runs " + strconv.Itoa(maxInFlight) +
+		" admissions (--max-in-flight); create the pod again, and if this persists add replicas (chart value webhook.replicas) or raise the bound (webhook.extraArgs: [--max-in-flight=N])"
 }

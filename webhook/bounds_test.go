@@ -1,8 +1,10 @@
 package webhook
 
 import (
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -37,7 +39,11 @@ func TestBoundedInFlight(t *testing.T) {
 	if err != nil {
 		t.Fatalf("failed to post: %v", err)
 	}
+	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
+	if !strings.Contains(string(body), "--max-in-flight") || !strings.Contains(string(body), "webhook.replicas") {
+		t.Errorf("busy answer %q does not say what to change", body)
+	}
 	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" {
 		t.Errorf("third request in flight: status %d, Retry-After %q; want 429 with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"))
 	}
