@@ -26,7 +26,14 @@
 #                          the workloads run in a namespace that enforces Pod
 #                          Security baseline: the driver comes from gpu-injector's
 #                          NRI plugin as each container is created, and no pod spec
-#                          holds a hostPath volume. Then the negative control: with
+#                          holds a hostPath volume. Then the node's decisions, with
+#                          images built here with an ENV of their own: one whose
+#                          LD_LIBRARY_PATH names its own library folder runs its
+#                          CUDA program (the plugin appends the driver's folder to
+#                          the image's value), one whose NVIDIA_REQUIRE_CUDA asks
+#                          for a CUDA above the driver's is refused at creation
+#                          with the reason, one within it runs, and the refused one
+#                          runs with NVIDIA_DISABLE_REQUIRE=true. Then the negative control: with
 #                          the plugin turned off (helm upgrade) and the Node's
 #                          gpu-injector.io/nri-plugin label gone, the same CUDA pod
 #                          is refused by Pod Security for its hostPath volumes.
@@ -793,7 +800,100 @@ $kubectl logs -n "$NS_OFF" cuda-smoke-uninjected >"$work/cuda-off.log" 2>&1
 
 # ---------------------------------------------------------------------------
 if [[ $runtime == nri ]]; then
-	section "7. the plugin turned off: Pod Security refuses the hostPath pod"
+	section "7. the node's decisions: the image's LD_LIBRARY_PATH, its CUDA requirement"
+	# Images as users build them: the driverless root with an ENV of their own.
+	# app-env needs its own library through the image's LD_LIBRARY_PATH, then
+	# runs the CUDA program, which needs the driver's folder appended to it.
+	app_root=$work/app-root
+	cp -a "$root" "$app_root" && mkdir -p "$app_root/opt/app/lib" &&
+		printf 'int app_answer(void) { return 42; }\n' | gcc -O2 -shared -fPIC -o "$app_root/opt/app/lib/libapp.so" -x c - &&
+		gcc -O2 -o "$app_root/usr/local/bin/app-env" hack/gpu/app-env.c -L"$app_root/opt/app/lib" -lapp
+	app_built=$?
+	# The node's CUDA version as the probe labels it: one major release above
+	# it is a need the driver cannot meet, it itself one that it meets.
+	cuda=$(label cuda-driver-version)
+	too_new="cuda>=$((${cuda%%.*} + 1)).0 brand=tesla,driver>=470,driver<471"
+	within="cuda>=$cuda brand=tesla,driver>=470,driver<471"
+	APP_IMAGE=gpu-injector.local/app-env-cuda:gpu TOO_NEW_IMAGE=gpu-injector.local/cuda-too-new:gpu WITHIN_IMAGE=gpu-injector.local/cuda-within:gpu
+	if [[ $app_built == 0 && $cuda =~ ^[0-9]+\.[0-9]+$ ]] &&
+		run bash hack/gpu/root-image.sh "$app_root" "$APP_IMAGE" "$work/images/app-env.tar" LD_LIBRARY_PATH=/opt/app/lib &&
+		run bash hack/gpu/root-image.sh "$root" "$TOO_NEW_IMAGE" "$work/images/cuda-too-new.tar" "NVIDIA_REQUIRE_CUDA=$too_new" &&
+		run bash hack/gpu/root-image.sh "$root" "$WITHIN_IMAGE" "$work/images/cuda-within.tar" "NVIDIA_REQUIRE_CUDA=$within" &&
+		run "$CTR" --address "$CONTAINERD_SOCKET" --namespace k8s.io images import "$work/images/app-env.tar" &&
+		run "$CTR" --address "$CONTAINERD_SOCKET" --namespace k8s.io images import "$work/images/cuda-too-new.tar" &&
+		run "$CTR" --address "$CONTAINERD_SOCKET" --namespace k8s.io images import "$work/images/cuda-within.tar"; then
+		record "images with an ENV of their own" PASS "LD_LIBRARY_PATH=/opt/app/lib; NVIDIA_REQUIRE_CUDA '$too_new' and '$within' (node: CUDA $cuda)"
+	else
+		record "images with an ENV of their own" FAIL "app-env build $app_built, node CUDA '$cuda', or root-image.sh/ctr import failed"
+	fi
+	# gpu_pod NAME IMAGE [ENV=VALUE] -- CMD...: a GPU pod as a user writes it.
+	gpu_pod() {
+		local name=$1 image=$2 envs=() c
+		shift 2
+		while [[ $# -gt 0 && $1 != -- ]]; do envs+=("$1"); shift; done
+		shift
+		printf 'apiVersion: v1\nkind: Pod\nmetadata:\n  name: %s\nspec:\n  restartPolicy: Never\n  containers:\n  - name: %s\n    image: %s\n    imagePullPolicy: Never\n    command:\n' "$name" "$name" "$image"
+		for c in "$@"; do printf '    - "%s"\n' "$c"; done
+		if [[ ${#envs[@]} -gt 0 ]]; then
+			printf '    env:\n'
+			for c in "${envs[@]}"; do printf '    - name: %s\n      value: "%s"\n' "${c%%=*}" "${c#*=}"; done
+		fi
+		printf '    resources:\n      limits:\n        nvidia.com/gpu: 1\n'
+	}
+	# done_pod TITLE NAME: the pod Succeeded with the kernel's line in its log;
+	# its GPU is back for the next one.
+	done_pod() {
+		local phase
+		phase=$(wait_phase "$NS" "$2" 'Succeeded|Failed' 120)
+		workload_log "kubectl logs $2" $kubectl logs -n "$NS" "$2"
+		$kubectl logs -n "$NS" "$2" >"$work/$2.log" 2>&1
+		run "$kubectl" delete pod -n "$NS" "$2" --wait=true
+		[[ $phase == Succeeded ]] && grep -Eq "$expect_cuda_ok" "$work/$2.log"
+	}
+
+	gpu_pod app-env "$APP_IMAGE" -- /usr/local/bin/app-env "/usr/local/bin/$(basename "$prog")" >"$work/app-env.yaml"
+	run "$kubectl" create -n "$NS" -f "$work/app-env.yaml"
+	spec_env=$($kubectl get pod -n "$NS" app-env -o jsonpath='{.spec.containers[0].env}')
+	runtime_spec "image with its own LD_LIBRARY_PATH" "$NS" app-env app-env
+	if done_pod "image with its own LD_LIBRARY_PATH" app-env && [[ -z $spec_env ]] &&
+		grep -q '^LD_LIBRARY_PATH=/opt/app/lib:/usr/local/nvidia/lib64$' "$work/app-env.log" && grep -q '^libapp: 42$' "$work/app-env.log"; then
+		record "image's LD_LIBRARY_PATH kept, driver appended" PASS "no env in the pod spec; $(grep -m1 '^LD_LIBRARY_PATH=' "$work/app-env.log"); libapp and the kernel ran"
+	else
+		record "image's LD_LIBRARY_PATH kept, driver appended" FAIL "pod spec env '$spec_env'; see workloads.txt for its log"
+	fi
+
+	gpu_pod cuda-too-new "$TOO_NEW_IMAGE" -- "/usr/local/bin/$(basename "$prog")" >"$work/too-new.yaml"
+	run "$kubectl" create -n "$NS" -f "$work/too-new.yaml"
+	why=
+	for _ in $(seq 240); do
+		why=$($kubectl get pod -n "$NS" cuda-too-new -o jsonpath='{.status.containerStatuses[0].state.waiting.reason}: {.status.containerStatuses[0].state.waiting.message}' 2>/dev/null)
+		[[ $why == CreateContainerError:* ]] && break
+		sleep 0.5
+	done
+	workload_log "an image that needs a newer CUDA: the kubelet's reason" $kubectl get pod -n "$NS" cuda-too-new -o jsonpath='{.status.containerStatuses[0].state}{"\n"}'
+	run "$kubectl" delete pod -n "$NS" cuda-too-new --wait=true
+	if [[ $why == CreateContainerError:* && $why == *NVIDIA_REQUIRE_CUDA* && $why == *"$drv"* && $why == *"CUDA $cuda"* && $why == *cuda-driver-version-number* ]]; then
+		record "image needing a newer CUDA: refused" PASS "${why:0:220}"
+	else
+		record "image needing a newer CUDA: refused" FAIL "want CreateContainerError naming NVIDIA_REQUIRE_CUDA, driver $drv, CUDA $cuda and the label: '${why:0:220}'"
+	fi
+
+	gpu_pod cuda-within "$WITHIN_IMAGE" -- "/usr/local/bin/$(basename "$prog")" >"$work/within.yaml"
+	run "$kubectl" create -n "$NS" -f "$work/within.yaml"
+	done_pod "an image whose CUDA need the driver meets" cuda-within &&
+		record "image within the driver's CUDA: runs" PASS "NVIDIA_REQUIRE_CUDA '$within', log matches '$expect_cuda_ok'" ||
+		record "image within the driver's CUDA: runs" FAIL "see workloads.txt"
+
+	gpu_pod cuda-disabled "$TOO_NEW_IMAGE" NVIDIA_DISABLE_REQUIRE=true -- "/usr/local/bin/$(basename "$prog")" >"$work/disabled.yaml"
+	run "$kubectl" create -n "$NS" -f "$work/disabled.yaml"
+	done_pod "the newer-CUDA image with NVIDIA_DISABLE_REQUIRE=true" cuda-disabled &&
+		record "NVIDIA_DISABLE_REQUIRE=true: runs" PASS "the check off, as with NVIDIA's toolkit; log matches '$expect_cuda_ok'" ||
+		record "NVIDIA_DISABLE_REQUIRE=true: runs" FAIL "see workloads.txt"
+fi
+
+# ---------------------------------------------------------------------------
+if [[ $runtime == nri ]]; then
+	section "8. the plugin turned off: Pod Security refuses the hostPath pod"
 	# With no node carrying the plugin's label the webhook falls back to
 	# hostPath volumes, which the baseline namespace must refuse at create
 	# (docs/runtime-injection.md): the pods above ran there only because the
