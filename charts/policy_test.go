@@ -23,8 +23,8 @@ import (
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/apimachinery/pkg/util/version"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/apiserver/pkg/admission"
 	plugincel "k8s.io/apiserver/pkg/admission/plugin/cel"
 	"k8s.io/apiserver/pkg/admission/plugin/policy/mutating/patch"
@@ -414,4 +414,114 @@ func sortedKeys(m map[string]bool) []string {
 	return out
 }
 
+// TestPolicyEdges: pods the golden cases lack, at the edges of what the policy takes,
+// each through the policy, the webhook's matchConditions and Mutate as above.
+func TestPolicyEdges(t *testing.T) {
+	gpu := func(name, q string) string {
+		return "\n  - name: " + name + "\n    image: cuda\n    resources:\n      limits: {nvidia.com/gpu: \"" + q + "\"}"
+	}
+	long := strings.Repeat("a", 60)
+	tests := map[string]struct {
+		pod    string
+		config map[string]any
+		takes  bool
+	}{
+		"no annotations at all":          {pod: "spec:\n  containers:" + gpu("main", "1"), takes: true},
+		"opted out in capitals":          {pod: "metadata:\n  annotations: {gpu-injector.io/inject: \"FALSE\"}\nspec:\n  containers:" + gpu("main", "1")},
+		"opt-out spelled with a long s":  {pod: "metadata:\n  annotations: {gpu-injector.io/inject: \"falſe\"}\nspec:\n  containers:" + gpu("main", "1")},
+		"inject annotation true":         {pod: "metadata:\n  annotations: {gpu-injector.io/inject: \"true\"}\nspec:\n  containers:" + gpu("main", "1"), takes: true},
+		"a zero GPU limit only":          {pod: "spec:\n  containers:" + gpu("main", "0")},
+		"a zero and a real GPU":          {pod: "spec:\n  containers:" + gpu("idle", "0") + gpu("main", "2"), takes: true},
+		"two containers of one name":     {pod: "spec:\n  containers:" + gpu("main", "1") + gpu("main", "1")},
+		"a name too long for NRI's key":  {pod: "spec:\n  containers:" + gpu(long, "1") + gpu("b", "1"), takes: true},
+		"another extended resource":      {pod: "spec:\n  containers:" + gpu("main", "1") + "\n  - name: net\n    image: x\n    resources:\n      limits: {rdma/hca: \"1\"}"},
+		"a DeviceClass's implicit name":  {pod: "spec:\n  containers:\n  - name: main\n    image: cuda\n    resources:\n      limits: {deviceclass.resource.kubernetes.io/gpu.nvidia.com: \"1\"}"},
+		"cpu, memory and hugepages":      {pod: "spec:\n  containers:\n  - name: main\n    image: cuda\n    resources:\n      limits: {nvidia.com/gpu: \"1\", cpu: \"2\", memory: 1Gi, hugepages-2Mi: 64Mi, ephemeral-storage: 1Gi}", takes: true},
+		"a hostPath volume of no driver": {pod: "spec:\n  volumes:\n  - name: data\n    hostPath: {path: /data}\n  containers:" + gpu("main", "1")},
+		"another plugin required":        {pod: "metadata:\n  annotations: {required-plugins.noderesource.dev/pod: \"[x]\"}\nspec:\n  containers:" + gpu("main", "1")},
+		"containers All":                 {pod: "spec:\n  initContainers:\n  - name: init\n    image: busybox\n  containers:" + gpu("main", "1") + "\n  - name: side\n    image: envoy", config: map[string]any{"containers": "All"}, takes: true},
+		"a GPU request above its limit":  {pod: "spec:\n  containers:\n  - name: main\n    image: cuda\n    resources:\n      limits: {nvidia.com/gpu: \"0\"}\n      requests: {nvidia.com/gpu: \"1\"}", takes: true},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			doc := "apiVersion: v1\nkind: Pod\n" + tc.pod
+			if !strings.HasPrefix(tc.pod, "metadata:") {
+				doc = "apiVersion: v1\nkind: Pod\nmetadata:\n" + tc.pod
+			}
+			doc = strings.Replace(doc, "metadata:\n", "metadata:\n  name: p\n  namespace: ml\n", 1)
+			pod := &corev1.Pod{}
+			if err := yaml.UnmarshalStrict([]byte(doc), pod); err != nil {
+				t.Fatalf("bad test pod: %v\n%s", err, doc)
+			}
+			pr := renderForConfig(t, tc.config)
+			if pr.policy == nil {
+				t.Fatal("the chart renders no policy")
+			}
+			if got := checkPolicyCase(t, pr, goldenCase{pod: pod}); got != tc.takes {
+				t.Errorf("the policy takes the pod: %v, want %v", got, tc.takes)
+			}
+		})
+	}
+}
 
+// TestAdmissionPolicyRender: where the chart renders the policy and the webhook's
+// condition on it, by admission.policy, the cluster's version and the configuration.
+func TestAdmissionPolicyRender(t *testing.T) {
+	runtimeDelivery := "config.driverDelivery=Runtime"
+	kube137 := renderOpts{kubeVersion: "1.37.2"}
+	tests := map[string]struct {
+		opts    renderOpts
+		want    bool
+		refused string // helm fails with this
+	}{
+		"auto, runtime delivery on 1.37":          {opts: with(kube137, runtimeDelivery), want: true},
+		"auto, runtime delivery on 1.36":          {opts: with(kube136, runtimeDelivery), want: true},
+		"auto, runtime delivery on 1.35":          {opts: with(renderOpts{kubeVersion: "1.35.4"}, runtimeDelivery)},
+		"auto, the API listed by the cluster":     {opts: renderOpts{kubeVersion: "1.35.4", apiVersions: []string{"admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"}, set: []string{runtimeDelivery}}, want: true},
+		"auto, PreferRuntime (the default)":       {opts: kube137},
+		"auto, HostPath":                          {opts: with(kube137, "config.driverDelivery=HostPath")},
+		"auto, image-aware admission":             {opts: with(kube137, runtimeDelivery, "config.images.mode=On"), refused: "config"},
+		"auto, a resource pattern it cannot read": {opts: with(kube137, runtimeDelivery, "config.resources.names={nvidia.com/gpu,nvidia.com/mig-?g.*}")},
+		"off":                          {opts: with(kube137, runtimeDelivery, "admission.policy=off")},
+		"on, runtime delivery on 1.35": {opts: with(renderOpts{kubeVersion: "1.35.4"}, runtimeDelivery, "admission.policy=on"), want: true},
+		"on, PreferRuntime":            {opts: with(kube137, "admission.policy=on"), refused: "admission.policy=on, but config.driverDelivery is PreferRuntime, not Runtime"},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			out, err := helmTemplate(t, tc.opts)
+			if tc.refused != "" {
+				if err == nil {
+					if tc.refused == "config" {
+						// The configuration has no images section on this build: the
+						// schema refuses it, or the chart renders no policy.
+						if len(parseRendered(t, out).all("MutatingAdmissionPolicy")) > 0 {
+							t.Errorf("the policy is rendered with image-aware admission on")
+						}
+						return
+					}
+					t.Fatalf("helm rendered the chart, want it refused with %q", tc.refused)
+				}
+				if tc.refused != "config" && !strings.Contains(err.Error(), tc.refused) {
+					t.Errorf("helm refused with %v, want %q", err, tc.refused)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := parseRendered(t, out)
+			checkKnownTypes(t, r)
+			got := len(r.all("MutatingAdmissionPolicy")) == 1 && len(r.all("MutatingAdmissionPolicyBinding")) == 1
+			if got != tc.want {
+				t.Errorf("policy rendered: %v, want %v", got, tc.want)
+			}
+			conditioned := false
+			for _, mc := range mutatingWebhook(t, r).MatchConditions {
+				conditioned = conditioned || mc.Name == "not-admitted-by-policy"
+			}
+			if conditioned != tc.want {
+				t.Errorf("the webhook's condition on the policy rendered: %v, want %v", conditioned, tc.want)
+			}
+		})
+	}
+}
