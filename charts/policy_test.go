@@ -12,6 +12,7 @@ import (
 	"errors"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -36,6 +37,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/gpu-injector/gpu-injector/config"
+	"github.com/gpu-injector/gpu-injector/e2e/cluster"
+	"github.com/gpu-injector/gpu-injector/internal/testfixtures/workload"
 	"github.com/gpu-injector/gpu-injector/webhook/inject"
 )
 
@@ -62,7 +65,7 @@ type admissionPolicy struct {
 	patchers []patch.Patcher
 }
 
-func compileMutatingPolicy(t *testing.T, p *admissionregistrationv1.MutatingAdmissionPolicy) admissionPolicy {
+func compileMutatingPolicy(t testing.TB, p *admissionregistrationv1.MutatingAdmissionPolicy) admissionPolicy {
 	t.Helper()
 	decls := plugincel.OptionalVariableDeclarations{HasParams: p.Spec.ParamKind != nil, HasAuthorizer: true}
 	patchDecls := decls
@@ -131,7 +134,7 @@ func podAttributes(pod *corev1.Pod) *admission.VersionedAttributes {
 
 // admit runs the policy on a pod as the API server's mutating plugin does: nil when
 // its matchConditions leave the pod out, else the pod its mutations make.
-func (ap admissionPolicy) admit(t *testing.T, pod *corev1.Pod) *corev1.Pod {
+func (ap admissionPolicy) admit(t testing.TB, pod *corev1.Pod) *corev1.Pod {
 	t.Helper()
 	va := podAttributes(pod.DeepCopy())
 	// The plugin evaluates a policy's conditions and mutations in one context, which
@@ -158,7 +161,7 @@ func (ap admissionPolicy) admit(t *testing.T, pod *corev1.Pod) *corev1.Pod {
 }
 
 // webhookMatcher is the webhook's matchConditions as the API server evaluates them.
-func webhookMatcher(t *testing.T, wh admissionregistrationv1.MutatingWebhook, versions map[string]*version.Version) matchconditions.Matcher {
+func webhookMatcher(t testing.TB, wh admissionregistrationv1.MutatingWebhook, versions map[string]*version.Version) matchconditions.Matcher {
 	t.Helper()
 	accessors := make([]plugincel.ExpressionAccessor, len(wh.MatchConditions))
 	for i := range wh.MatchConditions {
@@ -176,7 +179,7 @@ func webhookMatcher(t *testing.T, wh admissionregistrationv1.MutatingWebhook, ve
 	return matchconditions.NewMatcher(compiler.CompileCondition(accessors, celDecls, environment.StoredExpressions), wh.FailurePolicy, "webhook", "admit", wh.Name)
 }
 
-func webhookCalled(t *testing.T, m matchconditions.Matcher, pod *corev1.Pod) bool {
+func webhookCalled(t testing.TB, m matchconditions.Matcher, pod *corev1.Pod) bool {
 	t.Helper()
 	res := m.Match(context.Background(), podAttributes(pod.DeepCopy()), nil, nil)
 	if res.Error != nil {
@@ -524,4 +527,101 @@ func TestAdmissionPolicyRender(t *testing.T) {
 			}
 		})
 	}
+}
+
+// BenchmarkPolicyAdmission: the chart's admission policy as the API server's plugin runs
+// it on the load script's pods (its conditions, its variable and its JSON Patch, from
+// the typed pod to the typed pod), the webhook's matchConditions on the pod the policy
+// made, and Mutate on the same pod with driverDelivery Runtime.
+func BenchmarkPolicyAdmission(b *testing.B) {
+	pr := benchRender(b)
+	t := b
+	for _, s := range workload.Sizes {
+		pod := workload.Pod(s.Name, s.Bytes)
+		pod.Namespace = "ml"
+		b.Run("policy/"+s.Name, func(b *testing.B) {
+			for range b.N {
+				if pr.policy.admit(t, pod) == nil {
+					b.Fatal("the policy does not take the pod")
+				}
+			}
+		})
+		made := pr.policy.admit(t, pod)
+		b.Run("webhook-conditions/"+s.Name, func(b *testing.B) {
+			for range b.N {
+				if webhookCalled(t, pr.webhook, made) {
+					b.Fatal("the webhook would be called")
+				}
+			}
+		})
+		b.Run("mutate/"+s.Name, func(b *testing.B) {
+			for range b.N {
+				p := pod.DeepCopy()
+				if res := inject.Mutate(inject.Input{Pod: p}, pr.cfg); res.Decision != inject.DecisionInjected {
+					b.Fatal(res.Decision)
+				}
+			}
+		})
+	}
+}
+
+// benchRender is renderForConfig's chart, driverDelivery Runtime on 1.37, for a
+// benchmark.
+func benchRender(b *testing.B) policyRender {
+	b.Helper()
+	cache, err := cluster.CacheDir()
+	if err != nil {
+		b.Fatal(err)
+	}
+	helm := os.Getenv("HELM")
+	if helm == "" {
+		helm = filepath.Join(cache, "helm-"+cluster.HelmVersion, "helm")
+	}
+	out, err := exec.Command(helm, "template", releaseName, chartDir, "--namespace", namespace, "--kube-version", "1.37.2", "--set", "config.driverDelivery=Runtime").Output()
+	if err != nil {
+		b.Fatalf("failed to render the chart: %v", err)
+	}
+	var pr policyRender
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(out), 4096)
+	for {
+		var obj map[string]any
+		if err := dec.Decode(&obj); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			b.Fatal(err)
+		}
+		doc, err := json.Marshal(obj)
+		if err != nil {
+			b.Fatal(err)
+		}
+		switch obj["kind"] {
+		case "MutatingAdmissionPolicy":
+			var p admissionregistrationv1.MutatingAdmissionPolicy
+			if err := json.Unmarshal(doc, &p); err != nil {
+				b.Fatal(err)
+			}
+			ap := compileMutatingPolicy(b, &p)
+			pr.policy = &ap
+		case "MutatingWebhookConfiguration":
+			var m admissionregistrationv1.MutatingWebhookConfiguration
+			if err := json.Unmarshal(doc, &m); err != nil {
+				b.Fatal(err)
+			}
+			pr.webhook = webhookMatcher(b, m.Webhooks[0], policyVersions)
+		case "ConfigMap":
+			var cm corev1.ConfigMap
+			if err := json.Unmarshal(doc, &cm); err != nil {
+				b.Fatal(err)
+			}
+			if data, ok := cm.Data["config.yaml"]; ok {
+				if pr.cfg, err = config.Parse([]byte(data)); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+	}
+	if pr.policy == nil || pr.webhook == nil || pr.cfg == nil {
+		b.Fatal("the chart rendered no policy, webhook configuration or configuration")
+	}
+	return pr
 }

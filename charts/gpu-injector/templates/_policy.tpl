@@ -84,31 +84,21 @@ hands CEL a quantity in its canonical form, "0" for every zero.
 (c.?resources.?limits.orValue({}).exists(k, {{ $gpu }} && string(c.resources.limits[k]) != '0') || c.?resources.?requests.orValue({}).exists(k, {{ $gpu }} && string(c.resources.requests[k]) != '0'))
 {{- end }}
 
-{{/* The containers that get the driver (config.containers). */}}
+{{/* The containers that get the driver (config.containers), of the containers bound to cs. */}}
 {{- define "gpu-injector.policy.targets" -}}
-{{- $cs := include "gpu-injector.policy.containers" . -}}
 {{- if eq (.Values.config.containers | default "GPU") "All" -}}
-{{ $cs }}
+(cs.exists(c, {{ include "gpu-injector.policy.wantsGPU" . }}) ? cs : [])
 {{- else -}}
-{{ $cs }}.filter(c, {{ include "gpu-injector.policy.wantsGPU" . }})
+cs.filter(c, {{ include "gpu-injector.policy.wantsGPU" . }})
 {{- end }}
 {{- end }}
 
 {{/*
-gpu-injector.policy.conditions: the policy's matchConditions, cheapest first (the API server
-stops at the first that fails). A pod
-they all hold for needs nothing the webhook knows beyond the pod: no resource fix (a
-legacy name, a GPU request without a limit), no DRA or other extended resource whose
-meaning a DeviceClass gives, no hostPath volume (a hand-written driver mount is one of a
-known driver folder or a node's layout), container names the NRI plugin's marker can
-name, within the limits, and none of the annotations only gpu-injector writes (the
-webhook checks and rewrites them with a warning).
+gpu-injector.policy.cheap: the policy's first matchConditions, each cheap, and failing for
+most pods the policy does not take (the API server stops at the first that fails).
 */}}
-{{- define "gpu-injector.policy.conditions" -}}
+{{- define "gpu-injector.policy.cheap" -}}
 {{- $cs := include "gpu-injector.policy.containers" . }}
-{{- $gpu := include "gpu-injector.policy.gpuName" (dict "root" . "var" "k") }}
-{{- $targets := include "gpu-injector.policy.targets" . }}
-{{- $known := printf "(k in ['cpu', 'memory', 'ephemeral-storage'] || k.startsWith('hugepages-') || %s)" $gpu }}
 - name: not-opted-out
   expression: {{ `object.metadata.?annotations[?'gpu-injector.io/inject'].orValue('').matches('^[ -~]*$') && object.metadata.?annotations[?'gpu-injector.io/inject'].orValue('').lowerAscii() != 'false'` | toJson }}
 - name: wants-a-gpu
@@ -117,12 +107,25 @@ webhook checks and rewrites them with a warning).
   expression: {{ `object.spec.?volumes.orValue([]).all(v, !has(v.hostPath))` | toJson }}
 - name: no-claims
   expression: {{ `object.spec.?resourceClaims.orValue([]).size() == 0` | toJson }}
-- name: known-resources
-  expression: {{ printf "%s.all(c, c.?resources.?limits.orValue({}).all(k, %s) && c.?resources.?requests.orValue({}).all(k, %s && (!%s || k in c.?resources.?limits.orValue({}))))" $cs $known $known $gpu | toJson }}
-- name: markable-names
-  expression: {{ printf "%s.all(c, c.name.size() <= 63 && c.name.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')) && %s.all(c, %s.filter(d, d.name == c.name).size() == 1)" $targets $targets $cs | toJson }}
-- name: within-limits
-  expression: {{ printf "%s.size() <= %d" $targets (int .Values.config.limits.maxGPUContainers) | toJson }}
+{{- end }}
+
+{{/*
+gpu-injector.policy.shape: CEL true when the pod's resources and target containers are
+ones the policy takes, with .extra (CEL of the targets bound to t, their names to n)
+and-ed on; the containers are bound to cs. With the cheap conditions: a pod they hold
+for needs nothing the webhook knows beyond the pod: no resource fix (a legacy name, a GPU
+request without a limit), no DRA or other extended resource whose meaning a DeviceClass
+gives, no hostPath volume (a hand-written driver mount is one of a known driver folder or
+a node's layout), target names the NRI plugin's marker can name (distinct DNS labels),
+within the limits.
+*/}}
+{{- define "gpu-injector.policy.shape" -}}
+{{- $root := .root }}
+{{- $gpu := include "gpu-injector.policy.gpuName" (dict "root" $root "var" "k") }}
+{{- $known := printf "(k in ['cpu', 'memory', 'ephemeral-storage'] || k.startsWith('hugepages-') || %s)" $gpu }}
+{{- $resources := printf "cs.all(c, c.?resources.?limits.orValue({}).all(k, %s) && c.?resources.?requests.orValue({}).all(k, %s && (!%s || k in c.?resources.?limits.orValue({}))))" $known $known $gpu }}
+{{- $names := printf "t.size() <= %d && n.all(x, x.size() <= 63 && x.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')) && n.distinct().size() == n.size()" (int $root.Values.config.limits.maxGPUContainers) }}
+{{- printf "[%s].all(cs, %s && [%s].all(t, [t.map(c, c.name)].all(n, %s%s)))" (include "gpu-injector.policy.containers" $root) $resources (include "gpu-injector.policy.targets" $root) $names (.extra | default "") }}
 {{- end }}
 
 {{- define "gpu-injector.policy.unmarked" -}}
@@ -135,11 +138,12 @@ webhook checks and rewrites them with a warning).
 {{- end }}
 
 {{/*
-NRI's required-plugins key for the container named n: container-scoped, or pod-scoped
-for a name too long for a key (webhook/inject: requiredPlugins).
+NRI's required-plugins key for the container whose name is in the CEL variable named by
+the argument, after the prefix's "/": container-scoped, or pod-scoped for a name too long
+for a key (webhook/inject: requiredPlugins).
 */}}
 {{- define "gpu-injector.policy.pluginsKey" -}}
-(n.size() > 53 ? 'pod' : 'container.' + n)
+({{ . }}.size() > 53 ? 'pod' : 'container.' + {{ . }})
 {{- end }}
 
 {{/*
@@ -150,10 +154,10 @@ exactly the policy's. A pod written so by its author is one the webhook would no
 change either.
 */}}
 {{- define "gpu-injector.policy.webhookCondition" -}}
-{{- $all := list }}
-{{- range include "gpu-injector.policy.conditions" . | fromYamlArray }}{{ $all = append $all (printf "(%s)" .expression) }}{{ end }}
-{{- $names := printf "%s.map(c, c.name)" (include "gpu-injector.policy.targets" .) }}
-{{- $keys := printf "%s.map(n, 'required-plugins.noderesource.dev/' + %s)" $names (include "gpu-injector.policy.pluginsKey" .) }}
-{{- $admitted := printf "object.metadata.?annotations[?'gpu-injector.io/runtime-inject'].orValue('') == %s.join(',') && object.metadata.?annotations[?'gpu-injector.io/injected'].orValue('') == %s && object.metadata.annotations.all(k, !k.startsWith('required-plugins.noderesource.dev') || (object.metadata.annotations[k] == '[\"gpu-injector\"]' && k in %s)) && %s.all(k, k in object.metadata.annotations)" $names (include "gpu-injector.policy.record" (dict "names" $names)) $keys $keys }}
-{{- printf "!(%s && (%s || %s))" (join " && " $all) (include "gpu-injector.policy.unmarked" .) $admitted }}
+{{- $cheap := list }}
+{{- range include "gpu-injector.policy.cheap" . | fromYamlArray }}{{ $cheap = append $cheap (printf "(%s)" .expression) }}{{ end }}
+{{- $keys := printf "n.map(x, 'required-plugins.noderesource.dev/' + %s)" (include "gpu-injector.policy.pluginsKey" "x") }}
+{{- $admitted := printf "object.metadata.?annotations[?'gpu-injector.io/runtime-inject'].orValue('') == n.join(',') && object.metadata.?annotations[?'gpu-injector.io/injected'].orValue('') == %s && [%s].all(keys, object.metadata.annotations.all(k, !k.startsWith('required-plugins.noderesource.dev') || (object.metadata.annotations[k] == '[\"gpu-injector\"]' && k in keys)) && keys.all(k, k in object.metadata.annotations))" (include "gpu-injector.policy.record" (dict "names" "n")) $keys }}
+{{- $extra := printf " && (%s || %s)" (include "gpu-injector.policy.unmarked" .) $admitted }}
+{{- printf "!(%s && %s)" (join " && " $cheap) (include "gpu-injector.policy.shape" (dict "root" . "extra" $extra)) }}
 {{- end }}
