@@ -70,6 +70,10 @@ type options struct {
 	profileDir   string
 	profileTime  time.Duration
 	nri          bool
+	// runtimeDelivery renders the chart with driverDelivery Runtime (and
+	// implies nri): the gpu-injector variant is the webhook alone
+	// (admission.policy off), chart-policy the chart's admission policy.
+	runtimeDelivery bool
 }
 
 func main() {
@@ -98,13 +102,14 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&limits, "memory-limit", "none", "with -memory-only: comma-separated container memory limits (Kubernetes quantities, e.g. 256Mi; none: no limit) that the webhook is told of as the chart tells it (GPU_INJECTOR_MEMORY_LIMIT), so it sets the Go runtime's soft limit below each; the process itself is not confined")
 	fs.DurationVar(&o.readyTimeout, "ready-timeout", 5*time.Minute, "how long the webhook may take to list the nodes and become ready")
 	fs.BoolVar(&o.nri, "nri", false, "every node has gpu-injector's NRI plugin registered (label "+layout.LabelNRIPlugin+"), so gpu-injector injects at the runtime")
+	fs.BoolVar(&o.runtimeDelivery, "runtime-delivery", false, "render the chart with config.driverDelivery=Runtime (implies -nri); the chart-policy variant then runs the chart's MutatingAdmissionPolicy beside the chart's webhook configuration, and gpu-injector is the webhook alone (admission.policy=off)")
 	fs.IntVar(&o.requests, "requests", 300, "measured requests per cell (variant x size x concurrency)")
 	fs.IntVar(&o.warmup, "warmup", 30, "unmeasured requests before each cell")
 	fs.DurationVar(&o.cellTimeout, "cell-timeout", 60*time.Second, "a cell stops at this time even if it has sent fewer requests")
 	fs.DurationVar(&o.timeout, "timeout", 40*time.Minute, "the whole run stops at this time")
-	fs.StringVar(&sizes, "sizes", "small,medium,large", "pod sizes")
+	fs.StringVar(&sizes, "sizes", "small,medium,large", "pod sizes; "+sizeCPU+" is the small pod without its GPU, in the same opted-in namespace")
 	fs.StringVar(&conc, "concurrency", "1,16", "client concurrencies")
-	fs.StringVar(&variants, "variants", strings.Join(allVariants, ","), "what admits the pods")
+	fs.StringVar(&variants, "variants", strings.Join(defaultVariants, ","), "what admits the pods, of "+strings.Join(allVariants, ","))
 	fs.StringVar(&o.chartObjects, "chart-objects", "", "output of helm template for the chart (default: run hack/tools.sh's helm)")
 	fs.StringVar(&o.binary, "gpu-injector", "", "gpu-injector binary (default: go build one)")
 	fs.StringVar(&o.cacheDir, "bin", "", "folder of the cluster binaries (default: hack/tools.sh's cache, ~/.cache/gpu-injector)")
@@ -122,6 +127,12 @@ func parseFlags(args []string) (*options, error) {
 		}
 	}
 	o.sizes = strings.Split(sizes, ",")
+	if !slices.ContainsFunc(o.sizes, func(s string) bool { return s != sizeCPU }) {
+		return nil, errors.New("-sizes needs a GPU pod size besides " + sizeCPU)
+	}
+	if o.runtimeDelivery {
+		o.nri = true
+	}
 	o.variants = strings.Split(variants, ",")
 	for _, v := range o.variants {
 		if !contains(allVariants, v) {

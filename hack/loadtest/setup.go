@@ -39,19 +39,25 @@ import (
 const (
 	namespace    = "loadtest"
 	sizeLabelKey = workload.SizeLabel
+	// sizeCPU is the small pod without its GPU limit.
+	sizeCPU = "cpu"
 )
 
 // run is one load run's state.
 type run struct {
-	o       *options
-	dir     string
-	cp      *controlPlane
-	cfg     *config.Configuration
-	mwc     *admissionregistrationv1.MutatingWebhookConfiguration
-	ca      []byte
-	certDir string
-	pods    map[string][]byte // size -> the pod's JSON
-	patches map[string][]byte // size -> our JSON Patch for it
+	o   *options
+	dir string
+	cp  *controlPlane
+	cfg *config.Configuration
+	mwc *admissionregistrationv1.MutatingWebhookConfiguration
+	// chartMAP and policyMWC are the chart's admission policy and the
+	// webhook configuration rendered beside it (-runtime-delivery).
+	chartMAP  *admissionregistrationv1.MutatingAdmissionPolicy
+	policyMWC *admissionregistrationv1.MutatingWebhookConfiguration
+	ca        []byte
+	certDir   string
+	pods      map[string][]byte // size -> the pod's JSON
+	patches   map[string][]byte // size -> our JSON Patch for it
 	// wholeLists makes the same change with each list we append to
 	// replaced whole: 5 operations instead of 41.
 	wholeListPatches map[string][]byte
@@ -145,7 +151,19 @@ func (r *run) chart(ctx context.Context) error {
 			return err
 		}
 		// The URL and caBundle are set below; the chart decides the rest.
-		if objs, err = env.RenderChart(ctx, wd, helm, "webhook.enabled=false", "webhook.url=https://127.0.0.1:1"); err != nil {
+		sets := []string{"webhook.enabled=false", "webhook.url=https://127.0.0.1:1"}
+		if r.o.runtimeDelivery {
+			sets = append(sets, "config.driverDelivery=Runtime")
+			withPolicy, err := env.RenderChart(ctx, wd, helm, sets...)
+			if err != nil {
+				return err
+			}
+			if err := r.readPolicy(withPolicy); err != nil {
+				return err
+			}
+			sets = append(sets, "admission.policy=off")
+		}
+		if objs, err = env.RenderChart(ctx, wd, helm, sets...); err != nil {
 			return err
 		}
 	}
@@ -172,6 +190,29 @@ func (r *run) chart(ctx context.Context) error {
 	}
 	if r.mwc == nil || len(r.mwc.Webhooks) != 1 || r.cfg == nil {
 		return errors.New("the rendered chart lacks the webhook configuration (one webhook) or the ConfigMap with config.yaml")
+	}
+	return nil
+}
+
+// readPolicy takes the chart's admission policy and the webhook
+// configuration rendered with it.
+func (r *run) readPolicy(objs []*unstructured.Unstructured) error {
+	for _, o := range objs {
+		var err error
+		switch o.GetKind() {
+		case "MutatingAdmissionPolicy":
+			r.chartMAP = &admissionregistrationv1.MutatingAdmissionPolicy{}
+			err = runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, r.chartMAP)
+		case "MutatingWebhookConfiguration":
+			r.policyMWC = &admissionregistrationv1.MutatingWebhookConfiguration{}
+			err = runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, r.policyMWC)
+		}
+		if err != nil {
+			return fmt.Errorf("failed to read the chart's %s: %w", o.GetKind(), err)
+		}
+	}
+	if r.chartMAP == nil || r.policyMWC == nil {
+		return errors.New("the chart rendered with driverDelivery Runtime lacks its MutatingAdmissionPolicy or webhook configuration")
 	}
 	return nil
 }
@@ -296,6 +337,16 @@ func (r *run) ourPatches() error {
 		}
 		r.wholeListPatches[s.Name] = whole
 		progress("%s pod: %d bytes, our patch %d operations, %d bytes (whole lists: %d operations, %d bytes)", s.Name, len(raw), len(res.Patch), len(r.patches[s.Name]), n, len(whole))
+	}
+	if contains(r.o.sizes, sizeCPU) {
+		pod := workload.Pod(sizeCPU, workload.Sizes[0].Bytes)
+		delete(pod.Spec.Containers[0].Resources.Limits, "nvidia.com/gpu")
+		raw, err := json.Marshal(pod)
+		if err != nil {
+			return err
+		}
+		r.pods[sizeCPU] = raw
+		progress("%s pod: %d bytes, no GPU", sizeCPU, len(raw))
 	}
 	return nil
 }

@@ -31,17 +31,25 @@ const (
 	variantSamePatch = "same-patch"
 	variantWhole     = "whole-lists"
 	variantOurs      = "gpu-injector"
+	// variantChartPolicy is the chart's admission policy with the chart's
+	// webhook configuration beside it (-runtime-delivery): the policy admits
+	// the modern GPU pods, the webhook is called for the others.
+	variantChartPolicy = "chart-policy"
 )
 
-var allVariants = []string{variantNone, variantPolicy, variantNoop, variantSamePatch, variantWhole, variantOurs}
+var allVariants = []string{variantNone, variantPolicy, variantNoop, variantSamePatch, variantWhole, variantOurs, variantChartPolicy}
+
+// defaultVariants are those that need no -runtime-delivery.
+var defaultVariants = allVariants[:len(allVariants)-1]
 
 var variantTitles = map[string]string{
-	variantNone:      "no mutating admission (baseline)",
-	variantPolicy:    "MutatingAdmissionPolicy, the same static patch",
-	variantNoop:      "no-op webhook (floor)",
-	variantSamePatch: "same-patch webhook (floor)",
-	variantWhole:     "same change, each list replaced whole (floor)",
-	variantOurs:      "gpu-injector",
+	variantNone:        "no mutating admission (baseline)",
+	variantPolicy:      "MutatingAdmissionPolicy, the same static patch",
+	variantNoop:        "no-op webhook (floor)",
+	variantSamePatch:   "same-patch webhook (floor)",
+	variantWhole:       "same change, each list replaced whole (floor)",
+	variantOurs:        "gpu-injector",
+	variantChartPolicy: "chart's MutatingAdmissionPolicy, gpu-injector for the rest",
 }
 
 // webhookName is the webhook's name in the API server's metrics.
@@ -54,8 +62,11 @@ func (r *run) configure(ctx context.Context, v string) error {
 		if err := ar.MutatingWebhookConfigurations().Delete(ctx, old, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 			return err
 		}
-		for _, s := range r.o.sizes {
+		for _, s := range append([]string{""}, r.o.sizes...) {
 			name := old + "-" + s
+			if s == "" {
+				name = old
+			}
 			if err := ar.MutatingAdmissionPolicyBindings().Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 				return err
 			}
@@ -70,6 +81,12 @@ func (r *run) configure(ctx context.Context, v string) error {
 		return nil
 	case variantPolicy:
 		return r.policies(ctx)
+	case variantChartPolicy:
+		if err := r.chartPolicy(ctx); err != nil {
+			return err
+		}
+		_, err := ar.MutatingWebhookConfigurations().Create(ctx, webhookFor(r.policyMWC, v, r.webhookURL, r.ca), metav1.CreateOptions{})
+		return err
 	case variantNoop:
 		url = r.noop.url
 	case variantSamePatch:
@@ -92,6 +109,9 @@ func (r *run) policies(ctx context.Context) error {
 	var conds []admissionregistrationv1.MatchCondition
 	conds = append(conds, wh.MatchConditions...)
 	for _, size := range r.o.sizes {
+		if size == sizeCPU {
+			continue
+		}
 		expr, err := celPatch(r.patches[size])
 		if err != nil {
 			return err
@@ -130,6 +150,28 @@ func (r *run) policies(ctx context.Context) error {
 		if _, err := ar.MutatingAdmissionPolicyBindings().Create(ctx, b, metav1.CreateOptions{}); err != nil {
 			return fmt.Errorf("failed to create the admission policy binding: %w", err)
 		}
+	}
+	return nil
+}
+
+// chartPolicy installs the chart's MutatingAdmissionPolicy and its binding,
+// as helm template rendered them.
+func (r *run) chartPolicy(ctx context.Context) error {
+	if r.chartMAP == nil {
+		return errors.New("the chart-policy variant needs -runtime-delivery, where the chart renders its admission policy")
+	}
+	ar := r.cp.client.AdmissionregistrationV1()
+	p := r.chartMAP.DeepCopy()
+	p.ObjectMeta = metav1.ObjectMeta{Name: variantChartPolicy}
+	if _, err := ar.MutatingAdmissionPolicies().Create(ctx, p, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("failed to create the chart's admission policy: %w", err)
+	}
+	b := &admissionregistrationv1.MutatingAdmissionPolicyBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: variantChartPolicy},
+		Spec:       admissionregistrationv1.MutatingAdmissionPolicyBindingSpec{PolicyName: variantChartPolicy},
+	}
+	if _, err := ar.MutatingAdmissionPolicyBindings().Create(ctx, b, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("failed to create the chart's admission policy binding: %w", err)
 	}
 	return nil
 }
@@ -228,6 +270,12 @@ func celLiteral(b *strings.Builder, typ string, v any) {
 func (r *run) awaitSwitch(ctx context.Context, l *loader, v string) error {
 	deadline := time.Now().Add(60 * time.Second)
 	size := r.o.sizes[0]
+	for _, s := range r.o.sizes {
+		if s != sizeCPU {
+			size = s
+			break
+		}
+	}
 	for {
 		before, err := r.cp.scrape(ctx)
 		if err != nil {
@@ -244,7 +292,12 @@ func (r *run) awaitSwitch(ctx context.Context, l *loader, v string) error {
 		injected := bytes.Contains(body, []byte(layout.LabelFingerprint)) || bytes.Contains(body, []byte(layout.AnnotationRuntimeInject))
 		wantInjected := v != variantNone && v != variantNoop
 		called := true
-		if v != variantNone && v != variantPolicy {
+		switch v {
+		case variantNone, variantPolicy:
+		case variantChartPolicy:
+			// The policy, not the webhook, admits the modern GPU pod.
+			called = after.webhookCount(webhookName(v)) == before.webhookCount(webhookName(v))
+		default:
 			called = after.webhookCount(webhookName(v)) > before.webhookCount(webhookName(v))
 		}
 		if injected == wantInjected && called {

@@ -1,0 +1,170 @@
+//go:build e2e
+
+package nri
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/gpu-injector/gpu-injector/e2e/env"
+	"github.com/gpu-injector/gpu-injector/layout"
+)
+
+// policyName is the chart's MutatingAdmissionPolicy of the environment's release.
+const policyName = env.Release + "-runtime"
+
+// webhookCalls is the API server's count of its calls to gpu-injector's webhook, every
+// answer and rejection together.
+func webhookCalls(t *testing.T) float64 {
+	t.Helper()
+	raw, err := client().CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(context.Background())
+	if err != nil {
+		t.Fatalf("failed to read the API server's metrics: %v", err)
+	}
+	var sum float64
+	sc := bufio.NewScanner(bytes.NewReader(raw))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, "apiserver_admission_webhook_request_total{") || !strings.Contains(line, `name="pods.gpu-injector.io"`) {
+			continue
+		}
+		v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
+		if err != nil {
+			t.Fatalf("bad metric line %q: %v", line, err)
+		}
+		sum += v
+	}
+	return sum
+}
+
+// createCounting creates a pod (server-side dry run when dryRun) and returns what the
+// API server made of it and how many times it called the webhook meanwhile.
+func createCounting(t *testing.T, ns string, p *corev1.Pod, dryRun bool) (*corev1.Pod, float64) {
+	t.Helper()
+	opts := metav1.CreateOptions{}
+	if dryRun {
+		opts.DryRun = []string{metav1.DryRunAll}
+	}
+	before := webhookCalls(t)
+	got, err := client().CoreV1().Pods(ns).Create(context.Background(), p.DeepCopy(), opts)
+	if err != nil {
+		t.Fatalf("failed to create pod %s: %v", p.Name, err)
+	}
+	return got, webhookCalls(t) - before
+}
+
+// runsWithDriver waits for a created CUDA pod to finish and checks that it loaded the
+// node's driver.
+func runsWithDriver(t *testing.T, ns string, p *corev1.Pod) {
+	t.Helper()
+	done := waitDone(t, ns, p.Name)
+	log := podLog(t, ns, p.Name, p.Spec.Containers[0].Name)
+	if done.Status.Phase != corev1.PodSucceeded {
+		t.Fatalf("pod %s %s:\n%s", p.Name, done.Status.Phase, log)
+	}
+	assertSawDriver(t, log, testEnv.KubeletNode().DriverVersion)
+}
+
+func legacyPod(name string) *corev1.Pod {
+	p := cudaPod(name)
+	p.Spec.Containers[0].Resources.Limits = corev1.ResourceList{legacyGPU: p.Spec.Containers[0].Resources.Limits[gpu]}
+	return p
+}
+
+func plainPod(name string) *corev1.Pod {
+	p := cudaPod(name)
+	p.Spec.NodeSelector = nil
+	p.Spec.Containers[0].Resources = corev1.ResourceRequirements{}
+	return p
+}
+
+// TestAdmissionPolicy: with driverDelivery Runtime on 1.37, the chart's
+// MutatingAdmissionPolicy (admission.policy auto) gives a modern GPU pod its change in
+// the API server, which calls no webhook for it, and the pod runs with the node's
+// driver; a legacy pod is the webhook's, which renames its resource and marks it; a pod
+// without a GPU costs no call. With admission.policy=off (as on a cluster that does
+// not serve the policy), the webhook does both, with the same result.
+func TestAdmissionPolicy(t *testing.T) {
+	waitPluginReady(t)
+	upgrade := func(t *testing.T, sets ...string) {
+		t.Helper()
+		if err := testEnv.UpgradeChart(context.Background(), sets...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() { upgrade(t) })
+	upgrade(t, "config.driverDelivery=Runtime")
+	if _, err := client().AdmissionregistrationV1().MutatingAdmissionPolicies().Get(context.Background(), policyName, metav1.GetOptions{}); err != nil {
+		t.Fatalf("the chart installed no MutatingAdmissionPolicy on this cluster: %v", err)
+	}
+	ns := namespace(t, "restricted")
+	// The API server loads a new policy from its informer: the first pods may get
+	// neither the policy nor the webhook, whose matchConditions already leave them out.
+	poll(t, apiTimeout, "the API server to apply the policy", func(ctx context.Context) (bool, error) {
+		got, err := client().CoreV1().Pods(ns).Create(ctx, cudaPod("warm"), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return err == nil && got.Annotations[layout.AnnotationRuntimeInject] != "", nil
+	})
+
+	t.Run("policy", func(t *testing.T) {
+		p, calls := createCounting(t, ns, cudaPod("modern"), false)
+		assertRuntimeInjected(t, p, "cuda")
+		if calls != 0 {
+			t.Errorf("the API server called the webhook %v times for a modern GPU pod the policy covers", calls)
+		}
+		if got, want := p.Annotations[layout.AnnotationInjected], `{"driverVersion":"","containers":["cuda"],"runtime":"nri"}`; got != want {
+			t.Errorf("record %q, want %q", got, want)
+		}
+		runsWithDriver(t, ns, p)
+
+		l, calls := createCounting(t, ns, legacyPod("legacy"), false)
+		if calls < 1 {
+			t.Errorf("the webhook was not called for a pod with a legacy limit")
+		}
+		assertRuntimeInjected(t, l, "cuda")
+		if _, ok := l.Spec.Containers[0].Resources.Limits[legacyGPU]; ok {
+			t.Errorf("the legacy limit was not renamed: %v", l.Spec.Containers[0].Resources.Limits)
+		}
+		runsWithDriver(t, ns, l)
+
+		if _, calls := createCounting(t, ns, plainPod("web"), true); calls != 0 {
+			t.Errorf("the webhook was called %v times for a pod without a GPU", calls)
+		}
+	})
+
+	t.Run("off", func(t *testing.T) {
+		upgrade(t, "config.driverDelivery=Runtime", "admission.policy=off")
+		_, err := client().AdmissionregistrationV1().MutatingAdmissionPolicies().Get(context.Background(), policyName, metav1.GetOptions{})
+		if !apierrors.IsNotFound(err) {
+			t.Fatalf("the policy is still there with admission.policy=off: %v", err)
+		}
+		// The API server may still hold the deleted policy a moment: wait until the
+		// webhook is what marks a modern pod.
+		poll(t, apiTimeout, "the webhook to take modern pods again", func(ctx context.Context) (bool, error) {
+			got, calls := createCounting(t, ns, cudaPod("warm"), true)
+			return calls >= 1 && got.Annotations[layout.AnnotationRuntimeInject] != "", nil
+		})
+		p, calls := createCounting(t, ns, cudaPod("modern-off"), false)
+		if calls < 1 {
+			t.Errorf("the webhook was not called for a modern GPU pod with admission.policy=off")
+		}
+		assertRuntimeInjected(t, p, "cuda")
+		runsWithDriver(t, ns, p)
+		l, calls := createCounting(t, ns, legacyPod("legacy-off"), true)
+		if calls < 1 {
+			t.Errorf("the webhook was not called for a pod with a legacy limit")
+		}
+		assertRuntimeInjected(t, l, "cuda")
+		if _, calls := createCounting(t, ns, plainPod("web-off"), true); calls != 0 {
+			t.Errorf("the webhook was called %v times for a pod without a GPU", calls)
+		}
+	})
+}
