@@ -305,3 +305,25 @@ func writeTarEntry(t *testing.T, w *bytes.Buffer, entry string) {
 		t.Fatal(err)
 	}
 }
+
+func TestCosignWrittenKey(t *testing.T) {
+	priv, err := os.ReadFile("testdata/cosign-generated.key")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := loadSigner(priv, []byte("hello"))
+	if err != nil {
+		t.Fatalf("a key cosign wrote: %v", err)
+	}
+	pub, err := publicPEM(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := loadVerifier(pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := verifyBlob(v, []byte("SHA256SUMS"), mustSign(t, s, []byte("SHA256SUMS"))); err != nil {
+		t.Error(err)
+	}
+}
