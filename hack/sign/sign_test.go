@@ -64,15 +64,20 @@ func cosignKey(t *testing.T) testKey {
 // otherKey is someone else's key, unencrypted.
 func otherKey(t *testing.T) testKey {
 	t.Helper()
+	k, err := newECDSAKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+func newECDSAKey() (testKey, error) {
 	priv, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		t.Fatal(err)
+		return testKey{}, err
 	}
 	sv, err := signature.LoadECDSASignerVerifier(priv, crypto.SHA256)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return testKey{signer: sv, verifier: sv}
+	return testKey{signer: sv, verifier: sv}, err
 }
 
 func TestKeyFormat(t *testing.T) {
