@@ -85,18 +85,11 @@ RELEASE_URL="${RELEASE_URL:-https://github.com/gpu-injector/gpu-injector/release
 RELEASE_URL="${RELEASE_URL%/}"
 export SOURCE_DATE_EPOCH="${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 0)}"
 
-hack/tools.sh helm
-HELM="${GPU_INJECTOR_CACHE_DIR}/helm-${HELM_VERSION}/helm"
-# helm's registry logins and cache stay the user's; nothing else is written there.
-start=${SECONDS}
-rm -rf "${out}"
-mkdir -p "${out}"
-work="$(mktemp -d)"
-trap 'rm -rf "${work}"' EXIT
-
 if [[ -n ${key} ]]; then
   # The key is checked before anything is built: a wrong password fails in seconds.
-  sign="${work}/sign"
+  sign_dir="$(mktemp -d)"
+  trap 'rm -rf "${sign_dir}"' EXIT
+  sign="${sign_dir}/sign"
   go build -o "${sign}" ./hack/sign
   pub="$("${sign}" public-key -key "${key}")" || die "cannot read the signing key ${key} (password: \$COSIGN_PASSWORD)"
   # A committed cosign.pub is the key users verify with: a release signed with
@@ -107,6 +100,15 @@ if [[ -n ${key} ]]; then
 else
   log "UNSIGNED: no --key or \$COSIGN_KEY; this release has no signatures and users cannot verify it (docs/release.md)"
 fi
+
+hack/tools.sh helm
+HELM="${GPU_INJECTOR_CACHE_DIR}/helm-${HELM_VERSION}/helm"
+# helm's registry logins and cache stay the user's; nothing else is written there.
+start=${SECONDS}
+rm -rf "${out}"
+mkdir -p "${out}"
+work="$(mktemp -d)"
+trap 'rm -rf "${work}" ${sign_dir:+"${sign_dir}"}' EXIT
 
 # archives LIST builds the command line for each os/arch of LIST without cgo (NVML,
 # which needs it, is for the node agent in the image), tars each binary alone, and

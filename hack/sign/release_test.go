@@ -42,3 +42,30 @@ func TestReleaseUnsigned(t *testing.T) {
 		t.Errorf("signatures without a key: %v", m)
 	}
 }
+
+// TestReleaseWrongPassword: a key that does not open stops the release
+// before anything is built or written.
+func TestReleaseWrongPassword(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs hack/release.sh")
+	}
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyFile := filepath.Join(t.TempDir(), "cosign.key")
+	if err := os.WriteFile(keyFile, cosignKey(t).priv, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "release")
+	cmd := exec.Command(filepath.Join(root, "hack", "release.sh"), "--out", out, "--key", keyFile, "--skip-image", "--skip-sbom", "1.0.0")
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "COSIGN_PASSWORD=not-"+testPassword)
+	b, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(b), "cannot read the signing key") {
+		t.Fatalf("release.sh with a wrong password: %v\n%s", err, b)
+	}
+	if entries, _ := os.ReadDir(out); len(entries) != 0 {
+		t.Errorf("it wrote %d files", len(entries))
+	}
+}
