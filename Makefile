@@ -25,7 +25,7 @@ image: ## the container image without Docker (go-containerregistry): _output/gpu
 	go run ./hack/image -o _output/gpu-injector-image.tar -oci _output/gpu-injector-image-oci.tar
 
 .PHONY: release
-release: ## a release into _output/release/ (docs/release.md): make release VERSION=x.y.z; RELEASE_FLAGS="--push REGISTRY" also pushes image and chart
+release: ## a release into _output/release/ (docs/release.md): make release VERSION=x.y.z; COSIGN_KEY=cosign.key (password: COSIGN_PASSWORD) signs it; RELEASE_FLAGS="--push REGISTRY" also pushes image and chart
 	hack/release.sh $(RELEASE_FLAGS) $(VERSION)
 
 .PHONY: test

@@ -18,7 +18,7 @@ const module = "github.com/gpu-injector/gpu-injector"
 // (charts/, the chart's tests) is a suite like e2e/'s. Fixtures
 // (internal/testfixtures: fake host roots, load workloads) are linked by
 // tests, test helpers (packages that link package testing) and tools only.
-// The release image is built without the e2e harness, status reads the pool
+// The release image is built and signed without the e2e harness, status reads the pool
 // memory through its contract without the webhook's node index, and the
 // probe and the NRI plugin meet only in their contract (layout/statedir).
 func TestProductBoundaries(t *testing.T) {
@@ -32,6 +32,7 @@ func TestProductBoundaries(t *testing.T) {
 		// The binary and the packages it runs.
 		module:                 fixtures,
 		module + "/hack/image": {module + "/e2e"},
+		module + "/hack/sign":  {module + "/e2e"},
 		module + "/status":     {module + "/webhook"},
 		module + "/nodeprobe":  {module + "/nriplugin"},
 		module + "/nriplugin":  {module + "/nodeprobe"},

@@ -38,13 +38,19 @@ Run "gpu-injector COMMAND -h" for a command's flags.
 const kubectlPlugin = "kubectl-gpu_injector"
 
 func main() {
-	args := os.Args[1:]
-	// kubectl passes a plugin only the arguments after its name, and what a
-	// kubectl user asks of gpu-injector is its status.
-	if filepath.Base(os.Args[0]) == kubectlPlugin && (len(args) == 0 || args[0] != "status") {
-		args = append([]string{"status"}, args...)
+	os.Exit(run(commandLine(os.Args[0], os.Args[1:]), os.Stdin, os.Stdout, os.Stderr))
+}
+
+// commandLine is the command line that run takes. kubectl execs a plugin as
+// its file on PATH (krew's link kubectl-gpu_injector) with only the arguments
+// after "kubectl gpu-injector", and what a kubectl user asks of gpu-injector
+// is its status: "kubectl gpu-injector" and "kubectl gpu-injector -o json"
+// mean status, "kubectl gpu-injector status ..." and "... version" say so.
+func commandLine(argv0 string, args []string) []string {
+	if filepath.Base(argv0) != kubectlPlugin || (len(args) > 0 && (args[0] == "status" || args[0] == "version")) {
+		return args
 	}
-	os.Exit(run(args, os.Stdin, os.Stdout, os.Stderr))
+	return append([]string{"status"}, args...)
 }
 
 func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -92,5 +93,24 @@ func TestConfigValidate(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func TestCommandLineAsKubectlPlugin(t *testing.T) {
+	for _, tc := range []struct {
+		argv0 string
+		args  []string
+		want  []string
+	}{
+		{"/usr/local/bin/gpu-injector", []string{"mutate", "-h"}, []string{"mutate", "-h"}},
+		{"/home/u/.krew/bin/kubectl-gpu_injector", nil, []string{"status"}},
+		{"/home/u/.krew/bin/kubectl-gpu_injector", []string{"-o", "json"}, []string{"status", "-o", "json"}},
+		{"kubectl-gpu_injector", []string{"status", "--context", "prod"}, []string{"status", "--context", "prod"}},
+		{"kubectl-gpu_injector", []string{"version"}, []string{"version"}},
+		{"kubectl-gpu_injector", []string{"mutate"}, []string{"status", "mutate"}},
+	} {
+		if got := commandLine(tc.argv0, tc.args); !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("commandLine(%q, %q) = %q, want %q", tc.argv0, tc.args, got, tc.want)
+		}
 	}
 }

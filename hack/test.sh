@@ -48,8 +48,9 @@ e2e() {
 	stage "Prometheus (Debian package, when missing: the suite checks the chart's alerts and dashboard against it)"
 	hack/prometheus-e2e.sh --install
 	stage "end-to-end tests on a real kube-apiserver, scheduler, controller-manager and kubelet"
-	# hack/image: the release image's docker-archive imported into a real containerd.
-	go test -count=1 -tags e2e -timeout 60m -v ./e2e/... ./hack/image/
+	# hack/image: the release image's docker-archive imported into a real containerd;
+	# hack/sign: a signed release built and verified.
+	go test -count=1 -tags e2e -timeout 60m -v ./e2e/... ./hack/image/ ./hack/sign/
 }
 
 need_gcc
