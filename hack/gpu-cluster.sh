@@ -807,7 +807,7 @@ if [[ $runtime == nri ]]; then
 	app_root=$work/app-root
 	cp -a "$root" "$app_root" && mkdir -p "$app_root/opt/app/lib" &&
 		printf 'int app_answer(void) { return 42; }\n' | gcc -O2 -shared -fPIC -o "$app_root/opt/app/lib/libapp.so" -x c - &&
-		gcc -O2 -o "$app_root/usr/local/bin/app-env" hack/gpu/app-env.c -L"$app_root/opt/app/lib" -lapp
+		gcc -O2 -o "$app_root/usr/local/bin/app-env" hack/gpu/csrc/app-env.c -L"$app_root/opt/app/lib" -lapp
 	app_built=$?
 	# The node's CUDA version as the probe labels it: one major release above
 	# it is a need the driver cannot meet, it itself one that it meets.

@@ -13,7 +13,7 @@
  *
  * Built with the library it needs (hack/gpu-cluster.sh):
  *   gcc -O2 -shared -fPIC -o libapp.so -x c - <<<'int app_answer(void) { return 42; }'
- *   gcc -O2 -o app-env hack/gpu/app-env.c -L. -lapp
+ *   gcc -O2 -o app-env hack/gpu/csrc/app-env.c -L. -lapp
  */
 #include <stdio.h>
 #include <stdlib.h>
