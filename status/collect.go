@@ -162,6 +162,7 @@ func (c *Collector) Collect(ctx context.Context) (*Report, error) {
 		}
 	}
 	r.pluginAttention()
+	r.staleDriverAttention()
 	for _, n := range r.Namespaces {
 		if n.Refused != "" {
 			r.attention("namespace %s enforces Pod Security %q: %s", n.Name, n.Enforce, n.Refused)
@@ -339,6 +340,7 @@ func (c *Collector) readNodes(ctx context.Context, cfg *config.Configuration, r 
 				ns.Runtime = plan.RuntimeInjection
 			}
 		}
+		readStaleDriver(&ns, n.Annotations)
 		r.Nodes = append(r.Nodes, ns)
 	}
 	sort.Slice(r.Nodes, func(i, j int) bool { return r.Nodes[i].Name < r.Nodes[j].Name })
