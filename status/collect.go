@@ -548,3 +548,20 @@ func classify(ns string, pod *corev1.Pod, warnings []string, err error) DryRunLo
 	d.RuntimeInject = pod.Annotations[layout.AnnotationRuntimeInject]
 	return d
 }
+
+// Config finds the release and reads its configuration, as Collect does:
+// the namespace gpu-injector runs in ("" when no webhook was found), the
+// configuration (the defaults when it cannot be read), and a note saying so.
+func (c *Collector) Config(ctx context.Context) (*config.Configuration, string, string, error) {
+	dep, err := c.findWebhook(ctx)
+	if err != nil {
+		return nil, "", "", err
+	}
+	ns, configMap := c.Namespace, ""
+	if dep != nil {
+		ns = dep.Namespace
+		_, configMap = deploymentArgs(dep)
+	}
+	cfg, note := c.readConfig(ctx, ns, configMap)
+	return cfg, ns, note, nil
+}
