@@ -164,8 +164,6 @@ func main() {
 		fail("runtime injection on, and no nri-plugin container")
 	}
 	sc := plugin.SecurityContext
-	if sc == nil || sc.RunAsUser == nil || *sc.RunAsUser != 0 || sc.RunAsNonRoot == nil || *sc.RunAsNonRoot ||
-		sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem ||
 	// The stale driver scan (--proc-root) is the one reason to keep a capability:
 	// CAP_SYS_PTRACE, for ptrace-read access to other processes' maps.
 	scan := slices.Contains(plugin.Args, "--proc-root=/host/proc")
