@@ -113,7 +113,9 @@ func Write(w io.Writer, r *Report, output string) error {
 
 func render(out io.Writer, r *Report) error {
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	row := func(label, format string, args ...any) { fmt.Fprintf(tw, "%s\t%s\n", label, fmt.Sprintf(format, args...)) }
+	row := func(label, format string, args ...any) {
+		fmt.Fprintf(tw, "%s\t%s\n", label, fmt.Sprintf(format, args...))
+	}
 	where := r.Phase
 	if r.Node != "" {
 		where += " on " + r.Node
