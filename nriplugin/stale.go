@@ -82,7 +82,7 @@ func (s *staleScanner) track(pod *api.PodSandbox, ctr *api.Container) {
 	if gpu, _ := gpuDevice(ctr); !gpu || ctr.GetPid() == 0 {
 		return
 	}
-	if st := ctr.GetState(); st != api.ContainerState_CONTAINER_RUNNING && st != api.ContainerState_CONTAINER_UNKNOWN {
+	if ctr.GetState() == api.ContainerState_CONTAINER_STOPPED {
 		return
 	}
 	start, err := s.proc.StartTime(ctr.GetPid())

@@ -236,7 +236,7 @@ func staleDriver(n *corev1.Node, pod string) string {
 	case s.Unreadable > 0:
 		return fmt.Sprintf("unknown: the node's plugin may not read %d GPU containers' maps", s.Unreadable)
 	}
-	return "no (checked " + s.CheckedAt.UTC().Format("2006-01-02T15:04:05Z") + ")"
+	return "no (the node's scan has said the same since " + s.CheckedAt.UTC().Format("2006-01-02T15:04:05Z") + ")"
 }
 
 // decide runs the webhook's mutation on the pod as it was before the webhook
