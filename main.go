@@ -28,6 +28,8 @@ Usage:
   gpu-injector config validate -f FILE
                                    check a configuration file (or the chart's rendered ConfigMap) as the webhook would
   gpu-injector status [flags]      what gpu-injector does in your cluster; exit 3 when something needs attention
+  gpu-injector status pod NAMESPACE/NAME [-f POD.yaml]
+                                   one pod: its injection, its node's driver, why it waits or was refused
   gpu-injector version             print the version
 
 Run "gpu-injector COMMAND -h" for a command's flags.

@@ -27,6 +27,8 @@ func parseNRIPluginFlags(args []string, stderr io.Writer) (*nriPluginFlags, erro
 	fs.StringVar(&o.PluginIndex, "plugin-index", "50", "the plugin's index among the runtime's NRI plugins (two digits): the order in which plugins see a container")
 	fs.StringVar(&o.HealthAddr, "health-probe-bind-address", ":8084", "address of /healthz and /readyz (ready while registered); 0 disables")
 	fs.StringVar(&o.MetricsAddr, "metrics-bind-address", ":8085", "address of /metrics; 0 disables")
+	fs.StringVar(&o.ProcRoot, "proc-root", "", "the host's /proc as mounted into the plugin: the maps of the node's GPU containers' processes are read there for deleted driver libraries (needs ptrace-read access: CAP_SYS_PTRACE); empty disables the scan")
+	fs.DurationVar(&o.StaleDriverInterval, "stale-driver-interval", nriplugin.DefaultStaleDriverInterval, "how often the GPU containers are scanned for deleted driver libraries")
 	fs.IntVar(&f.verbosity, "v", 0, "log verbosity; 1 logs every injection")
 	if err := parse(fs, args); err != nil {
 		return nil, err
@@ -34,6 +36,8 @@ func parseNRIPluginFlags(args []string, stderr io.Writer) (*nriPluginFlags, erro
 	switch idx := o.PluginIndex; {
 	case o.StateDir == "":
 		return nil, usageErrorf("--state-dir is required: the plugin reads the probe's plan there")
+	case o.StaleDriverInterval <= 0:
+		return nil, usageErrorf("--stale-driver-interval must be positive, not %s", o.StaleDriverInterval)
 	case o.Socket == "":
 		return nil, usageErrorf("--socket is required")
 	case len(idx) != 2 || idx[0] < '0' || idx[0] > '9' || idx[1] < '0' || idx[1] > '9':

@@ -28,7 +28,7 @@ func parseStatusFlags(args []string, stderr io.Writer) (*statusFlags, error) {
 	fs.StringVar(&o.Output, "o", "table", "output: table, json or yaml")
 	fs.StringVar(&o.Color, "color", "auto", "colour the table: auto (when stdout is a terminal and NO_COLOR is unset), always or never")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "Usage: gpu-injector status [--namespace NS] [-o table|json|yaml]\n\n"+
+		fmt.Fprintln(stderr, "Usage: gpu-injector status [--namespace NS] [-o table|json|yaml]\n       gpu-injector status pod NAMESPACE/NAME [-f POD.yaml] [-o table|json|yaml]\n\n"+
 			"What gpu-injector does in the cluster of your kubeconfig. Exit status 3 when something needs attention, 1 when the cluster cannot be read.")
 		fs.PrintDefaults()
 	}
@@ -59,6 +59,9 @@ func parseStatusFlags(args []string, stderr io.Writer) (*statusFlags, error) {
 // its own errors and returns its exit status, which carries more than
 // success or failure: status.ExitAttention when something needs an operator.
 func Status(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "pod" {
+		return StatusPod(ctx, args[1:], stdout, stderr)
+	}
 	f, err := parseStatusFlags(args, stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return status.ExitOK

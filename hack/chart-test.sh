@@ -164,11 +164,21 @@ func main() {
 		fail("runtime injection on, and no nri-plugin container")
 	}
 	sc := plugin.SecurityContext
+	// The stale driver scan (--proc-root) is the one reason to keep a capability:
+	// CAP_SYS_PTRACE, for ptrace-read access to other processes' maps.
+	scan := slices.Contains(plugin.Args, "--proc-root=/host/proc")
+	var wantAdd []corev1.Capability
+	if scan {
+		wantAdd = []corev1.Capability{"SYS_PTRACE"}
+	}
 	if sc == nil || sc.RunAsUser == nil || *sc.RunAsUser != 0 || sc.RunAsNonRoot == nil || *sc.RunAsNonRoot ||
 		sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem ||
 		sc.Privileged != nil && *sc.Privileged || sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) ||
-		len(sc.Capabilities.Add) > 0 || sc.SeccompProfile == nil || sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
-		fail("nri-plugin securityContext %+v: want uid 0, every capability dropped, no escalation, read-only root, RuntimeDefault seccomp", sc)
+		!slices.Equal(sc.Capabilities.Add, wantAdd) || sc.SeccompProfile == nil || sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		fail("nri-plugin securityContext %+v: want uid 0, every capability dropped but %v, no escalation, read-only root, RuntimeDefault seccomp", sc, wantAdd)
+	}
+	if spec.HostPID {
+		fail("the probe's pod shares the host's PID namespace")
 	}
 	if plugin.ReadinessProbe != nil {
 		fail("nri-plugin has a readiness probe: a node without NRI would hold every rollout")
@@ -180,8 +190,15 @@ func main() {
 	if m, ok := mounts["nri-socket"]; !ok || !m.ReadOnly || m.MountPath != socketDir {
 		fail("nri-plugin socket mount %+v: want %s read-only", m, socketDir)
 	}
-	if m, ok := mounts["state"]; !ok || m.MountPath != "/run/gpu-injector" || len(mounts) != 3 {
-		fail("nri-plugin mounts %v: want config, state and the socket's folder only", mounts)
+	wantMounts := 3
+	if scan {
+		wantMounts = 4
+		if m, ok := mounts["host-proc"]; !ok || !m.ReadOnly || m.MountPath != "/host/proc" {
+			fail("nri-plugin host /proc mount %+v: want /host/proc read-only", m)
+		}
+	}
+	if m, ok := mounts["state"]; !ok || m.MountPath != "/run/gpu-injector" || len(mounts) != wantMounts {
+		fail("nri-plugin mounts %v: want config, state, the socket's folder and, scanning, the host's /proc only", mounts)
 	}
 	if !slices.Contains(probe.Args, "--state-dir=/run/gpu-injector") {
 		fail("the probe writes no state folder: %v", probe.Args)
@@ -192,16 +209,20 @@ func main() {
 			if v.HostPath == nil || v.HostPath.Path != socketDir || v.HostPath.Type == nil || *v.HostPath.Type != corev1.HostPathDirectoryOrCreate {
 				fail("nri-socket volume %+v", v)
 			}
+		case "host-proc":
+			if !scan || v.HostPath == nil || v.HostPath.Path != "/proc" {
+				fail("host-proc volume %+v without the scan, or not the host's /proc", v)
+			}
 		case "state":
 			if v.EmptyDir == nil || v.EmptyDir.Medium != corev1.StorageMediumMemory {
 				fail("state volume %+v: want an emptyDir in memory", v)
 			}
 		}
 	}
-	// The one hostPath of the plugin is the socket's folder.
+	// The plugin's hostPaths are the socket's folder and, scanning, /proc.
 	for _, m := range plugin.VolumeMounts {
 		for _, v := range spec.Volumes {
-			if v.Name == m.Name && v.HostPath != nil && v.Name != "nri-socket" {
+			if v.Name == m.Name && v.HostPath != nil && v.Name != "nri-socket" && (v.Name != "host-proc" || !scan) {
 				fail("nri-plugin mounts hostPath %s", v.HostPath.Path)
 			}
 		}
@@ -255,6 +276,7 @@ nri_check() {
 }
 nri_check enabled /var/run/nri
 nri_check disabled /var/run/nri --set runtimeInjection.enabled=false
+nri_check enabled /var/run/nri --set runtimeInjection.staleDriver.enabled=false
 nri_check enabled /run/containerd/nri --set runtimeInjection.nriSocket=/run/containerd/nri/nri.sock
 # Refused at render: the plugin without the probe, Runtime delivery without the plugin.
 for refused in "--set nodeprobe.enabled=false" "--set runtimeInjection.enabled=false --set config.driverDelivery=Runtime" \

@@ -191,6 +191,9 @@ type daemon struct {
 	relabel    chan struct{}
 	lastPub    *Published
 	pluginPoll time.Duration
+	// staleDriver is the plugin's stale driver record as the Node's
+	// annotation value; "" when it has none (staledriver.go).
+	staleDriver atomic.Value
 }
 
 // wakeUp asks the loop for a probe now, without blocking: one pending

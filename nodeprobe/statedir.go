@@ -56,7 +56,9 @@ func (d *daemon) pluginRegistered(log logr.Logger) bool {
 		log.Error(err, "failed to read the nri plugin's state", "stateDir", d.opts.StateDir)
 		return false
 	}
-	return p.Registered(d.clock())
+	up := p.Registered(d.clock())
+	d.noteStaleDriver(log, p, up)
+	return up
 }
 
 // watchPlugin polls the plugin's file and asks the loop to republish when
@@ -74,8 +76,9 @@ func (d *daemon) watchPlugin(ctx context.Context, log logr.Logger) {
 			return
 		case <-t.C:
 		}
+		staleBefore := d.staleDriverValue()
 		up := d.pluginRegistered(log)
-		if d.pluginUp.Swap(up) != up {
+		if d.pluginUp.Swap(up) != up || d.staleDriverValue() != staleBefore {
 			log.Info("nri plugin registration changed: republishing", "registered", up)
 			select {
 			case d.relabel <- struct{}{}:
@@ -97,7 +100,7 @@ func (d *daemon) withPlugin(p Published) Published {
 	}
 	labels[layout.LabelNRIPlugin] = layout.NRIProtocol
 	p.Labels = labels
-	return p
+	return d.withStaleDriver(p)
 }
 
 // dropPluginLabel removes the label as the probe stops: the plugin beside

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -23,6 +24,7 @@ import (
 	"github.com/gpu-injector/gpu-injector/internal/nodeagent"
 	"github.com/gpu-injector/gpu-injector/layout"
 	"github.com/gpu-injector/gpu-injector/layout/statedir"
+	"github.com/gpu-injector/gpu-injector/nriplugin/stale"
 )
 
 // DefaultSocket is where containerd and CRI-O listen for NRI plugins.
@@ -55,7 +57,14 @@ type Options struct {
 	// LDLibraryPath is the configuration's ldLibraryPath: how the plan's
 	// library folders join a container's LD_LIBRARY_PATH.
 	LDLibraryPath string
-	Log           logr.Logger
+	// ProcRoot is the host's /proc as the plugin sees it: where it reads the
+	// maps of the node's GPU containers' processes for deleted driver
+	// libraries. Empty: no such scan.
+	ProcRoot string
+	// StaleDriverInterval is how often that scan runs; zero means
+	// DefaultStaleDriverInterval.
+	StaleDriverInterval time.Duration
+	Log                 logr.Logger
 }
 
 type metrics struct {
@@ -109,6 +118,9 @@ func Run(ctx context.Context, o Options) error {
 	if !rro {
 		mountOptions = noSubmountOptions
 	}
+	if o.ProcRoot != "" {
+		s.stale = &staleScanner{proc: stale.Proc{Root: o.ProcRoot}, log: o.Log.WithName("stale-driver"), gauges: newStaleGauges(m.registry)}
+	}
 	o.Log.Info("driver mounts read-only all the way down", "kernel", kernel, "recursiveReadOnly", rro, "mountOptions", mountOptions,
 		"ldLibraryPath", o.LDLibraryPath)
 	return s.run(ctx)
@@ -120,6 +132,9 @@ type server struct {
 	log     logr.Logger
 	metrics *metrics
 	plugin  *Plugin
+	// stale scans the node's GPU containers for deleted driver libraries;
+	// nil when off.
+	stale *staleScanner
 	// now is the heartbeat's clock; nil means time.Now.
 	now func() time.Time
 
@@ -155,6 +170,14 @@ func (s *server) run(ctx context.Context) error {
 	defer s.unregister("stopping")
 	s.log.Info("nri plugin started", "socket", s.opts.Socket, "stateDir", s.opts.StateDir, "pluginName", layout.NRIPluginName, "pluginIndex", s.opts.PluginIndex)
 	go s.heartbeat(ctx)
+	if s.stale != nil {
+		interval := s.opts.StaleDriverInterval
+		if interval <= 0 {
+			interval = DefaultStaleDriverInterval
+		}
+		s.log.Info("scanning gpu containers for deleted driver libraries", "procRoot", s.opts.ProcRoot, "interval", interval.String())
+		go s.stale.loop(ctx, interval, s.setStaleDriver)
+	}
 
 	backoff := minBackoff
 	lastErr := ""
@@ -221,10 +244,15 @@ type handler struct {
 	runtimeName, runtimeVersion string
 }
 
-// Configure subscribes to container creation only: the one event the plugin
-// acts on.
+// Configure subscribes to container creation, the one event the plugin acts
+// on, and, while it scans for deleted driver libraries, to the starts and
+// removals that keep its list of GPU containers: events the runtime sends
+// without waiting for an answer.
 func (h *handler) Configure(_ context.Context, _, runtime, version string) (api.EventMask, error) {
 	h.runtimeName, h.runtimeVersion = runtime, version
+	if h.s.stale != nil {
+		return api.MustParseEventMask("CreateContainer", "PostStartContainer", "RemoveContainer"), nil
+	}
 	return api.MustParseEventMask("CreateContainer"), nil
 }
 
@@ -232,9 +260,38 @@ func (h *handler) Configure(_ context.Context, _, runtime, version string) (api.
 // reaches it, it calls the plugin for every container it creates. The file
 // is written just before that; the probe's poll and the webhook's watch of
 // the label lag it by seconds.
-func (h *handler) Synchronize(_ context.Context, _ []*api.PodSandbox, _ []*api.Container) ([]*api.ContainerUpdate, error) {
+func (h *handler) Synchronize(_ context.Context, pods []*api.PodSandbox, ctrs []*api.Container) ([]*api.ContainerUpdate, error) {
+	if st := h.s.stale; st != nil {
+		byID := make(map[string]*api.PodSandbox, len(pods))
+		for _, p := range pods {
+			byID[p.GetId()] = p
+		}
+		for _, c := range ctrs {
+			if p, ok := byID[c.GetPodSandboxId()]; ok {
+				st.track(p, c)
+			}
+		}
+	}
 	h.s.register(h.runtimeName, h.runtimeVersion)
+	if h.s.stale != nil {
+		// The node's record at once, not an interval after a restart.
+		go h.s.setStaleDriver(h.s.stale.scan())
+	}
 	return nil, nil
+}
+
+func (h *handler) PostStartContainer(_ context.Context, pod *api.PodSandbox, ctr *api.Container) error {
+	if h.s.stale != nil {
+		h.s.stale.track(pod, ctr)
+	}
+	return nil
+}
+
+func (h *handler) RemoveContainer(_ context.Context, _ *api.PodSandbox, ctr *api.Container) error {
+	if h.s.stale != nil {
+		h.s.stale.forget(ctr.GetId())
+	}
+	return nil
 }
 
 func (h *handler) Shutdown(context.Context) {
@@ -273,6 +330,32 @@ func (s *server) unregister(why string) {
 	if was {
 		s.log.Info("no longer registered with the container runtime", "reason", why)
 	}
+}
+
+// setStaleDriver puts a scan's record into the plugin file, for the probe to
+// publish on the Node; while not registered there is no file, and the record
+// waits for the next scan.
+func (s *server) setStaleDriver(rec layout.StaleDriver) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.record == nil {
+		return
+	}
+	if old := s.record.StaleDriver; old != nil && sameStale(*old, rec) {
+		return
+	}
+	s.record.StaleDriver = &rec
+	if err := statedir.WritePlugin(s.opts.StateDir, *s.record); err != nil {
+		s.log.Error(err, "failed to write the stale driver record")
+	}
+}
+
+// sameStale compares two records but for when they were made: the probe
+// republishes only what changed.
+func sameStale(a, b layout.StaleDriver) bool {
+	a.CheckedAt, b.CheckedAt = time.Time{}, time.Time{}
+	return a.Containers == b.Containers && a.StaleContainers == b.StaleContainers && a.StalePods == b.StalePods &&
+		a.Unreadable == b.Unreadable && slices.Equal(a.Pods, b.Pods)
 }
 
 // heartbeat refreshes the plugin file while registered, so the probe can

@@ -162,6 +162,7 @@ func (c *Collector) Collect(ctx context.Context) (*Report, error) {
 		}
 	}
 	r.pluginAttention()
+	r.staleDriverAttention()
 	for _, n := range r.Namespaces {
 		if n.Refused != "" {
 			r.attention("namespace %s enforces Pod Security %q: %s", n.Name, n.Enforce, n.Refused)
@@ -339,6 +340,7 @@ func (c *Collector) readNodes(ctx context.Context, cfg *config.Configuration, r 
 				ns.Runtime = plan.RuntimeInjection
 			}
 		}
+		readStaleDriver(&ns, n.Annotations)
 		r.Nodes = append(r.Nodes, ns)
 	}
 	sort.Slice(r.Nodes, func(i, j int) bool { return r.Nodes[i].Name < r.Nodes[j].Name })
@@ -545,4 +547,21 @@ func classify(ns string, pod *corev1.Pod, warnings []string, err error) DryRunLo
 	}
 	d.RuntimeInject = pod.Annotations[layout.AnnotationRuntimeInject]
 	return d
+}
+
+// Config finds the release and reads its configuration, as Collect does:
+// the namespace gpu-injector runs in ("" when no webhook was found), the
+// configuration (the defaults when it cannot be read), and a note saying so.
+func (c *Collector) Config(ctx context.Context) (*config.Configuration, string, string, error) {
+	dep, err := c.findWebhook(ctx)
+	if err != nil {
+		return nil, "", "", err
+	}
+	ns, configMap := c.Namespace, ""
+	if dep != nil {
+		ns = dep.Namespace
+		_, configMap = deploymentArgs(dep)
+	}
+	cfg, note := c.readConfig(ctx, ns, configMap)
+	return cfg, ns, note, nil
 }

@@ -201,6 +201,13 @@ func Render(out io.Writer, r *Report, o RenderOptions) error {
 			note.add(toned(t, line))
 			note.write(w, o, "  ")
 		}
+		if lines := staleDriverLines(r.Nodes); len(lines) > 0 {
+			note := &table{}
+			for _, l := range lines {
+				note.add(l)
+			}
+			note.write(w, o, "  ")
+		}
 	}
 
 	w.printf("\nPOOLS\n")

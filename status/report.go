@@ -1,6 +1,10 @@
 package status
 
-import "time"
+import (
+	"time"
+
+	"github.com/gpu-injector/gpu-injector/layout"
+)
 
 // Report is everything `gpu-injector status` found, in the order it prints
 // it. Its JSON and YAML forms are the -o json and -o yaml output, so that a
@@ -97,6 +101,12 @@ type NodeStatus struct {
 	// the node's own runtime or device plugin injects, so pods get no hostPath.
 	Runtime       string `json:"runtime,omitempty"`
 	Unschedulable bool   `json:"unschedulable,omitempty"`
+	// StaleDriver is the NRI plugin's last scan of the node's GPU containers
+	// for deleted driver libraries; nil when the node publishes none (no
+	// plugin, or its scan is off). StaleDriverNote says why a published one
+	// was not believed.
+	StaleDriver     *layout.StaleDriver `json:"staleDriver,omitempty"`
+	StaleDriverNote string              `json:"staleDriverNote,omitempty"`
 }
 
 // PoolsStatus is the webhook's memory of pools at zero.

@@ -49,8 +49,10 @@ func run(m *testing.M) int {
 	defer stop()
 	// The main suite holds the host's stand-in driver folder while it runs.
 	e, err := env.Up(ctx, env.Options{
-		Runtime:       cluster.RuntimeNRI,
-		ChartValues:   []string{"runtimeInjection.enabled=true"},
+		Runtime: cluster.RuntimeNRI,
+		// The stale driver scan every two seconds, not every minute: the
+		// suite waits for its record.
+		ChartValues:   []string{"runtimeInjection.enabled=true", "runtimeInjection.staleDriver.interval=2s"},
 		KeepOnFailure: true,
 		HostLockWait:  45 * time.Minute,
 	})

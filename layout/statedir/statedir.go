@@ -54,6 +54,9 @@ type Plugin struct {
 	RuntimeVersion string    `json:"runtimeVersion"`
 	RegisteredAt   time.Time `json:"registeredAt"`
 	Heartbeat      time.Time `json:"heartbeat"`
+	// StaleDriver is the plugin's last scan of the node's GPU containers for
+	// deleted driver libraries; nil while it does not scan.
+	StaleDriver *layout.StaleDriver `json:"staleDriver,omitempty"`
 }
 
 // WriteLayout writes the plan, or a NoLayout when plan is nil.

@@ -1,0 +1,41 @@
+package cmd
+
+import (
+	"errors"
+	"io"
+	"testing"
+)
+
+func TestParseStatusPodFlags(t *testing.T) {
+	for name, tc := range map[string]struct {
+		args      []string
+		ns, pod   string
+		file, out string
+		usage     bool
+	}{
+		"target first":      {args: []string{"ml/train-0", "-o", "json"}, ns: "ml", pod: "train-0", out: "json"},
+		"flags first":       {args: []string{"-f", "p.yaml", "ml/train-0"}, ns: "ml", pod: "train-0", file: "p.yaml", out: "table"},
+		"no target":         {args: []string{"-o", "json"}, usage: true},
+		"no namespace":      {args: []string{"train-0"}, usage: true},
+		"bad name":          {args: []string{"ml/Train_0"}, usage: true},
+		"two targets":       {args: []string{"ml/a", "ml/b"}, usage: true},
+		"bad output":        {args: []string{"ml/a", "-o", "wide"}, usage: true},
+		"slash in the name": {args: []string{"ml/a/b"}, usage: true},
+	} {
+		t.Run(name, func(t *testing.T) {
+			f, err := parseStatusPodFlags(tc.args, io.Discard)
+			if tc.usage {
+				if !errors.Is(err, ErrUsage) {
+					t.Fatalf("error %v, want a usage error", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if o := f.opts; o.PodNamespace != tc.ns || o.PodName != tc.pod || o.ManifestFile != tc.file || o.Output != tc.out {
+				t.Errorf("options %+v", o)
+			}
+		})
+	}
+}

@@ -1,0 +1,203 @@
+package podstatus
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/yaml"
+
+	"github.com/gpu-injector/gpu-injector/layout"
+	"github.com/gpu-injector/gpu-injector/status"
+)
+
+// Options of Run.
+type Options struct {
+	RESTConfig *rest.Config
+	// Namespace is the one gpu-injector runs in; empty: found by the
+	// chart's labels.
+	Namespace string
+	// Pod is NAMESPACE/NAME.
+	PodNamespace, PodName string
+	// ManifestFile holds the pod's manifest, for a pod the webhook refused
+	// (the API server never stored it); empty: none.
+	ManifestFile string
+	// Output is table, json or yaml.
+	Output string
+}
+
+// maxManifestBytes bounds the manifest read: a pod is at most the API
+// server's 1.5 MiB request limit.
+const maxManifestBytes = 3 << 20
+
+// Run reads the pod, writes the report and returns the exit status as
+// `status` has it: status.ExitAttention when something needs someone.
+func Run(ctx context.Context, o Options, stdout io.Writer) (int, error) {
+	cfg := rest.CopyConfig(o.RESTConfig)
+	cfg.Timeout = 30 * time.Second
+	cfg.QPS, cfg.Burst = 50, 100
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return status.ExitError, fmt.Errorf("failed to create a Kubernetes client: %w", err)
+	}
+	c := &Collector{Client: client, Namespace: o.Namespace}
+	if o.ManifestFile != "" {
+		if c.Manifest, err = readManifest(o.ManifestFile); err != nil {
+			return status.ExitError, err
+		}
+	}
+	r, err := c.Collect(ctx, o.PodNamespace, o.PodName)
+	if err != nil {
+		return status.ExitError, err
+	}
+	if err := Write(stdout, r, o.Output); err != nil {
+		return status.ExitError, err
+	}
+	if len(r.Attention) > 0 {
+		return status.ExitAttention, nil
+	}
+	return status.ExitOK, nil
+}
+
+func readManifest(file string) (*corev1.Pod, error) {
+	f, err := os.Open(file)
+	if err != nil {
+		return nil, fmt.Errorf("failed to open %s: %w", file, err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, maxManifestBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("failed to read %s: %w", file, err)
+	}
+	if len(data) > maxManifestBytes {
+		return nil, fmt.Errorf("failed to read %s: larger than %d bytes", file, maxManifestBytes)
+	}
+	var pod corev1.Pod
+	if err := yaml.UnmarshalStrict(data, &pod); err != nil {
+		return nil, fmt.Errorf("failed to read a Pod from %s: %w", file, err)
+	}
+	if pod.Kind != "" && pod.Kind != "Pod" {
+		return nil, fmt.Errorf("failed to read a Pod from %s: it holds a %s", file, pod.Kind)
+	}
+	return &pod, nil
+}
+
+// Write writes the report as table, json or yaml.
+func Write(w io.Writer, r *Report, output string) error {
+	switch output {
+	case "json":
+		b, err := json.MarshalIndent(r, "", "  ")
+		if err != nil {
+			return fmt.Errorf("failed to encode the report: %w", err)
+		}
+		_, err = w.Write(append(b, '\n'))
+		return err
+	case "yaml":
+		b, err := yaml.Marshal(r)
+		if err != nil {
+			return fmt.Errorf("failed to encode the report: %w", err)
+		}
+		_, err = w.Write(b)
+		return err
+	}
+	return render(w, r)
+}
+
+func render(out io.Writer, r *Report) error {
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	row := func(label, format string, args ...any) {
+		fmt.Fprintf(tw, "%s\t%s\n", label, fmt.Sprintf(format, args...))
+	}
+	where := r.Phase
+	if r.Node != "" {
+		where += " on " + r.Node
+	}
+	row("POD", "%s  %s", r.Pod, where)
+	switch rec := r.Record; {
+	case rec == nil:
+		row("INJECTION", "none: %s", r.RecordNote)
+	case r.Delivery == DeliveryNRI:
+		row("INJECTION", "at the runtime by the node's gpu-injector NRI plugin, containers %s", strings.Join(rec.Containers, ", "))
+	default:
+		got := "layout " + dash(rec.Fingerprint)
+		if rec.StaticLayout != "" {
+			got = "static layout " + rec.StaticLayout
+		}
+		row("INJECTION", "%s (driver %s), containers %s, delivery %s", got, dash(rec.DriverVersion), strings.Join(rec.Containers, ", "), r.Delivery)
+		if rec.Pool != "" {
+			row("", "pinned to pool %s%s", rec.Pool, map[bool]string{true: " (remembered)"}[rec.Remembered])
+		}
+	}
+	if len(r.HostPaths) > 0 {
+		row("", "hostPath %s", strings.Join(r.HostPaths, ", "))
+	}
+	if nl := r.NodeLayout; nl != nil {
+		has := "still has what the pod got"
+		if !nl.StillHas {
+			has = "NO LONGER HAS what the pod got: " + nl.Note
+		} else if nl.Note != "" {
+			has += " (" + nl.Note + ")"
+		}
+		row("NODE", "%s: state %s, layout %s, driver %s; %s", nl.Name, dash(nl.State), dash(nl.Fingerprint), dash(nl.DriverVersion), has)
+		row("NRI PLUGIN", "%s", nl.Plugin)
+	}
+	row("STALE DRIVER", "%s", r.StaleDriver)
+	if r.Scheduling != "" {
+		row("SCHEDULING", "%s", r.Scheduling)
+	}
+	for i, c := range r.Containers {
+		label := ""
+		if i == 0 {
+			label = "CONTAINERS"
+		}
+		line := c.Name + ": " + c.State
+		if c.GPU {
+			line += " (GPU)"
+		}
+		if c.Reason != "" {
+			line += ", " + c.Reason
+		}
+		if c.Message != "" {
+			line += ": " + layout.Truncate(c.Message, 400)
+		}
+		row(label, "%s", line)
+	}
+	if a := r.Admission; a != nil {
+		switch {
+		case a.Runtime:
+			row("WEBHOOK NOW", "%s: marked for the nodes' NRI plugin", a.Decision)
+		case a.Fingerprint != "":
+			row("WEBHOOK NOW", "%s: layout %s (driver %s)", a.Decision, a.Fingerprint, dash(a.DriverVersion))
+		default:
+			row("WEBHOOK NOW", "%s: %s", a.Decision, a.Reason)
+		}
+		for _, w := range a.Warnings {
+			row("", "warning: %s", w)
+		}
+		if a.Note != "" {
+			row("", "note: %s", a.Note)
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(r.Attention) == 0 {
+		_, err := fmt.Fprintln(out, "\nOK: nothing needs attention")
+		return err
+	}
+	fmt.Fprintln(out, "\nNEEDS ATTENTION (docs/troubleshooting.md)")
+	for _, a := range r.Attention {
+		if _, err := fmt.Fprintf(out, "  -  %s\n", a); err != nil {
+			return err
+		}
+	}
+	return nil
+}
