@@ -78,7 +78,7 @@ func describeInjected(prev *layout.Injected) string {
 		return fmt.Sprintf("%s of static layout %s", prev.DriverVersion, prev.StaticLayout)
 	}
 	if prev.Pool != "" {
-		return fmt.Sprintf("%s of layout %s of pool %s", prev.DriverVersion, prev.Fingerprint, prev.Pool)
+		return fmt.Sprintf("%s of layout %s of %s", prev.DriverVersion, prev.Fingerprint, describePools(prev.Pool))
 	}
 	return fmt.Sprintf("%s of layout %s", prev.DriverVersion, prev.Fingerprint)
 }
@@ -89,7 +89,7 @@ func describeLayout(l *Layout) string {
 	case l.Static != "":
 		return "static layout " + l.Static
 	case l.Pool != "":
-		return "layout " + l.Fingerprint + " of pool " + l.Pool
+		return "layout " + l.Fingerprint + " of " + describePools(l.Pool)
 	}
 	return "layout " + l.Fingerprint
 }
