@@ -18,7 +18,7 @@ import (
 
 // Where a driver that arrives after the probe started shows first: the NVIDIA
 // GPU operator's validator writes driver-ready once the driver container's
-// driver works (NVIDIA/gpu-operator validator/main.go: defaultStatusPath
+// driver works (NVIDIA/gpu-operator cmd/nvidia-validator/main.go: defaultStatusPath
 // /run/nvidia/validations, driverStatusFile "driver-ready"), and the driver
 // container creates its root folder /run/nvidia/driver before it mounts its
 // root there. A mount makes no inotify event, so the marker is what tells the
