@@ -102,7 +102,7 @@ func TestDetectRuntimeInjection(t *testing.T) {
 			"/opt/oci/other/oci-nvidia-hook-unused.json": fakeroot.OperatorOCIHook,
 		}, want: layout.RuntimeToolkit, evidence: "OCI hook /opt/oci/hooks/oci-nvidia-hook.json"},
 		"a hook in a folder nothing names": {files: map[string]string{"/opt/oci/hooks/oci-nvidia-hook.json": fakeroot.OperatorOCIHook}, want: ""},
-		"docker without cri-dockerd": {files: map[string]string{"/etc/docker/daemon.json": `{"default-runtime": "nvidia", "runtimes": {"nvidia": {"path": "nvidia-container-runtime"}}}`}, want: ""},
+		"docker without cri-dockerd":       {files: map[string]string{"/etc/docker/daemon.json": `{"default-runtime": "nvidia", "runtimes": {"nvidia": {"path": "nvidia-container-runtime"}}}`}, want: ""},
 		"CDI spec in /var/run/cdi through /var/run -> /run": {
 			files: map[string]string{"/run/cdi/nvidia.json": `{"cdiVersion": "0.6.0", "kind": "nvidia.com/gpu", "devices": [{"name": "0"}]}`},
 			links: map[string]string{"/var/run": "../run"},
