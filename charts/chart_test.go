@@ -641,6 +641,25 @@ func TestRender(t *testing.T) {
 				}
 			},
 		},
+		"no second mount of /run/nvidia where the host's root is not shared": {
+			opts: with(kube136, "nodeprobe.driverRootPropagation=false"),
+			check: func(t *testing.T, r rendered) {
+				ds := mustGet[appsv1.DaemonSet](t, r, "DaemonSet", probeSA)
+				for _, v := range ds.Spec.Template.Spec.Volumes {
+					if v.Name == "host-run-nvidia" {
+						t.Errorf("/run/nvidia mounted with driverRootPropagation=false")
+					}
+				}
+				for _, m := range container(t, ds.Spec.Template, "nodeprobe").VolumeMounts {
+					if m.MountPropagation != nil {
+						t.Errorf("mount %s propagates (%s) with driverRootPropagation=false", m.Name, *m.MountPropagation)
+					}
+				}
+				if m := hostRootMount(t, r); ptrValue(m.RecursiveReadOnly) != corev1.RecursiveReadOnlyIfPossible {
+					t.Errorf("host root mount = %+v, want recursively read-only", m)
+				}
+			},
+		},
 		"probe disabled": {
 			opts: with(kube136, "nodeprobe.enabled=false", "runtimeInjection.enabled=false"),
 			check: func(t *testing.T, r rendered) {
