@@ -112,8 +112,10 @@ func (r *request) staleWhy(prev *layout.Injected) string {
 // put back the same stays, so that a driver upgrade that keeps its paths
 // changes only the record: a volume of the same host path at the same place in
 // a target container, a folder the next layout also puts on LD_LIBRARY_PATH,
-// the same pin. The node selector of a pool or a static layout stays: it
-// names labels the user may have written too, and keeps the pod in its pool.
+// the same pin. The node selector of a pool or a static layout, and the node
+// affinity over the pools of one layout, stay: they name labels the user may
+// have written too, and keep the pod in its pools, so the next layout is one
+// of those pools' and its pin, ANDed in, narrows the old one.
 // Nothing else of the pod is touched. next is nil when nothing comes in.
 func (r *request) removeInjection(c *change, prev *layout.Injected, next *Layout) {
 	pod := c.pod
