@@ -639,6 +639,32 @@ func TestRender(t *testing.T) {
 				if !m.ReadOnly || m.RecursiveReadOnly != nil || ptrValue(m.MountPropagation) != corev1.MountPropagationHostToContainer {
 					t.Errorf("host root mount = %+v, want read-only, HostToContainer, no recursiveReadOnly", m)
 				}
+				// The whole root propagates: no second mount of /run/nvidia.
+				ds := mustGet[appsv1.DaemonSet](t, r, "DaemonSet", probeSA)
+				for _, v := range ds.Spec.Template.Spec.Volumes {
+					if v.Name == "host-run-nvidia" {
+						t.Errorf("/run/nvidia mounted again with recursiveReadOnly=false")
+					}
+				}
+			},
+		},
+		"no second mount of /run/nvidia where the host's root is not shared": {
+			opts: with(kube136, "nodeprobe.driverRootPropagation=false"),
+			check: func(t *testing.T, r rendered) {
+				ds := mustGet[appsv1.DaemonSet](t, r, "DaemonSet", probeSA)
+				for _, v := range ds.Spec.Template.Spec.Volumes {
+					if v.Name == "host-run-nvidia" {
+						t.Errorf("/run/nvidia mounted with driverRootPropagation=false")
+					}
+				}
+				for _, m := range container(t, ds.Spec.Template, "nodeprobe").VolumeMounts {
+					if m.MountPropagation != nil {
+						t.Errorf("mount %s propagates (%s) with driverRootPropagation=false", m.Name, *m.MountPropagation)
+					}
+				}
+				if m := hostRootMount(t, r); ptrValue(m.RecursiveReadOnly) != corev1.RecursiveReadOnlyIfPossible {
+					t.Errorf("host root mount = %+v, want recursively read-only", m)
+				}
 			},
 		},
 		"probe disabled": {
@@ -820,6 +846,16 @@ func checkNodeprobe(t *testing.T, r rendered) {
 	// the API server allows only without propagation.
 	if m := hostRootMount(t, r); !m.ReadOnly || ptrValue(m.RecursiveReadOnly) != corev1.RecursiveReadOnlyIfPossible || m.MountPropagation != nil {
 		t.Errorf("host root mount = %+v, want read-only, recursiveReadOnly IfPossible, no propagation", m)
+	}
+	// The GPU operator's driver root, mounted after the probe started, shows up
+	// through /run/nvidia mounted again with propagation, and read-only.
+	checkVolume(t, ds.Spec.Template, c, "host-run-nvidia", "/host/run/nvidia", func(v corev1.Volume) bool {
+		return v.HostPath != nil && v.HostPath.Path == "/run/nvidia" && ptrValue(v.HostPath.Type) == corev1.HostPathDirectoryOrCreate
+	})
+	for _, m := range c.VolumeMounts {
+		if m.Name == "host-run-nvidia" && (!m.ReadOnly || m.RecursiveReadOnly != nil || ptrValue(m.MountPropagation) != corev1.MountPropagationHostToContainer) {
+			t.Errorf("/run/nvidia mount = %+v, want read-only, HostToContainer", m)
+		}
 	}
 }
 

@@ -474,7 +474,8 @@ type Injected struct {
 	Volumes       []string `json:"volumes,omitempty"`
 
 	// Pool is the pool the pod is pinned to (its labels, k=v,...), when pinned
-	// by pool; Remembered says the pool had no node and the layout came from
+	// by pool; the pools, separated by a space, when pinned to several pools
+	// of one layout; Remembered says the pool had no node and the layout came from
 	// memory.
 	Pool       string `json:"pool,omitempty"`
 	Remembered bool   `json:"remembered,omitempty"`

@@ -2,7 +2,9 @@ package nodeprobe
 
 import (
 	"debug/elf"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path"
@@ -244,6 +246,7 @@ func FuzzRuntimeConfig(f *testing.F) {
 	f.Add(uint8(0), "version = 3\nimports = [\"/etc/containerd/*.toml\"]\n[plugins.\"io.containerd.cri.v1.runtime\".containerd]\ndefault_runtime_name = \"nvidia\"\n")
 	f.Add(uint8(1), "[crio.runtime]\ndefault_runtime = \"nvidia\"\n[crio.runtime.runtimes.nvidia]\nruntime_path = \"/usr/bin/nvidia-container-runtime\"\n")
 	f.Add(uint8(2), `{"version":"1.0.0","hook":{"path":"/usr/bin/nvidia-container-toolkit","args":["nvidia-container-toolkit","prestart"]},"when":{"always":true},"stages":["prestart"]}`)
+	f.Add(uint8(1), "[crio.runtime]\nhooks_dir = [\"/etc/containers/oci/hooks.d\", \"/run/containers/oci/hooks.d\", \"relative\", \"/\"]\n")
 	f.Add(uint8(3), `{"default-runtime":"nvidia","runtimes":{"nvidia":{"path":"nvidia-container-runtime"}}}`)
 	f.Add(uint8(4), "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n- name: \"0\"\n  containerEdits: {}\n")
 	f.Fuzz(func(t *testing.T, which uint8, data string) {
@@ -268,6 +271,54 @@ func FuzzRuntimeConfig(f *testing.F) {
 		case r.Kind == layout.RuntimeToolkit && chosen != 4 && len(r.Evidence) > 0:
 		default:
 			t.Fatalf("%s gave kind %q with evidence %q", files[chosen], r.Kind, r.Evidence)
+		}
+		if again := DetectRuntimeInjection(root); !reflect.DeepEqual(again, r) {
+			t.Fatalf("two answers: %+v and %+v", r, again)
+		}
+	})
+}
+
+// FuzzShimpeiHooks: Bottlerocket's hooks file for its nvidia-oci runtime,
+// which the probe reads to tell whether the runtime adds the toolkit's
+// hook. Detection must not panic, must report the toolkit only for a file
+// that names the toolkit's hook, with evidence, and answer the same twice.
+func FuzzShimpeiHooks(f *testing.F) {
+	root := f.TempDir()
+	for p, data := range map[string]string{
+		"/etc/containerd/config.toml": fakeroot.BottlerocketContainerdConfig,
+		"/usr/bin/shimpei":            "",
+	} {
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(root, p)), 0o755); err != nil {
+			f.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(root, p), []byte(data), 0o755); err != nil {
+			f.Fatal(err)
+		}
+	}
+	if err := os.Symlink("shimpei", filepath.Join(root, "usr/bin/nvidia-oci")); err != nil {
+		f.Fatal(err)
+	}
+	hooks := filepath.Join(root, "etc/shimpei/nvidia-oci-hooks.json")
+	if err := os.MkdirAll(filepath.Dir(hooks), 0o755); err != nil {
+		f.Fatal(err)
+	}
+	f.Add(fakeroot.BottlerocketNvidiaHooks)
+	f.Add(`{"hooks":{"createRuntime":[{"path":"/usr/bin/nvidia-container-toolkit"}],"poststop":[{"path":"/x"}]}}`)
+	f.Add(`{"hooks":{"prestart":[{"path":"/usr/bin/other-hook"}]}}`)
+	f.Add(`{"hooks":{"prestart":null,"x":[{"path":1}]}}`)
+	f.Add(`[`)
+	f.Fuzz(func(t *testing.T, data string) {
+		if err := os.WriteFile(hooks, []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		r := DetectRuntimeInjection(root)
+		var decoded any
+		_ = json.Unmarshal([]byte(data), &decoded)
+		switch {
+		case r.Kind == "" && len(r.Evidence) == 0:
+		case r.Kind == layout.RuntimeToolkit && len(r.Evidence) == 1 && strings.Contains(fmt.Sprint(decoded), "nvidia-container-"):
+		default:
+			t.Fatalf("hooks %q gave kind %q with evidence %q", data, r.Kind, r.Evidence)
 		}
 		if again := DetectRuntimeInjection(root); !reflect.DeepEqual(again, r) {
 			t.Fatalf("two answers: %+v and %+v", r, again)

@@ -55,6 +55,7 @@ var expected = map[string]struct {
 	"bottlerocket-nvidia":                 {ConditionReady, ConditionReady, SourceFileNames, "", "", layout.RuntimeToolkit},
 	"gpu-operator-toolkit":                {ConditionReady, ConditionReady, SourceFileNames, "", "", layout.RuntimeToolkit},
 	"crio-toolkit":                        {ConditionReady, ConditionReady, SourceFileNames, "", "", layout.RuntimeToolkit},
+	"gpu-operator-openshift":              {ConditionReady, ConditionReady, SourceFileNames, "", "", layout.RuntimeToolkit},
 	"docker-cri-dockerd":                  {ConditionReady, ConditionReady, SourceFileNames, "", "", layout.RuntimeToolkit},
 	"talos-nvidia-extension":              {ConditionReady, ConditionReady, SourceFileNames, "", "", layout.RuntimeCDI},
 	"gke-cos-device-plugin":               {ConditionReady, ConditionReady, SourceFileNames, "", "", layout.RuntimeDevicePlugin},

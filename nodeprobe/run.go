@@ -182,6 +182,8 @@ type daemon struct {
 
 	// wake probes at once: a stuck NVML reading returned (NVMLWatch.Returned).
 	wake chan struct{}
+	// driverChanged probes at once: the driver's folders changed (driverWatch).
+	driverChanged chan struct{}
 
 	// pluginUp is what the NRI plugin's file said last (statedir); relabel
 	// asks the loop to republish when that changes; lastPub is the last
@@ -262,6 +264,10 @@ func (d *daemon) run(ctx context.Context) error {
 		d.pluginUp.Store(d.pluginRegistered(log))
 		go d.watchPlugin(ctx, log)
 	}
+	if d.driverChanged == nil {
+		d.driverChanged = make(chan struct{}, 1)
+	}
+	go d.watchDriver(ctx, log)
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {
@@ -275,6 +281,8 @@ func (d *daemon) run(ctx context.Context) error {
 			log.Info("sighup: probing now")
 		case <-d.wake:
 			log.Info("a stuck NVML call returned: probing now")
+		case <-d.driverChanged:
+			log.Info("the driver's folders changed: probing now")
 		case <-d.relabel:
 			if err := d.republish(ctx, log); err != nil && !errors.Is(err, ErrConditionForbidden) {
 				log.Error(err, "failed to publish the nri plugin label; the next probe tries again")
@@ -298,6 +306,25 @@ func (d *daemon) run(ctx context.Context) error {
 			}
 		}
 		timer.Reset(next)
+	}
+}
+
+// watchDriver asks the loop for a probe whenever the driver's folders change
+// (driverWatch), so that a driver installed or upgraded after the start is
+// published within seconds; the interval's probe stays the backstop.
+func (d *daemon) watchDriver(ctx context.Context, log logr.Logger) {
+	root := d.probe.HostRoot
+	if root == "" {
+		root = "/"
+	}
+	dw := newDriverWatch(root, log, func() {
+		select {
+		case d.driverChanged <- struct{}{}:
+		default:
+		}
+	})
+	if err := dw.run(ctx); err != nil {
+		log.Error(err, "failed to watch the driver's folders; a driver installed later is found by the next periodic probe or a SIGHUP")
 	}
 }
 

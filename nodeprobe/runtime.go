@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path"
+	"slices"
 	"sort"
 	"strings"
 
@@ -34,9 +35,16 @@ var containerdDropIns = []string{"/etc/containerd/conf.d", "/etc/containerd/conf
 
 // crioConfigs: the main file, then the drop-ins in name order.
 var (
-	crioConfig   = "/etc/crio/crio.conf"
-	crioDropIns  = "/etc/crio/crio.conf.d"
-	ociHookDirs  = []string{"/usr/share/containers/oci/hooks.d", "/etc/containers/oci/hooks.d"}
+	crioConfig  = "/etc/crio/crio.conf"
+	crioDropIns = "/etc/crio/crio.conf.d"
+	// ociHookDirs are CRI-O's and Podman's default hook folders, and
+	// /run/containers/oci/hooks.d, where the GPU operator's toolkit writes
+	// its hook on OpenShift (NVIDIA/gpu-operator
+	// assets/state-container-toolkit/0500_daemonset.yaml: the crio-hooks
+	// volume; controllers/object_controls.go moves it to
+	// /usr/share/containers/oci/hooks.d elsewhere). CRI-O's own hooks_dir
+	// setting adds its folders (crioHookDirs).
+	ociHookDirs  = []string{"/usr/share/containers/oci/hooks.d", "/etc/containers/oci/hooks.d", "/run/containers/oci/hooks.d"}
 	cdiSpecDirs  = []string{"/etc/cdi", "/var/run/cdi", "/run/cdi"}
 	criDockerd   = []string{"/usr/bin/cri-dockerd", "/usr/local/bin/cri-dockerd", "/run/cri-dockerd.sock", "/var/run/cri-dockerd.sock"}
 	dockerConfig = "/etc/docker/daemon.json"
@@ -93,6 +101,97 @@ func DetectRuntimeInjection(root string) RuntimeInjection {
 // the toolkit installed under another prefix (/usr/local/nvidia/toolkit/...).
 func isToolkitRuntime(binary string) bool {
 	return strings.HasPrefix(path.Base(binary), "nvidia-container-runtime")
+}
+
+// isToolkitHook: the toolkit's prestart hook, under its name of old
+// (nvidia-container-toolkit) or of now.
+func isToolkitHook(binary string) bool {
+	b := path.Base(binary)
+	return strings.HasPrefix(b, "nvidia-container-runtime-hook") || b == "nvidia-container-toolkit"
+}
+
+// Bottlerocket runs the toolkit under its own runtime name: containerd's
+// default runtime binary is nvidia-oci, a link to shimpei, which runs runc
+// through oci-add-hooks with the hooks of /etc/shimpei/<its name>-hooks.json,
+// the toolkit's prestart hook (bottlerocket-os/bottlerocket-core-kit:
+// sources/shimpei/src/main.rs HOOKS_CONFIG_BASE_PATH and the hook path it
+// builds from argv[0]; packages/nvidia-container-toolkit/nvidia-container-toolkit.spec
+// links nvidia-oci to shimpei; its nvidia-oci-hooks-json template).
+const (
+	shimpeiBinary   = "shimpei"
+	shimpeiHooksDir = "/etc/shimpei"
+)
+
+// runtimeBinDirs is where a runtime named without a folder is looked up, as
+// containerd looks it up in its PATH.
+var runtimeBinDirs = []string{"/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"}
+
+// toolkitRuntime reports how a runtime binary runs the toolkit, "" when it
+// does not: the toolkit's runtime itself, or a wrapper that adds the
+// toolkit's hook (Bottlerocket's shimpei).
+func (h hostFS) toolkitRuntime(binary string, notes *[]string) string {
+	if isToolkitRuntime(binary) {
+		return "runs " + binary
+	}
+	if binary == "" {
+		return ""
+	}
+	candidates := []string{binary}
+	if !path.IsAbs(binary) {
+		candidates = nil
+		for _, d := range runtimeBinDirs {
+			candidates = append(candidates, path.Join(d, binary))
+		}
+	}
+	for _, c := range candidates {
+		real, err := h.resolve(c)
+		if err != nil {
+			continue
+		}
+		if path.Base(real) != shimpeiBinary {
+			return ""
+		}
+		// shimpei names the hooks file after its argv[0], which is the
+		// runtime binary as containerd names it.
+		hooks := binary + "-hooks.json"
+		if !path.IsAbs(binary) {
+			hooks = path.Join(shimpeiHooksDir, hooks)
+		}
+		data, ok := h.readConfig(hooks, notes)
+		if !ok {
+			return ""
+		}
+		if hook := toolkitHookOf(data, hooks, notes); hook != "" {
+			return fmt.Sprintf("runs %s (%s), which adds the hooks of %s: %s", c, real, hooks, hook)
+		}
+		return ""
+	}
+	return ""
+}
+
+// toolkitHookOf returns the toolkit's hook among the hooks of an
+// oci-add-hooks configuration (an OCI runtime spec's hooks object), "" when
+// it has none.
+func toolkitHookOf(data []byte, file string, notes *[]string) string {
+	var cfg struct {
+		Hooks map[string][]struct {
+			Path string `json:"path"`
+		} `json:"hooks"`
+	}
+	if err := json.Unmarshal(data, &cfg); err != nil {
+		*notes = append(*notes, fmt.Sprintf("%s: %v", file, err))
+		return ""
+	}
+	// The stages in which a hook sees the container's root before its
+	// process runs.
+	for _, stage := range []string{"prestart", "createRuntime", "createContainer"} {
+		for _, hk := range cfg.Hooks[stage] {
+			if isToolkitHook(hk.Path) {
+				return stage + " hook " + hk.Path
+			}
+		}
+	}
+	return ""
 }
 
 func (h hostFS) readConfig(p string, notes *[]string) ([]byte, bool) {
@@ -212,8 +311,8 @@ func (h hostFS) containerdToolkit(notes *[]string) []string {
 			// The v1 linux shim names the runtime binary directly.
 			bin, _ = rt["runtime_engine"].(string)
 		}
-		if isToolkitRuntime(bin) {
-			return []string{fmt.Sprintf("containerd (%s): the default runtime %q runs %s", strings.Join(read, ", "), name, bin)}
+		if how := h.toolkitRuntime(bin, notes); how != "" {
+			return []string{fmt.Sprintf("containerd (%s): the default runtime %q %s", strings.Join(read, ", "), name, how)}
 		}
 	}
 	return nil
@@ -247,12 +346,49 @@ func (h hostFS) crioToolkit(notes *[]string) []string {
 	return nil
 }
 
+// crioHookDirs are the hook folders CRI-O's configuration names
+// ([crio.runtime] hooks_dir), which replace its defaults; OpenShift lists
+// /run/containers/oci/hooks.d there.
+func (h hostFS) crioHookDirs(notes *[]string) []string {
+	merged := map[string]any{}
+	for _, f := range append([]string{crioConfig}, h.folderFiles(crioDropIns, ".conf")...) {
+		data, ok := h.readConfig(f, notes)
+		if !ok {
+			continue
+		}
+		var m map[string]any
+		if _, err := toml.Decode(string(data), &m); err != nil {
+			continue
+		}
+		mergeTOML(merged, m)
+	}
+	list, _ := table(table(merged, "crio"), "runtime")["hooks_dir"].([]any)
+	var out []string
+	for _, d := range list {
+		if s, ok := d.(string); ok && path.IsAbs(s) {
+			out = append(out, path.Clean(s))
+		}
+	}
+	return out
+}
+
 // ociHookToolkit: the toolkit's OCI hook for CRI-O and Podman, installed as
 // oci-nvidia-hook.json, applies to every container when "always" is set.
 func (h hostFS) ociHookToolkit(notes *[]string) []string {
 	var out []string
-	for _, d := range ociHookDirs {
+	dirs := slices.Clone(ociHookDirs)
+	for _, d := range h.crioHookDirs(notes) {
+		if !slices.Contains(dirs, d) {
+			dirs = append(dirs, d)
+		}
+	}
+	seen := map[string]bool{}
+	for _, d := range dirs {
 		for _, f := range h.folderFiles(d, ".json") {
+			if seen[f] {
+				continue // a folder reached twice through links
+			}
+			seen[f] = true
 			data, ok := h.readConfig(f, notes)
 			if !ok {
 				continue
@@ -269,7 +405,7 @@ func (h hostFS) ociHookToolkit(notes *[]string) []string {
 				*notes = append(*notes, fmt.Sprintf("%s: %v", f, err))
 				continue
 			}
-			if hook.When.Always && strings.HasPrefix(path.Base(hook.Hook.Path), "nvidia-container-") {
+			if hook.When.Always && (isToolkitHook(hook.Hook.Path) || strings.HasPrefix(path.Base(hook.Hook.Path), "nvidia-container-")) {
 				out = append(out, fmt.Sprintf("OCI hook %s runs %s in every container", f, hook.Hook.Path))
 			}
 		}

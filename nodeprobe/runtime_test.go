@@ -78,7 +78,31 @@ func TestDetectRuntimeInjection(t *testing.T) {
 			want: layout.RuntimeToolkit, evidence: "OCI hook"},
 		"hook only on annotation": {files: map[string]string{"/usr/share/containers/oci/hooks.d/oci-nvidia-hook.json": `{"version": "1.0.0", "hook": {"path": "/usr/bin/nvidia-container-toolkit"}, "when": {"annotations": {"^nvidia": ".*"}}, "stages": ["prestart"]}`},
 			want: ""},
-		"docker without cri-dockerd": {files: map[string]string{"/etc/docker/daemon.json": `{"default-runtime": "nvidia", "runtimes": {"nvidia": {"path": "nvidia-container-runtime"}}}`}, want: ""},
+		// Bottlerocket: containerd runs nvidia-oci, a link to shimpei,
+		// which adds the hooks of /etc/shimpei/nvidia-oci-hooks.json.
+		"Bottlerocket's nvidia-oci adds the toolkit's hook": {files: bottlerocket(fakeroot.BottlerocketNvidiaHooks),
+			links: map[string]string{"/usr/bin/nvidia-oci": "shimpei"},
+			want:  layout.RuntimeToolkit, evidence: "/etc/shimpei/nvidia-oci-hooks.json: prestart hook /usr/bin/nvidia-container-runtime-hook"},
+		"shimpei adding another hook": {files: bottlerocket(`{"hooks": {"prestart": [{"path": "/usr/bin/ecs-hook"}]}}`),
+			links: map[string]string{"/usr/bin/nvidia-oci": "shimpei"}, want: ""},
+		"shimpei without its hooks file": {files: without(bottlerocket(""), "/etc/shimpei/nvidia-oci-hooks.json"),
+			links: map[string]string{"/usr/bin/nvidia-oci": "shimpei"}, want: ""},
+		"shimpei's hooks file broken": {files: bottlerocket("{"),
+			links: map[string]string{"/usr/bin/nvidia-oci": "shimpei"}, want: "", note: "/etc/shimpei/nvidia-oci-hooks.json"},
+		"a runtime named nvidia-oci that is not shimpei": {files: merge(bottlerocket(fakeroot.BottlerocketNvidiaHooks), map[string]string{"/usr/bin/nvidia-oci": "#!/bin/sh\n"}), want: ""},
+		"nvidia-oci linked out of the root": {files: bottlerocket(fakeroot.BottlerocketNvidiaHooks),
+			links: map[string]string{"/usr/bin/nvidia-oci": "../../../outside/shimpei"}, want: ""},
+		// OpenShift: the GPU operator writes the hook where CRI-O's
+		// hooks_dir on OpenShift names it.
+		"the GPU operator's hook on OpenShift": {files: map[string]string{"/run/containers/oci/hooks.d/oci-nvidia-hook.json": fakeroot.OperatorOCIHook},
+			want: layout.RuntimeToolkit, evidence: "OCI hook /run/containers/oci/hooks.d/oci-nvidia-hook.json runs /usr/local/nvidia/toolkit/nvidia-container-runtime-hook"},
+		"a hook in a folder CRI-O's hooks_dir names": {files: map[string]string{
+			"/etc/crio/crio.conf.d/10-hooks.conf":        "[crio.runtime]\nhooks_dir = [\"/opt/oci/hooks\"]\n",
+			"/opt/oci/hooks/oci-nvidia-hook.json":        fakeroot.OperatorOCIHook,
+			"/opt/oci/other/oci-nvidia-hook-unused.json": fakeroot.OperatorOCIHook,
+		}, want: layout.RuntimeToolkit, evidence: "OCI hook /opt/oci/hooks/oci-nvidia-hook.json"},
+		"a hook in a folder nothing names": {files: map[string]string{"/opt/oci/hooks/oci-nvidia-hook.json": fakeroot.OperatorOCIHook}, want: ""},
+		"docker without cri-dockerd":       {files: map[string]string{"/etc/docker/daemon.json": `{"default-runtime": "nvidia", "runtimes": {"nvidia": {"path": "nvidia-container-runtime"}}}`}, want: ""},
 		"CDI spec in /var/run/cdi through /var/run -> /run": {
 			files: map[string]string{"/run/cdi/nvidia.json": `{"cdiVersion": "0.6.0", "kind": "nvidia.com/gpu", "devices": [{"name": "0"}]}`},
 			links: map[string]string{"/var/run": "../run"},
@@ -367,4 +391,19 @@ func TestProbeTalosWithoutCDISpec(t *testing.T) {
 			t.Errorf("mount of %s", m.HostPath)
 		}
 	}
+}
+
+// bottlerocket is Bottlerocket's containerd configuration and shimpei, with
+// hooks as its nvidia-oci hooks file.
+func bottlerocket(hooks string) map[string]string {
+	return map[string]string{
+		"/etc/containerd/config.toml":        fakeroot.BottlerocketContainerdConfig,
+		"/usr/bin/shimpei":                   "",
+		"/etc/shimpei/nvidia-oci-hooks.json": hooks,
+	}
+}
+
+func without(m map[string]string, key string) map[string]string {
+	delete(m, key)
+	return m
 }

@@ -613,6 +613,36 @@ func (e *Env) UpgradeDriver(ctx context.Context, name, version string) (string, 
 	return fps[n.Name], nil
 }
 
+// RemoveDriver deletes a node's stand-in driver (on the kubelet node, the
+// host's driver folder too) and tells its probe nothing: the node is as one
+// whose driver has not arrived yet. InstallDriver puts one back.
+func (e *Env) RemoveDriver(name string) error {
+	n := e.Node(name)
+	if n == nil || n.DriverVersion == "" {
+		return fmt.Errorf("failed to remove the stand-in driver: no node %q with a driver", name)
+	}
+	e.progress("removing the stand-in driver %s of %s", n.DriverVersion, n.Name)
+	if err := standin.Remove(n.stage, n.Layout, n.DriverVersion); err != nil {
+		return err
+	}
+	n.DriverVersion = ""
+	if n.Kubelet {
+		return removeHostDriver()
+	}
+	return nil
+}
+
+// InstallDriver installs a node's stand-in driver of version, as a driver
+// installer does while the node's probe runs, and tells the probe nothing.
+func (e *Env) InstallDriver(name, version string) error {
+	n := e.Node(name)
+	if n == nil {
+		return fmt.Errorf("failed to install the stand-in driver: no node %q", name)
+	}
+	e.progress("installing the stand-in driver %s on %s", version, n.Name)
+	return e.installDriver(n, version)
+}
+
 // ProbeNow sends SIGHUP to a node's probe, which probes at once.
 func (e *Env) ProbeNow(ctx context.Context, name string) error {
 	n := e.Node(name)

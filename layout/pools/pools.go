@@ -73,6 +73,44 @@ func Key(labels map[string]string, keys []string) string {
 	return b.String()
 }
 
+// KeySeparator joins the keys of the pools a pod is pinned to together
+// (Join): pools whose nodes all publish one layout are one choice, so that
+// spot and on-demand pools of one node image both serve the pod. Neither a
+// label key nor a label value may hold a space.
+const KeySeparator = " "
+
+// Join is the pin of several pools, their keys sorted and joined by
+// KeySeparator; one pool's pin is its key.
+func Join(keys []string) string {
+	keys = slices.Clone(keys)
+	slices.Sort(keys)
+	return strings.Join(slices.Compact(keys), KeySeparator)
+}
+
+// Split is the keys of the pools a pin (Join) names.
+func Split(pin string) []string {
+	if pin == "" {
+		return nil
+	}
+	return strings.Split(pin, KeySeparator)
+}
+
+// Labels is the labels a pool key (Key) names, nil when it is malformed.
+func Labels(key string) map[string]string {
+	if key == "" {
+		return nil
+	}
+	out := map[string]string{}
+	for _, kv := range strings.Split(key, ",") {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil
+		}
+		out[k] = v
+	}
+	return out
+}
+
 // The remembered pool layouts live in one ConfigMap in the webhook's own
 // namespace: a restart keeps them, every replica reads them, and one elected
 // replica writes them. Its content is treated like a node's annotation: an

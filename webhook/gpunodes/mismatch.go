@@ -3,6 +3,7 @@ package gpunodes
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -150,7 +151,7 @@ func (m *Mismatches) Check(p *corev1.Pod) {
 	}
 	pool := ""
 	if inj != nil && inj.Pool != "" {
-		pool = " of pool " + inj.Pool
+		pool = " of pool " + strings.Join(pools.Split(inj.Pool), " or ")
 	}
 	mismatches.Inc()
 	m.log.Info("pod landed on a node of another layout", "pod", p.Namespace+"/"+p.Name, "node", p.Spec.NodeName, "injected", want, "nodeLayout", have)

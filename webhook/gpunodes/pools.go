@@ -143,10 +143,11 @@ func (idx *Index) SetMemory(mem []pools.Memory) {
 	idx.publish(nil)
 }
 
-// withPools turns the fingerprint layouts into the pool view: the nodes of a
-// uniform pool become a layout pinned by the pool's labels, the others stay
-// pinned by fingerprint, and a pool with no member node is served from
-// memory until it expires. It returns the earliest expiry it relied on.
+// withPools turns the fingerprint layouts into the pool view: the nodes of
+// the uniform pools of one layout become one layout pinned by those pools'
+// labels (with the layout's remembered pools at zero), the others stay
+// pinned by fingerprint, and pools with no member node are served from
+// memory, one layout each, until they expire. It returns the earliest expiry it relied on.
 func (idx *Index) withPools(byFP []*inject.Layout, now time.Time) ([]*inject.Layout, time.Time) {
 	uniform := map[string]string{}
 	mixed := map[string]bool{}
@@ -157,11 +158,12 @@ func (idx *Index) withPools(byFP []*inject.Layout, now time.Time) ([]*inject.Lay
 			mixed[key] = true
 		}
 	}
+	remembered, next := idx.rememberedPools(now)
 	// The split of a fingerprint's nodes depends only on its Layout (a new
 	// one is published on every change of its nodes) and on the pools'
 	// states: reuse it while both are unchanged, so that one node's event
 	// rebuilds one layout's view, not every node's.
-	sig := poolSignature(uniform, mixed)
+	sig := poolSignature(uniform, mixed, remembered)
 	views := make(map[string]poolView, len(byFP))
 	out := make([]*inject.Layout, 0, len(byFP)+len(uniform)+len(idx.memory))
 	for _, l := range byFP {
@@ -171,14 +173,17 @@ func (idx *Index) withPools(byFP []*inject.Layout, now time.Time) ([]*inject.Lay
 			continue
 		}
 		first := len(out)
-		byPool := map[string][]*inject.NodeInfo{}
-		var rest []*inject.NodeInfo
-		var restGPUs int64
-		var mixedHere []string
+		var pooled, rest []*inject.NodeInfo
+		var pooledGPUs, restGPUs int64
+		var keys, mixedHere []string
 		for _, n := range l.Nodes {
 			key := n.Pool
 			if key != "" && uniform[key] == l.Fingerprint {
-				byPool[key] = append(byPool[key], n)
+				pooled = append(pooled, n)
+				pooledGPUs += n.AllocatableGPUs
+				if !slices.Contains(keys, key) {
+					keys = append(keys, key)
+				}
 				continue
 			}
 			rest = append(rest, n)
@@ -191,33 +196,21 @@ func (idx *Index) withPools(byFP []*inject.Layout, now time.Time) ([]*inject.Lay
 			slices.Sort(mixedHere)
 			out = append(out, &inject.Layout{Fingerprint: l.Fingerprint, Plan: l.Plan, AllocatableGPUs: restGPUs, Nodes: rest, MixedPools: mixedHere})
 		}
-		for key, nodes := range byPool {
-			var gpus int64
-			for _, n := range nodes {
-				gpus += n.AllocatableGPUs
+		if len(pooled) > 0 {
+			// The pools of this layout at zero that memory still vouches
+			// for are in the pin too: the pod may wait for either to grow.
+			for _, m := range remembered[l.Fingerprint] {
+				keys = append(keys, m.Pool)
 			}
-			out = append(out, &inject.Layout{Fingerprint: l.Fingerprint, Plan: l.Plan, AllocatableGPUs: gpus, Nodes: nodes,
-				Pool: key, NodeSelector: idx.pools[key].labels})
+			pl := &inject.Layout{Fingerprint: l.Fingerprint, Plan: l.Plan, AllocatableGPUs: pooledGPUs, Nodes: pooled}
+			idx.pinPools(pl, keys)
+			out = append(out, pl)
 		}
 		views[l.Fingerprint] = poolView{src: l, sig: sig, out: slices.Clone(out[first:])}
 	}
 	idx.poolViews = views
-	var next time.Time
-	remember := idx.cfg.Pinning.Remember()
-	for key, m := range idx.memory {
-		if _, live := idx.pools[key]; live {
-			continue
-		}
-		until := m.LastSeen.Add(remember)
-		if !now.Before(until) {
-			continue
-		}
-		if next.IsZero() || until.Before(next) {
-			next = until
-		}
-		stand := &inject.NodeInfo{Labels: inject.NewLabels(m.NodeLabels), Taints: m.Taints}
-		out = append(out, &inject.Layout{Fingerprint: m.Plan.Fingerprint(), Plan: m.Plan, Nodes: []*inject.NodeInfo{stand},
-			Pool: key, NodeSelector: m.Labels, Remembered: &inject.Remembered{LastSeen: m.LastSeen, Until: until}})
+	for fp, mems := range remembered {
+		out = append(out, idx.rememberedLayout(fp, mems))
 	}
 	poolLayouts.Reset()
 	for key := range idx.pools {
@@ -227,9 +220,9 @@ func (idx *Index) withPools(byFP []*inject.Layout, now time.Time) ([]*inject.Lay
 		}
 		poolLayouts.WithLabelValues(key, state).Set(1)
 	}
-	for _, l := range out {
-		if l.Remembered != nil {
-			poolLayouts.WithLabelValues(l.Pool, "remembered").Set(1)
+	for _, mems := range remembered {
+		for _, m := range mems {
+			poolLayouts.WithLabelValues(m.Pool, "remembered").Set(1)
 		}
 	}
 	slices.SortFunc(out, func(a, b *inject.Layout) int {
@@ -248,9 +241,9 @@ type poolView struct {
 	out []*inject.Layout
 }
 
-// poolSignature sums up the pools' states: each uniform pool's layout and
-// each mixed pool.
-func poolSignature(uniform map[string]string, mixed map[string]bool) string {
+// poolSignature sums up the pools' states: each uniform pool's layout, each
+// mixed pool and each remembered one.
+func poolSignature(uniform map[string]string, mixed map[string]bool, remembered map[string][]pools.Memory) string {
 	keys := make([]string, 0, len(uniform)+len(mixed))
 	for k, fp := range uniform {
 		keys = append(keys, k+"\x00"+fp)
@@ -258,8 +251,85 @@ func poolSignature(uniform map[string]string, mixed map[string]bool) string {
 	for k := range mixed {
 		keys = append(keys, k+"\x00!")
 	}
+	for fp, mems := range remembered {
+		for _, m := range mems {
+			keys = append(keys, m.Pool+"\x00?"+fp)
+		}
+	}
 	slices.Sort(keys)
 	return strings.Join(keys, "\x01")
+}
+
+// rememberedPools are the remembered pools with no live member and not yet
+// expired at now, by fingerprint and sorted by pool, and the earliest expiry
+// among them.
+func (idx *Index) rememberedPools(now time.Time) (map[string][]pools.Memory, time.Time) {
+	var next time.Time
+	remember := idx.cfg.Pinning.Remember()
+	out := map[string][]pools.Memory{}
+	for key, m := range idx.memory {
+		if _, live := idx.pools[key]; live {
+			continue
+		}
+		until := m.LastSeen.Add(remember)
+		if !now.Before(until) {
+			continue
+		}
+		if next.IsZero() || until.Before(next) {
+			next = until
+		}
+		fp := m.Plan.Fingerprint()
+		out[fp] = append(out[fp], m)
+	}
+	for _, mems := range out {
+		slices.SortFunc(mems, func(a, b pools.Memory) int { return strings.Compare(a.Pool, b.Pool) })
+	}
+	return out, next
+}
+
+// rememberedLayout serves the pools of one layout that have no node from
+// memory: one node stands for each pool's next one, and the pin names them
+// all. It is remembered until the last of them expires.
+func (idx *Index) rememberedLayout(fp string, mems []pools.Memory) *inject.Layout {
+	remember := idx.cfg.Pinning.Remember()
+	l := &inject.Layout{Fingerprint: fp, Plan: mems[0].Plan, Remembered: &inject.Remembered{}}
+	keys := make([]string, 0, len(mems))
+	for _, m := range mems {
+		l.Nodes = append(l.Nodes, &inject.NodeInfo{Labels: inject.NewLabels(m.NodeLabels), Taints: m.Taints})
+		keys = append(keys, m.Pool)
+		if m.LastSeen.After(l.Remembered.LastSeen) {
+			l.Remembered.LastSeen, l.Remembered.Until = m.LastSeen, m.LastSeen.Add(remember)
+		}
+	}
+	idx.pinPools(l, keys)
+	return l
+}
+
+// pinPools pins l to the pools of keys: by one pool's labels as a node
+// selector, or by a node affinity over several.
+func (idx *Index) pinPools(l *inject.Layout, keys []string) {
+	l.Pool = pools.Join(keys)
+	for _, key := range pools.Split(l.Pool) {
+		labels := idx.poolLabels(key)
+		if labels == nil {
+			continue
+		}
+		l.PoolLabels = append(l.PoolLabels, labels)
+	}
+	if len(l.PoolLabels) == 1 {
+		l.NodeSelector = l.PoolLabels[0]
+	}
+}
+
+// poolLabels are the labels of a live or remembered pool.
+func (idx *Index) poolLabels(key string) map[string]string {
+	if ps := idx.pools[key]; ps != nil {
+		return ps.labels
+	}
+	if m, ok := idx.memory[key]; ok {
+		return m.Labels
+	}
+	return nil
 }
 
 // LivePools returns what the memory should hold of each pool whose ready

@@ -55,11 +55,25 @@ func TestIndexPools(t *testing.T) {
 	idx.Update(gputest.Node("b1", old, 4, inPool("b")))
 	idx.Update(gputest.Node("loose", old, 2, nil))
 
+	// Pools a and b publish one layout: one choice, pinned to both.
 	ls := byPool(idx.Layouts())
+	ab := ls["karpenter.sh/nodepool=a karpenter.sh/nodepool=b/"+old.Fingerprint()]
+	if ab == nil || len(ab.Nodes) != 3 || ab.AllocatableGPUs != 12 || ab.NodeSelector != nil ||
+		len(ab.PoolLabels) != 2 || ab.PoolLabels[0][poolLabel] != "a" || ab.PoolLabels[1][poolLabel] != "b" {
+		t.Fatalf("uniform pools a and b: %+v (layouts %v)", ab, keysOf(ls))
+	}
+	// Pool b upgrades as a whole: each pool is one layout's only pool,
+	// pinned by its selector.
+	idx.Update(gputest.Node("b1", neu, 4, inPool("b")))
+	ls = byPool(idx.Layouts())
 	a := ls["karpenter.sh/nodepool=a/"+old.Fingerprint()]
-	if a == nil || len(a.Nodes) != 2 || a.AllocatableGPUs != 8 || a.NodeSelector[poolLabel] != "a" || len(a.NodeSelector) != 1 {
+	if a == nil || len(a.Nodes) != 2 || a.AllocatableGPUs != 8 || a.NodeSelector[poolLabel] != "a" || len(a.NodeSelector) != 1 || len(a.PoolLabels) != 1 {
 		t.Fatalf("uniform pool a: %+v (layouts %v)", a, keysOf(ls))
 	}
+	if b := ls["karpenter.sh/nodepool=b/"+neu.Fingerprint()]; b == nil || b.NodeSelector[poolLabel] != "b" {
+		t.Fatalf("uniform pool b: %+v (layouts %v)", b, keysOf(ls))
+	}
+	idx.Update(gputest.Node("b1", old, 4, inPool("b")))
 	if l := ls["/"+old.Fingerprint()]; l == nil || len(l.Nodes) != 1 || l.Nodes[0].Name != "loose" || l.NodeSelector != nil {
 		t.Fatalf("a node in no pool must stay pinned by fingerprint: %+v", l)
 	}
@@ -176,6 +190,48 @@ func TestIndexRememberedPools(t *testing.T) {
 		if l.Remembered != nil {
 			t.Fatalf("expired memory still offered: %+v", l)
 		}
+	}
+}
+
+// TestIndexPoolsOfOneLayout: a pool at zero that memory vouches for joins
+// the pin of the live pools of its layout, so that an autoscaler may grow it
+// for a pod the live pool cannot take; pools at zero of one layout are one
+// remembered choice; a pool of another layout stays apart.
+func TestIndexPoolsOfOneLayout(t *testing.T) {
+	cfg := poolConfig(t, ", rememberFor: 48h")
+	plan, other := gputest.Plan("535.104.05"), gputest.Plan("580.65.06")
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	idx := NewIndex(cfg, logr.Discard())
+	idx.now = func() time.Time { return now }
+	idx.Update(gputest.Node("od1", plan, 4, inPool("on-demand")))
+	mem := func(pool string, p layout.Plan, seen time.Time) pools.Memory {
+		labels := map[string]string{poolLabel: pool}
+		return pools.Memory{Pool: pools.Key(labels, cfg.Pinning.NodeLabels), Labels: labels, NodeLabels: labels, Plan: p, LastSeen: seen}
+	}
+	idx.SetMemory([]pools.Memory{
+		mem("spot", plan, now.Add(-time.Hour)), mem("spot-2", plan, now.Add(-2*time.Hour)), mem("next", other, now.Add(-time.Hour)),
+	})
+	ls := byPool(idx.Layouts())
+	live := ls["karpenter.sh/nodepool=on-demand karpenter.sh/nodepool=spot karpenter.sh/nodepool=spot-2/"+plan.Fingerprint()]
+	if live == nil || live.Remembered != nil || len(live.Nodes) != 1 || len(live.PoolLabels) != 3 || live.NodeSelector != nil {
+		t.Fatalf("live pool with its remembered pools: %+v (layouts %v)", live, keysOf(ls))
+	}
+	zero := ls["karpenter.sh/nodepool=spot karpenter.sh/nodepool=spot-2/"+plan.Fingerprint()]
+	if zero == nil || zero.Remembered == nil || len(zero.Nodes) != 2 || len(zero.PoolLabels) != 2 ||
+		!zero.Remembered.LastSeen.Equal(now.Add(-time.Hour)) || !zero.Remembered.Until.Equal(now.Add(47*time.Hour)) {
+		t.Fatalf("remembered pools of one layout: %+v (layouts %v)", zero, keysOf(ls))
+	}
+	if l := ls["karpenter.sh/nodepool=next/"+other.Fingerprint()]; l == nil || l.Remembered == nil || l.NodeSelector[poolLabel] != "next" {
+		t.Fatalf("remembered pool of another layout: %+v (layouts %v)", l, keysOf(ls))
+	}
+	if len(ls) != 3 {
+		t.Fatalf("layouts %v", keysOf(ls))
+	}
+	// spot-2 expires first: the pin forgets it, on the next reader's view.
+	now = now.Add(46*time.Hour + time.Minute)
+	ls = byPool(idx.Layouts())
+	if l := ls["karpenter.sh/nodepool=on-demand karpenter.sh/nodepool=spot/"+plan.Fingerprint()]; l == nil {
+		t.Fatalf("after spot-2 expired: layouts %v", keysOf(ls))
 	}
 }
 

@@ -108,8 +108,12 @@ func (r *request) injectLayout(c *change, d decision) {
 // autoscaler can act on, or when a pool at zero was served from memory.
 func poolWarnings(c *change, l *Layout) {
 	if rm := l.Remembered; rm != nil {
-		c.warn("pool %s has no ready node; injected the layout its nodes published last (driver %s, last seen %s, remembered until %s), so that the autoscaler can add a node for this pod",
-			l.Pool, l.Plan.DriverVersion, rm.LastSeen.UTC().Format(time.RFC3339), rm.Until.UTC().Format(time.RFC3339))
+		has := "has"
+		if len(l.PoolLabels) > 1 {
+			has = "have"
+		}
+		c.warn("%s %s no ready node; injected the layout its nodes published last (driver %s, last seen %s, remembered until %s), so that the autoscaler can add a node for this pod",
+			describePools(l.Pool), has, l.Plan.DriverVersion, rm.LastSeen.UTC().Format(time.RFC3339), rm.Until.UTC().Format(time.RFC3339))
 		return
 	}
 	if l.Pool == "" && len(l.MixedPools) > 0 {
@@ -244,6 +248,13 @@ func (r *request) mountInto(c *change, mounts []preparedMount, libs []string) (m
 // pool bring their own selector; the pool's labels are ones the autoscaler
 // knows, so it can add a node for the pod.
 func pinToLayout(c *change, l *Layout) {
+	if len(l.PoolLabels) > 1 {
+		pinToPools(c, l.PoolLabels)
+		if c.pod.Labels[layout.LabelPinnedLayout] != l.Fingerprint {
+			c.do(setLabel{key: layout.LabelPinnedLayout, value: l.Fingerprint})
+		}
+		return
+	}
 	selector := l.NodeSelector
 	if l.Static == "" && l.Pool == "" {
 		selector = map[string]string{layout.LabelFingerprint: l.Fingerprint}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/gpu-injector/gpu-injector/config"
 	"github.com/gpu-injector/gpu-injector/layout"
+	"github.com/gpu-injector/gpu-injector/layout/pools"
 )
 
 // podView is the pod as a layout choice reads it, and what fitting each of
@@ -115,7 +116,7 @@ func (r *request) chooseLayout(v *podView, prev *layout.Injected, keep bool) (*L
 			return nil, "the API server stopped waiting"
 		}
 		l := rl.layout
-		if prev != nil && (l.Fingerprint != prev.Fingerprint || (l.Pool != "" && l.Pool != prev.Pool)) {
+		if prev != nil && (l.Fingerprint != prev.Fingerprint || (l.Pool != "" && !poolsHold(l.Pool, prev.Pool))) {
 			continue
 		}
 		if spread && l.Remembered != nil && len(fit) > 0 {
@@ -434,9 +435,9 @@ func (r *request) wedgedWhy(pod *corev1.Pod, need *gpuNeed) string {
 func layoutDescription(l *Layout) string {
 	switch {
 	case l.Remembered != nil:
-		return fmt.Sprintf("layout %s (driver %s) remembered for pool %s, which has no node", l.Fingerprint, l.Plan.DriverVersion, l.Pool)
+		return fmt.Sprintf("layout %s (driver %s) remembered for %s, which has no node", l.Fingerprint, l.Plan.DriverVersion, describePools(l.Pool))
 	case l.Pool != "":
-		return fmt.Sprintf("layout %s (driver %s) of pool %s (%d nodes)", l.Fingerprint, l.Plan.DriverVersion, l.Pool, len(l.Nodes))
+		return fmt.Sprintf("layout %s (driver %s) of %s (%d nodes)", l.Fingerprint, l.Plan.DriverVersion, describePools(l.Pool), len(l.Nodes))
 	}
 	return fmt.Sprintf("layout %s (driver %s, %d nodes)", l.Fingerprint, l.Plan.DriverVersion, len(l.Nodes))
 }
@@ -458,4 +459,26 @@ func untoleratedTaint(pod *corev1.Pod, t *corev1.Taint, renamed []corev1.Resourc
 		}
 	}
 	return msg + ")"
+}
+
+// poolsHold reports whether the pools of pin (pools.Join) hold every pool of
+// an earlier pin: a pod pinned to a pool stays served when a second pool of
+// its layout comes up.
+func poolsHold(pin, earlier string) bool {
+	have := pools.Split(pin)
+	for _, k := range pools.Split(earlier) {
+		if !slices.Contains(have, k) {
+			return false
+		}
+	}
+	return earlier != ""
+}
+
+// describePools names the pools of a pin (pools.Join).
+func describePools(pin string) string {
+	keys := pools.Split(pin)
+	if len(keys) == 1 {
+		return "pool " + keys[0]
+	}
+	return "pools " + strings.Join(keys, " and ")
 }

@@ -78,7 +78,7 @@ func describeInjected(prev *layout.Injected) string {
 		return fmt.Sprintf("%s of static layout %s", prev.DriverVersion, prev.StaticLayout)
 	}
 	if prev.Pool != "" {
-		return fmt.Sprintf("%s of layout %s of pool %s", prev.DriverVersion, prev.Fingerprint, prev.Pool)
+		return fmt.Sprintf("%s of layout %s of %s", prev.DriverVersion, prev.Fingerprint, describePools(prev.Pool))
 	}
 	return fmt.Sprintf("%s of layout %s", prev.DriverVersion, prev.Fingerprint)
 }
@@ -89,7 +89,7 @@ func describeLayout(l *Layout) string {
 	case l.Static != "":
 		return "static layout " + l.Static
 	case l.Pool != "":
-		return "layout " + l.Fingerprint + " of pool " + l.Pool
+		return "layout " + l.Fingerprint + " of " + describePools(l.Pool)
 	}
 	return "layout " + l.Fingerprint
 }
@@ -112,8 +112,10 @@ func (r *request) staleWhy(prev *layout.Injected) string {
 // put back the same stays, so that a driver upgrade that keeps its paths
 // changes only the record: a volume of the same host path at the same place in
 // a target container, a folder the next layout also puts on LD_LIBRARY_PATH,
-// the same pin. The node selector of a pool or a static layout stays: it
-// names labels the user may have written too, and keeps the pod in its pool.
+// the same pin. The node selector of a pool or a static layout, and the node
+// affinity over the pools of one layout, stay: they name labels the user may
+// have written too, and keep the pod in its pools, so the next layout is one
+// of those pools' and its pin, ANDed in, narrows the old one.
 // Nothing else of the pod is touched. next is nil when nothing comes in.
 func (r *request) removeInjection(c *change, prev *layout.Injected, next *Layout) {
 	pod := c.pod

@@ -59,8 +59,14 @@ type Layout struct {
 
 	// Pool is set when pods are pinned by pool labels (config pinning.nodeLabels)
 	// and every ready node of the pool publishes this layout: NodeSelector then
-	// holds the pool's labels, which the autoscaler knows.
-	Pool string
+	// holds the pool's labels, which the autoscaler knows. Pools whose nodes
+	// all publish one layout are one choice: Pool then joins their keys
+	// (pools.Join), PoolLabels holds each pool's labels, and the pod is pinned
+	// by a required node affinity over all of them, so that the scheduler
+	// and an autoscaler may use any of them (spot and on-demand pools of one
+	// node image).
+	Pool       string
+	PoolLabels []map[string]string
 	// Remembered is set on the layout a pool published last, kept while the
 	// pool has no node; Nodes then holds one node that stands for the pool's
 	// next one (the labels and taints every node of the pool had).

@@ -37,12 +37,15 @@ const (
 	Version570Short  = "570.181"
 	Version575       = "575.57.08"
 	Version580Run    = "580.95.05"
-	ld64             = ldcache.FlagELFLibc6 | ldcache.FlagX8664Lib64
-	x8664LibDir      = "/usr/lib/x86_64-linux-gnu"
-	localNvidia      = "/usr/local/nvidia"
-	kubernetesCOS    = "/home/kubernetes/bin/nvidia"
-	devicePlugins    = "/var/lib/kubelet/device-plugins"
-	gpuOperator      = "/run/nvidia/driver"
+	// VersionBottlerocket is the Tesla driver of Bottlerocket's
+	// kmod-6.1-nvidia package (tesla_ver).
+	VersionBottlerocket = "535.216.01"
+	ld64                = ldcache.FlagELFLibc6 | ldcache.FlagX8664Lib64
+	x8664LibDir         = "/usr/lib/x86_64-linux-gnu"
+	localNvidia         = "/usr/local/nvidia"
+	kubernetesCOS       = "/home/kubernetes/bin/nvidia"
+	devicePlugins       = "/var/lib/kubelet/device-plugins"
+	gpuOperator         = "/run/nvidia/driver"
 )
 
 // Layout describes one fake host root.
@@ -232,6 +235,82 @@ func containerdToolkitDefault(binary string) string {
         runtime_type = "io.containerd.runc.v2"
 `
 }
+
+// BottlerocketContainerdConfig is the head of Bottlerocket's containerd
+// configuration for its NVIDIA variants, as its template renders it: the
+// default runtime nvidia runs nvidia-oci.
+const BottlerocketContainerdConfig = `version = 2
+root = "/var/lib/containerd"
+state = "/run/containerd"
+
+[grpc]
+address = "/run/containerd/containerd.sock"
+
+[plugins."io.containerd.grpc.v1.cri"]
+enable_selinux = true
+
+[plugins."io.containerd.grpc.v1.cri".containerd]
+default_runtime_name = "nvidia"
+
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]
+runtime_type = "io.containerd.runc.v2"
+base_runtime_spec = "/etc/containerd/cri-base.json"
+
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia.options]
+SystemdCgroup = true
+BinaryName = "nvidia-oci"
+`
+
+// BottlerocketNvidiaHooks is Bottlerocket's nvidia-oci-hooks-json, the
+// hooks shimpei has oci-add-hooks add for nvidia-oci.
+const BottlerocketNvidiaHooks = `{
+  "hooks": {
+    "prestart": [
+      {
+        "path": "/usr/bin/nvidia-container-runtime-hook",
+        "args": ["nvidia-container-runtime-hook", "prestart"]
+      }
+    ],
+    "poststart": [
+    ]
+  }
+}
+`
+
+// AL2023ContainerdConfig is the NVIDIA part of what nodeadm writes on the
+// EKS AL2023 NVIDIA AMI (containerd 2, configuration version 3).
+const AL2023ContainerdConfig = `version = 3
+root = '/var/lib/containerd'
+state = '/run/containerd'
+
+[plugins.'io.containerd.cri.v1.runtime'.containerd]
+default_runtime_name = 'nvidia'
+
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes]
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.nvidia]
+base_runtime_spec = '/etc/containerd/base-runtime-spec.json'
+runtime_type = 'io.containerd.runc.v2'
+
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.nvidia.options]
+BinaryName = '/usr/bin/nvidia-container-runtime'
+SystemdCgroup = true
+`
+
+// OpenShiftCRIOConfig is the part of OpenShift's CRI-O configuration that
+// names the hook folders, runc the default runtime.
+const OpenShiftCRIOConfig = `[crio.runtime]
+default_runtime = "runc"
+hooks_dir = [
+"/etc/containers/oci/hooks.d",
+"/run/containers/oci/hooks.d",
+"/usr/share/containers/oci/hooks.d",
+]
+`
+
+// OperatorOCIHook is the hook the toolkit's installer writes for CRI-O in
+// hook mode (pkg/config/ocihook), with the operator's install folder.
+const OperatorOCIHook = `{"version":"1.0.0","hook":{"path":"/usr/local/nvidia/toolkit/nvidia-container-runtime-hook","args":["nvidia-container-runtime-hook","prestart"],"env":["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/usr/local/nvidia/toolkit"]},"when":{"always":true,"commands":[".*"]},"stages":["prestart"]}
+`
 
 // containerdRunc is a containerd configuration with the toolkit registered
 // but runc the default: pods get the driver only with runtimeClassName nvidia.
@@ -496,8 +575,8 @@ func Layouts() map[string]Layout {
 		},
 		{
 			Name:          "amazonlinux2023-eks-nvidia",
-			Description:   "Amazon Linux 2023 EKS NVIDIA AMI: NVIDIA's RPMs in /usr/lib64 and /usr/bin; containerd 2 (configuration version 3) with the toolkit as the default runtime in a drop-in: the runtime injects the driver",
-			Source:        "Amazon EKS AL2023 NVIDIA AMI (nodeadm, containerd 2); NVIDIA container toolkit's drop-in (nvidia-ctk runtime configure --drop-in-config /etc/containerd/conf.d/99-nvidia.toml)",
+			Description:   "Amazon Linux 2023 EKS NVIDIA AMI: NVIDIA's RPMs (nvidia-driver-cuda and its libraries) in /usr/lib64 and /usr/bin, the toolkit installed from NVIDIA's repository, and nodeadm's containerd 2 configuration (version 3) with the toolkit as the default runtime: the runtime injects the driver",
+			Source:        "awslabs/amazon-eks-ami templates/al2023/provisioners/install-nvidia-driver.sh (dnf install nvidia-driver-cuda, nvidia-container-toolkit); nodeadm/internal/containerd/runtime_config_nvidia.go and nodeadm/test/e2e/cases/containerdv2-runtime-config-nvidia/expected-containerd-configv3.toml; NVIDIA/yum-packaging-nvidia-driver nvidia-driver.spec (%files cuda-libs: %{_libdir})",
 			DriverVersion: Version570,
 			LDConf:        []string{"/usr/lib64"},
 			nodes: concat(
@@ -506,8 +585,10 @@ func Layouts() map[string]Layout {
 				computeLibs("/usr/lib64", Version570, 570),
 				binaries("/usr/bin", Version570),
 				[]node{
-					file("/etc/containerd/config.toml", "version = 3\nimports = [\"/etc/containerd/conf.d/*.toml\"]\n[plugins.'io.containerd.cri.v1.runtime'.containerd]\n  default_runtime_name = \"runc\"\n"),
-					file("/etc/containerd/conf.d/99-nvidia.toml", "version = 3\n[plugins.'io.containerd.cri.v1.runtime'.containerd]\n  default_runtime_name = \"nvidia\"\n[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.nvidia]\n  runtime_type = \"io.containerd.runc.v2\"\n[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.nvidia.options]\n  BinaryName = \"/usr/bin/nvidia-container-runtime\"\n"),
+					file("/etc/os-release", "NAME=\"Amazon Linux\"\nVERSION=\"2023\"\nID=\"amzn\"\n"),
+					file("/etc/containerd/config.toml", AL2023ContainerdConfig),
+					executable("/usr/bin/nvidia-container-runtime"),
+					executable("/usr/bin/nvidia-container-runtime-hook"),
 				},
 			),
 		},
@@ -527,16 +608,30 @@ func Layouts() map[string]Layout {
 		},
 		{
 			Name:          "bottlerocket-nvidia",
-			Description:   "Bottlerocket aws-k8s-*-nvidia: the driver in /usr/lib/nvidia/tesla and /usr/libexec/nvidia/tesla/bin, and containerd's default runtime the NVIDIA toolkit: the runtime injects the driver",
-			Source:        "bottlerocket kmod-*-nvidia.spec (%{_cross_libdir}/nvidia/tesla, %{_cross_libexecdir}/nvidia/tesla/bin); containerd-config-toml for the nvidia variants (default runtime nvidia-container-runtime)",
-			DriverVersion: Version570,
+			Description:   "Bottlerocket aws-k8s-*-nvidia: the Tesla driver in /usr/lib/nvidia/tesla (in ld.so.conf.d) and /usr/libexec/nvidia/tesla/bin; containerd's default runtime nvidia runs nvidia-oci, a link to shimpei, which adds the toolkit's prestart hook from /etc/shimpei/nvidia-oci-hooks.json: the toolkit injects the driver, under Bottlerocket's own runtime name",
+			Source:        "bottlerocket-os/bottlerocket-core-kit packages/kmod-6.1-nvidia/kmod-6.1-nvidia.spec, nvidia-ld.so.conf.in, nvidia-tmpfiles.conf.in; packages/containerd/containerd-config-toml_k8s_nvidia_containerd_sock; packages/nvidia-container-toolkit/nvidia-container-toolkit.spec, nvidia-oci-hooks-json, nvidia-container-toolkit-config-k8s; sources/shimpei/src/main.rs",
+			DriverVersion: VersionBottlerocket,
 			LDConf:        []string{"/usr/lib", "/usr/lib/nvidia/tesla"},
 			nodes: concat(
 				[]node{link("/lib", "usr/lib"), link("/lib64", "usr/lib")},
 				system("/usr/lib", "/usr/bin"),
-				computeLibs("/usr/lib/nvidia/tesla", Version570, 570),
-				binaries("/usr/libexec/nvidia/tesla/bin", Version570),
-				[]node{file("/etc/containerd/config.toml", containerdToolkitDefault("nvidia-container-runtime"))},
+				computeLibs("/usr/lib/nvidia/tesla", VersionBottlerocket, 535),
+				binaries("/usr/libexec/nvidia/tesla/bin", VersionBottlerocket),
+				[]node{
+					file("/etc/os-release", "NAME=Bottlerocket\nID=bottlerocket\nVARIANT_ID=aws-k8s-1.33-nvidia\n"),
+					file("/etc/ld.so.conf.d/nvidia-tesla.conf", "/usr/lib/nvidia/tesla/\n"),
+					file("/usr/share/factory/nvidia/tesla/nvidia-path.env", "NVIDIA_PATH=/usr/libexec/nvidia/tesla/bin\n"),
+					dir("/run/nvidia"),
+					file("/etc/containerd/config.toml", BottlerocketContainerdConfig),
+					executable("/usr/bin/shimpei"),
+					link("/usr/bin/nvidia-oci", "shimpei"),
+					executable("/usr/bin/oci-add-hooks"),
+					executable("/usr/bin/runc"),
+					file("/etc/shimpei/nvidia-oci-hooks.json", BottlerocketNvidiaHooks),
+					executable("/usr/bin/nvidia-container-runtime-hook"),
+					executable("/usr/bin/nvidia-container-cli"),
+					file("/etc/nvidia-container-runtime/config.toml", "accept-nvidia-visible-devices-as-volume-mounts = true\naccept-nvidia-visible-devices-envvar-when-unprivileged = false\n\n[nvidia-container-cli]\nroot = \"/\"\npath = \"/usr/bin/nvidia-container-cli\"\nenvironment = []\nldconfig = \"@/sbin/ldconfig\"\n"),
+				},
 			),
 		},
 		{
@@ -589,6 +684,26 @@ func Layouts() map[string]Layout {
 				computeLibs(gpuOperator+x8664LibDir, Version550, 550),
 				binaries(gpuOperator+"/usr/bin", Version550),
 				[]node{file("/etc/containerd/config.toml", containerdToolkitDefault("/usr/local/nvidia/toolkit/nvidia-container-runtime"))},
+			),
+		},
+		{
+			Name:          "gpu-operator-openshift",
+			Description:   "RHCOS with the GPU operator on OpenShift: the driver container's root (RHEL, /usr/lib64) at /run/nvidia/driver, the toolkit in /usr/local/nvidia/toolkit, and CRI-O given the driver by the toolkit's OCI hook, which the operator writes to /run/containers/oci/hooks.d, a folder of CRI-O's hooks_dir on OpenShift: the hook injects the driver",
+			Source:        "NVIDIA/gpu-operator assets/state-container-toolkit/0500_daemonset.yaml (crio-hooks: host /run/containers/oci/hooks.d at the toolkit's /usr/share/containers/oci/hooks.d) and controllers/object_controls.go (CRIO_CONFIG_MODE=hook; the host folder moved to /usr/share/containers/oci/hooks.d only off OpenShift); NVIDIA/nvidia-container-toolkit cmd/nvidia-ctk-installer/container/runtime/crio/crio.go (oci-nvidia-hook.json) and pkg/config/ocihook/oci-hook.go (when.always)",
+			DriverVersion: Version550,
+			LDConf:        []string{"/usr/lib64"},
+			nodes: concat(
+				system("/usr/lib64", "/usr/bin"),
+				system(gpuOperator+"/usr/lib64", gpuOperator+"/usr/bin"),
+				computeLibs(gpuOperator+"/usr/lib64", Version550, 550),
+				binaries(gpuOperator+"/usr/bin", Version550),
+				[]node{
+					file("/etc/os-release", "NAME=\"Red Hat Enterprise Linux CoreOS\"\nID=\"rhcos\"\n"),
+					file("/etc/crio/crio.conf.d/00-default", OpenShiftCRIOConfig),
+					executable("/usr/local/nvidia/toolkit/nvidia-container-runtime-hook"),
+					file("/run/containers/oci/hooks.d/oci-nvidia-hook.json", OperatorOCIHook),
+					file("/run/nvidia/validations/driver-ready", "IS_HOST_DRIVER=false\nNVIDIA_DRIVER_ROOT=/run/nvidia/driver\n"),
+				},
 			),
 		},
 		{
