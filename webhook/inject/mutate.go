@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/gpu-injector/gpu-injector/config"
+	"github.com/gpu-injector/gpu-injector/internal/imageconfig"
 	"github.com/gpu-injector/gpu-injector/layout"
 )
 
@@ -64,6 +65,8 @@ type request struct {
 	// gpuResources and gpuClaims are Input.GPUResources and Input.GPUClaims.
 	gpuResources []string
 	gpuClaims    []string
+	// images are Input.Images.
+	images map[string]*imageconfig.Facts
 
 	// exempt is why the pod is left alone before anything else of it is
 	// read (its namespace is excluded, or it opted out), reasonNone if not.
@@ -96,7 +99,7 @@ func newRequest(in Input, cfg *config.Configuration) request {
 		cfg: cfg, pod: in.Pod, view: in.Pod,
 		podSecurity: in.NamespaceLabels[labelPodSecurityEnforce],
 		layouts:     in.Layouts, wedged: in.Wedged, seed: in.Seed,
-		gpuResources: in.GPUResources, gpuClaims: in.GPUClaims,
+		gpuResources: in.GPUResources, gpuClaims: in.GPUClaims, images: in.Images,
 	}
 	if r.exempt = exemption(in.Pod, cfg); r.exempt != reasonNone {
 		return r

@@ -14,6 +14,7 @@ import (
 	"gomodules.xyz/jsonpatch/v2"
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/gpu-injector/gpu-injector/internal/imageconfig"
 	"github.com/gpu-injector/gpu-injector/layout"
 )
 
@@ -222,6 +223,10 @@ type Input struct {
 	// GPUClaims name the pod's spec.resourceClaims entries that request a
 	// GPU DeviceClass; a container that uses one is a GPU container.
 	GPUClaims []string
+	// Images are what the registries said of the target containers' images,
+	// by the image as a container names it; an image missing here is
+	// unknown, and the pod is read alone, as when images are not read.
+	Images map[string]*imageconfig.Facts
 }
 
 // Result is the mutation's answer. Input.Pod is changed in place when the
