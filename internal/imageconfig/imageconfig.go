@@ -20,8 +20,6 @@ import (
 	"fmt"
 	"net/http"
 	"runtime"
-	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -40,17 +38,6 @@ type Facts struct {
 	Env []string
 	// Labels are the configuration's labels.
 	Labels map[string]string
-}
-
-// Getenv is the image's value of an environment variable, as a process
-// started from it sees it: the last entry of that name.
-func (f *Facts) Getenv(key string) (string, bool) {
-	for _, kv := range slices.Backward(f.Env) {
-		if k, v, ok := strings.Cut(kv, "="); ok && k == key {
-			return v, true
-		}
-	}
-	return "", false
 }
 
 // size is what the facts cost the cache, roughly: their strings and a

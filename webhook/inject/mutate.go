@@ -12,7 +12,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/gpu-injector/gpu-injector/config"
-	"github.com/gpu-injector/gpu-injector/internal/imageconfig"
 	"github.com/gpu-injector/gpu-injector/layout"
 )
 
@@ -66,7 +65,7 @@ type request struct {
 	gpuResources []string
 	gpuClaims    []string
 	// images are Input.Images.
-	images map[string]*imageconfig.Facts
+	images map[string]*ImageConfig
 
 	// exempt is why the pod is left alone before anything else of it is
 	// read (its namespace is excluded, or it opted out), reasonNone if not.

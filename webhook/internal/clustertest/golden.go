@@ -25,7 +25,6 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/gpu-injector/gpu-injector/config"
-	"github.com/gpu-injector/gpu-injector/internal/imageconfig"
 	"github.com/gpu-injector/gpu-injector/layout/pools"
 	"github.com/gpu-injector/gpu-injector/webhook/gpunodes"
 	"github.com/gpu-injector/gpu-injector/webhook/inject"
@@ -49,7 +48,7 @@ type Case struct {
 	draFile string
 	// Images are what a registry says of images, from the case's
 	// ImageConfig documents ({kind: ImageConfig, image, env, labels}).
-	Images map[string]*imageconfig.Facts
+	Images map[string]*inject.ImageConfig
 }
 
 // imageConfigDoc is a golden case's stand-in for a registry's answer.
@@ -116,9 +115,9 @@ func loadCase(t *testing.T, dir, file string) Case {
 				t.Fatalf("failed to parse ImageConfig in %s: %v", file, err)
 			}
 			if gc.Images == nil {
-				gc.Images = map[string]*imageconfig.Facts{}
+				gc.Images = map[string]*inject.ImageConfig{}
 			}
-			gc.Images[ic.Image] = &imageconfig.Facts{Digest: "sha256:golden", Env: ic.Env, Labels: ic.Labels}
+			gc.Images[ic.Image] = &inject.ImageConfig{Env: ic.Env, Labels: ic.Labels}
 		case meta.Kind == "Pod":
 			gc.Pod = &corev1.Pod{}
 			if err := yaml.UnmarshalStrict(doc, gc.Pod); err != nil {
