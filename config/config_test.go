@@ -72,7 +72,7 @@ func TestParseNamesEachBadField(t *testing.T) {
 		"images": {head + "images: {mode: Sometimes, pullSecrets: Maybe, registries: ['https://r.example', 'a/b'], insecureRegistries: [other:5000], namespaces: [Bad_NS], tagTTL: -1s, budget: 31s, maxEntries: -1, maxBytes: -1}\n",
 			[]string{"images.mode: Unsupported", "images.pullSecrets: Unsupported", "images.registries[0]", "images.registries[1]", "images.insecureRegistries[0]: Invalid value: \"other:5000\": must also be listed", "images.namespaces[0]", "images.tagTTL: Invalid", "images.budget: Invalid", "images.maxEntries", "images.maxBytes"}},
 		"images mode unquoted": {head + "images: {mode: On}\n", []string{`images.mode: Invalid value: "true": quote the value`}},
-		"pinning duration": {head + "pinning: {rememberFor: three days}\n", []string{`invalid duration "three days"`}},
+		"pinning duration":     {head + "pinning: {rememberFor: three days}\n", []string{`invalid duration "three days"`}},
 		"bad static layout": {head + `noLayout: {action: Static, staticLayout: s}
 staticLayouts:
 - name: s
