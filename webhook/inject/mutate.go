@@ -66,6 +66,8 @@ type request struct {
 	gpuClaims    []string
 	// images are Input.Images.
 	images map[string]*ImageConfig
+	// cuda is what the pod's GPU containers require of the driver.
+	cuda cudaNeed
 
 	// exempt is why the pod is left alone before anything else of it is
 	// read (its namespace is excluded, or it opted out), reasonNone if not.
@@ -110,6 +112,7 @@ func newRequest(in Input, cfg *config.Configuration) request {
 	if r.targets = r.targetContainers(r.view); len(r.targets) == 0 {
 		return r
 	}
+	r.planCUDA()
 	if r.prev, r.prevErr = PreviousInjection(r.view); r.prevErr != nil {
 		return r
 	}
