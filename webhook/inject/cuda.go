@@ -8,6 +8,7 @@ import (
 	"gomodules.xyz/jsonpatch/v2"
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/gpu-injector/gpu-injector/config"
 	"github.com/gpu-injector/gpu-injector/internal/cudareq"
 	"github.com/gpu-injector/gpu-injector/layout"
 )
@@ -163,6 +164,15 @@ func requiredTerms(pod *corev1.Pod) []corev1.NodeSelectorTerm {
 		return nil
 	}
 	return a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms
+}
+
+// cudaUnserved reports whether the pod is to be denied for its CUDA need:
+// no node can run it, and noLayout says to deny. Under driverDelivery:
+// Runtime no node is read, so every pool counts as declared: the pin keeps
+// the pod Pending until a node that can run it joins.
+func (r *request) cudaUnserved() bool {
+	return r.cuda.gt > 0 && r.cfg.NoLayout.Action == config.NoLayoutDeny &&
+		r.cfg.DriverDelivery != config.DeliveryRuntime && !r.cudaServed()
 }
 
 // cudaServed reports whether some node of the candidate layouts (a ready

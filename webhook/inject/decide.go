@@ -159,7 +159,7 @@ func (r *request) decide() decision {
 		return r.withoutDriver(decision{reason: reasonNoGPU})
 	case r.prevErr != nil:
 		return r.unreadableRecord()
-	case r.cuda.gt > 0 && r.cfg.NoLayout.Action == config.NoLayoutDeny && !r.cudaServed():
+	case r.cudaUnserved():
 		return decision{outcome: outcomeDeny, reason: reasonCUDAUnserved}
 	}
 	rt := r.runtimeChoice()
