@@ -70,11 +70,16 @@ func (h *Handler) readImages(ctx context.Context, pod *corev1.Pod) (map[string]*
 	}
 	facts := make([]*imageconfig.Facts, len(images))
 	errs := make([]error, len(images))
-	var wg sync.WaitGroup
-	for i, image := range images {
-		wg.Go(func() { facts[i], errs[i] = h.images.Read(ctx, image, creds) })
+	if len(images) == 1 {
+		// Most pods have one image: no goroutine for it.
+		facts[0], errs[0] = h.images.Read(ctx, images[0], creds)
+	} else {
+		var wg sync.WaitGroup
+		for i, image := range images {
+			wg.Go(func() { facts[i], errs[i] = h.images.Read(ctx, image, creds) })
+		}
+		wg.Wait()
 	}
-	wg.Wait()
 	out := make(map[string]*inject.ImageConfig, len(images))
 	for i, image := range images {
 		switch {

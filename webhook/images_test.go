@@ -1,6 +1,7 @@
 package webhook
 
 import (
+	"context"
 	"io"
 	"log"
 	"net/http"
@@ -104,5 +105,69 @@ func TestHandlerReadsImages(t *testing.T) {
 	all := strings.Join(warnings, "\n")
 	if !strings.Contains(all, host+"/app:v2") || !strings.Contains(all, "connection refused") || !strings.Contains(all, "admitted without the image's configuration") {
 		t.Errorf("warnings = %q, want one naming the image and the connection's refusal", warnings)
+	}
+}
+
+// BenchmarkHandlerCachedImage is what reading a cached image adds to one
+// GPU pod's admission in process: the admission.Handler with images Off,
+// and On with the pod's image (an NGC-like ENV) in the reader's cache.
+// docs/benchmarks.md.
+func BenchmarkHandlerCachedImage(b *testing.B) {
+	inner := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
+	reg := httptest.NewServer(inner)
+	defer reg.Close()
+	host := strings.TrimPrefix(reg.URL, "http://")
+	env := []string{"PATH=/usr/local/nvidia/bin:/usr/local/cuda/bin:/usr/bin:/bin", "CUDA_VERSION=12.4.1",
+		"LD_LIBRARY_PATH=/usr/local/lib/python3.10/dist-packages/torch/lib:/usr/local/cuda/compat/lib:/usr/local/nvidia/lib:/usr/local/nvidia/lib64",
+		"NVIDIA_REQUIRE_CUDA=cuda>=12.4 brand=tesla,driver>=470,driver<471 brand=unknown,driver>=470,driver<471"}
+	img, err := mutate.ConfigFile(empty.Image, &v1.ConfigFile{OS: "linux", Architecture: "amd64", Config: v1.Config{Env: env}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	image := host + "/nvidia/pytorch:24.05-py3"
+	ref, _ := name.ParseReference(image, name.Insecure)
+	if err := remote.Write(ref, img); err != nil {
+		b.Fatal(err)
+	}
+	idx := func(cfg *config.Configuration) *gpunodes.Index {
+		i := gpunodes.NewIndex(cfg, logr.Discard())
+		p := gputest.Plan("550.54.15")
+		for _, n := range []string{"gpu-0", "gpu-1"} {
+			i.Add(gputest.Node(n, p, 8, func(n *corev1.Node) {
+				n.Labels[layout.LabelCUDADriverVersionNumber] = "12040"
+			}))
+		}
+		return i
+	}
+	ns := staticNamespaces{"ml": {}}
+	plain := host + "/team/app:v1"
+	img, err = mutate.ConfigFile(empty.Image, &v1.ConfigFile{OS: "linux", Architecture: "amd64", Config: v1.Config{Env: []string{"PATH=/usr/bin:/bin", "LD_LIBRARY_PATH=/opt/app/lib"}}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ref, _ = name.ParseReference(plain, name.Insecure)
+	if err := remote.Write(ref, img); err != nil {
+		b.Fatal(err)
+	}
+	for _, c := range []struct{ name, mode, image string }{
+		{"images-Off", config.ImagesOff, image},
+		{"images-On/cuda-steered", config.ImagesOn, image},
+		{"images-On/ld-library-path", config.ImagesOn, plain},
+	} {
+		pod := gputest.Pod("nvidia.com/gpu", func(p *corev1.Pod) { p.Spec.Containers[0].Image = c.image })
+		cfg := config.Default()
+		cfg.Images.Mode = c.mode
+		cfg.Images.Registries = []string{host}
+		cfg.Images.InsecureRegistries = []string{host}
+		h := NewHandler(cfg, idx(cfg), ns).WithImages(NewImageReader(&cfg.Images), nil)
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				res := h.admit(context.Background(), "ml", "uid", pod.DeepCopy())
+				if !res.Allowed || len(res.Patches) == 0 {
+					b.Fatalf("not injected: %+v", res.Result)
+				}
+			}
+		})
 	}
 }
