@@ -139,4 +139,3 @@ func TestImageConfigAdmission(t *testing.T) {
 		t.Errorf("warnings = %q, want one naming %s and the connection's refusal", got, down)
 	}
 }
-
