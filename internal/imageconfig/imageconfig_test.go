@@ -310,12 +310,12 @@ func TestCacheBounds(t *testing.T) {
 	for i := range 6 {
 		tr.push(t, fmt.Sprintf("app:v%d", i), []string{"BIG=" + big, fmt.Sprintf("N=%d", i)}, nil)
 	}
-	r := tr.reader(Options{MaxEntries: 4, MaxBytes: 3 * 4500})
+	r := tr.reader(Options{MaxEntries: 4, MaxBytes: 3 * 5000})
 	for i := range 6 {
 		if _, err := read(t, r, fmt.Sprintf("%s/app:v%d", tr.host, i), Anonymous, 5*time.Second); err != nil {
 			t.Fatal(err)
 		}
-		if r.Len() > 4 || r.Bytes() > 3*4500 {
+		if r.Len() > 4 || r.Bytes() > 3*5000 {
 			t.Fatalf("cache holds %d entries, %d bytes: past its bounds", r.Len(), r.Bytes())
 		}
 	}
