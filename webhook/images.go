@@ -63,11 +63,8 @@ func (h *Handler) readImages(ctx context.Context, pod *corev1.Pod) (map[string]*
 	if h.cfg.Images.PullSecrets == config.PullSecretsRead {
 		secrets = h.secrets
 	}
-	creds, problems := imageconfig.PodCredentials(ctx, secrets, pod)
+	creds := imageconfig.LazyPodCredentials(secrets, pod)
 	var warnings []string
-	for _, p := range problems {
-		warnings = append(warnings, inject.WarnPrefix+p)
-	}
 	facts := make([]*imageconfig.Facts, len(images))
 	errs := make([]error, len(images))
 	if len(images) == 1 {

@@ -342,3 +342,36 @@ func TestResponseLimit(t *testing.T) {
 		t.Errorf("err = %v, want the facts refused for their size", err)
 	}
 }
+
+// countingSecrets counts the Secrets got.
+type countingSecrets struct {
+	secretMap
+	gets atomic.Int64
+}
+
+func (c *countingSecrets) GetSecret(ctx context.Context, ns, name string) (*corev1.Secret, error) {
+	c.gets.Add(1)
+	return c.secretMap.GetSecret(ctx, ns, name)
+}
+
+// TestLazyPodCredentials: a pod's pull secrets are got only when its image
+// must be read from the registry; a cached image costs no API call.
+func TestLazyPodCredentials(t *testing.T) {
+	tr := newTestRegistry(t, "alice", "s3cret")
+	tr.push(t, "private/app:v1", []string{"A=1"}, nil)
+	r := tr.reader(Options{})
+	image := tr.host + "/private/app:v1"
+	secrets := &countingSecrets{secretMap: secretMap{"ml/regcred": dockerConfigSecret(tr.host, "alice", "s3cret")}}
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ml"}, Spec: corev1.PodSpec{ImagePullSecrets: []corev1.LocalObjectReference{{Name: "regcred"}}}}
+	for i := range 3 {
+		if _, err := read(t, r, image, LazyPodCredentials(secrets, pod), 5*time.Second); err != nil {
+			t.Fatalf("read %d: %v", i, err)
+		}
+	}
+	if got := secrets.gets.Load(); got != 1 {
+		t.Errorf("%d Secrets got for 3 admissions of one image, want 1", got)
+	}
+	if c := LazyPodCredentials(secrets, &corev1.Pod{}); c.ID != "" {
+		t.Errorf("a pod without pull secrets: credentials %q, want anonymous", c.ID)
+	}
+}
