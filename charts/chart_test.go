@@ -1433,3 +1433,40 @@ func TestMemoryLimitEnv(t *testing.T) {
 		}
 	}
 }
+
+// TestImagesRBAC: the webhook may get Secrets (never list or watch them)
+// only with config.images.mode On and pullSecrets Read; the rendered
+// configuration keeps the mode a string.
+func TestImagesRBAC(t *testing.T) {
+	secrets := rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"get"}}
+	for name, tc := range map[string]struct {
+		set  []string
+		want bool
+	}{
+		"default":           {nil, false},
+		"on, anonymous":     {[]string{"config.images.mode=On"}, false},
+		"off, pull secrets": {[]string{"config.images.pullSecrets=Read"}, false},
+		"on, pull secrets":  {[]string{"config.images.mode=On", "config.images.pullSecrets=Read"}, true},
+	} {
+		t.Run(name, func(t *testing.T) {
+			o := kube136
+			for _, s := range tc.set {
+				o = with(o, s)
+			}
+			r := render(t, o)
+			cr := mustGet[rbacv1.ClusterRole](t, r, "ClusterRole", webhookSA)
+			got := false
+			for _, rule := range cr.Rules {
+				if slices.Contains(rule.Resources, "secrets") {
+					if !reflect.DeepEqual(rule, secrets) {
+						t.Errorf("secrets rule %+v, want %+v", rule, secrets)
+					}
+					got = true
+				}
+			}
+			if got != tc.want {
+				t.Errorf("secrets rule rendered: %v, want %v", got, tc.want)
+			}
+		})
+	}
+}

@@ -13,6 +13,8 @@ import (
 type mutateFlags struct {
 	opts       mutate.Options
 	configFile string
+	images     []string
+	pull       bool
 }
 
 func parseMutateFlags(args []string, stderr io.Writer) (*mutateFlags, error) {
@@ -24,8 +26,10 @@ func parseMutateFlags(args []string, stderr io.Writer) (*mutateFlags, error) {
 	fs.Var((*stringList)(&o.NodeFiles), "nodes", "Node objects (YAML or JSON; `kubectl get nodes -o yaml` output works as is); repeatable (required)")
 	fs.StringVar(&f.configFile, "config", "", "configuration file (InjectorConfiguration); defaults when empty")
 	fs.StringVar(&o.Namespace, "namespace", "default", "namespace of documents that name none")
+	fs.Var((*stringList)(&f.images), "images", "an OCI layout folder or a `docker save` tarball of the images the manifests run, read as the webhook reads their registry (images.mode On); repeatable")
+	fs.BoolVar(&f.pull, "pull", false, "read the images' configuration from their registries (those of images.registries, or any when it lists none), with your docker credentials")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "Usage: gpu-injector mutate -f FILE --nodes NODES [--config CFG]\n\nPrints the documents of FILE as the webhook would mutate them; warnings go to stderr.")
+		fmt.Fprintln(stderr, "Usage: gpu-injector mutate -f FILE --nodes NODES [--config CFG] [--images DIR|TAR ... | --pull]\n\nPrints the documents of FILE as the webhook would mutate them; warnings go to stderr.")
 		fs.PrintDefaults()
 	}
 	if err := parse(fs, args); err != nil {
@@ -34,6 +38,10 @@ func parseMutateFlags(args []string, stderr io.Writer) (*mutateFlags, error) {
 	if o.File == "" || len(o.NodeFiles) == 0 {
 		fs.Usage()
 		return nil, usageErrorf("-f and --nodes are required")
+	}
+	if f.pull && len(f.images) > 0 {
+		fs.Usage()
+		return nil, usageErrorf("--images and --pull exclude each other")
 	}
 	return f, nil
 }
@@ -46,6 +54,16 @@ func Mutate(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	}
 	if f.opts.Config, err = config.Load(f.configFile); err != nil {
 		return err
+	}
+	switch {
+	case len(f.images) > 0:
+		local, err := mutate.ReadLocalImages(f.images)
+		if err != nil {
+			return err
+		}
+		f.opts.Images = local
+	case f.pull:
+		f.opts.Images = mutate.NewPulledImages(&f.opts.Config.Images)
 	}
 	return mutate.Run(f.opts, stdin, stdout, stderr)
 }

@@ -149,6 +149,70 @@ type Configuration struct {
 	Ranking Ranking `json:"ranking"`
 	// Limits bound the work one pod can ask of the webhook.
 	Limits Limits `json:"limits"`
+	// Images says whether and how the webhook reads the configuration of a
+	// GPU container's image (its ENV and labels) from the registry.
+	Images Images `json:"images"`
+}
+
+// Whether the webhook reads images' configuration.
+const (
+	// ImagesOff never contacts a registry: the pod alone is read.
+	ImagesOff = "Off"
+	// ImagesOn reads the images of GPU containers, in the namespaces of
+	// Images.Namespaces (every namespace when that is empty).
+	ImagesOn = "On"
+)
+
+// Which credentials an image's read uses.
+const (
+	// PullSecretsRead reads the Secrets the pod names in imagePullSecrets
+	// (to which the API server's ServiceAccount admission has already added
+	// its service account's): the webhook needs get on Secrets.
+	PullSecretsRead = "Read"
+	// PullSecretsNone reads anonymously: public images only.
+	PullSecretsNone = "None"
+)
+
+// Images configures reading an image's configuration at admission. Every
+// read is fail-soft: a registry that is down, slow, refusing, or not listed
+// changes nothing but a warning and a metric.
+type Images struct {
+	// Mode is ImagesOff or ImagesOn.
+	Mode string `json:"mode"`
+	// Namespaces, when set, limits reading to these namespaces.
+	Namespaces []string `json:"namespaces,omitempty"`
+	// Registries are the registry hosts (host or host:port, as an image
+	// reference names them; docker.io for Docker Hub) the webhook may
+	// contact. An image of any other registry is not read.
+	Registries []string `json:"registries"`
+	// InsecureRegistries are those of Registries reached over plain HTTP.
+	InsecureRegistries []string `json:"insecureRegistries,omitempty"`
+	// PullSecrets is PullSecretsRead or PullSecretsNone.
+	PullSecrets string `json:"pullSecrets"`
+	// TagTTL is how long a tag's digest is believed; a reference by digest
+	// is cached until evicted.
+	TagTTL *metav1.Duration `json:"tagTTL,omitempty"`
+	// Budget is the most one admission waits for registries, all its images
+	// together; it must stay well inside the webhook's timeoutSeconds. A
+	// read past it goes on in the background and fills the cache.
+	Budget *metav1.Duration `json:"budget,omitempty"`
+	// MaxEntries and MaxBytes bound the cache of images' configuration.
+	MaxEntries int   `json:"maxEntries"`
+	MaxBytes   int64 `json:"maxBytes"`
+}
+
+// Defaults of Images; docs/configuration.md says why.
+const (
+	DefaultImageTagTTL     = 5 * time.Minute
+	DefaultImageBudget     = time.Second
+	DefaultImageMaxEntries = 10000
+	DefaultImageMaxBytes   = 32 << 20
+)
+
+// ReadsImages reports whether the webhook reads the images of a pod of the
+// namespace.
+func (i *Images) ReadsImages(namespace string) bool {
+	return i.Mode == ImagesOn && (len(i.Namespaces) == 0 || slices.Contains(i.Namespaces, namespace))
 }
 
 // Ranking bounds the weight of node-published data in the layout choice.
@@ -363,6 +427,7 @@ func SetDefaults(c *Configuration) {
 		c.DRA.Drivers = []string{"gpu.nvidia.com"}
 	}
 	c.setLimitDefaults()
+	c.setImageDefaults()
 	for i := range c.StaticLayouts {
 		if c.StaticLayouts[i].SchemaVersion == "" {
 			c.StaticLayouts[i].SchemaVersion = layout.SchemaVersion
@@ -457,6 +522,8 @@ var (
 	podSecurityActions      = []string{PodSecurityWarn, PodSecurityDeny}
 	legacyMountsActions     = []string{LegacyMountsReplace, LegacyMountsKeep}
 	runtimeInjectionActions = []string{RuntimeInjectionPin, RuntimeInjectionSkip}
+	imageModes              = []string{ImagesOff, ImagesOn}
+	pullSecretsChoices      = []string{PullSecretsRead, PullSecretsNone}
 	deliveries              = []string{DeliveryPreferRuntime, DeliveryHostPath, DeliveryRuntime}
 	noLayoutActions         = []string{NoLayoutDeny, NoLayoutAllow, NoLayoutStatic}
 )
@@ -479,6 +546,8 @@ func Enums() map[string][]string {
 		"runtimeInjection":                  defaulted(runtimeInjectionActions),
 		"driverDelivery":                    defaulted(deliveries),
 		"noLayout.action":                   defaulted(noLayoutActions),
+		"images.mode":                       defaulted(imageModes),
+		"images.pullSecrets":                defaulted(pullSecretsChoices),
 		"staticLayouts[*].schemaVersion":    defaulted([]string{layout.SchemaVersion}),
 		"staticLayouts[*].runtimeInjection": defaulted(layout.RuntimeInjections),
 		"staticLayouts[*].mounts[*].kind":   {string(layout.KindDirectory), string(layout.KindFile)},
@@ -548,6 +617,7 @@ func (c *Configuration) Validate() field.ErrorList {
 	errs = append(errs, oneOf(field.NewPath("runtimeInjection"), c.RuntimeInjection, runtimeInjectionActions...)...)
 	errs = append(errs, oneOf(field.NewPath("driverDelivery"), c.DriverDelivery, deliveries...)...)
 	errs = append(errs, c.validateLimits()...)
+	errs = append(errs, c.validateImages()...)
 	dp := field.NewPath("dra")
 	for i, n := range c.DRA.DeviceClasses {
 		// A class name is a DNS subdomain; a pattern may hold * ? [ as well.
@@ -811,6 +881,79 @@ func (c *Configuration) validateLimits() field.ErrorList {
 		if f.v < 1 {
 			errs = append(errs, field.Invalid(f.path, f.v, "must be at least 1"))
 		}
+	}
+	return errs
+}
+
+func (c *Configuration) setImageDefaults() {
+	im := &c.Images
+	if im.Mode == "" {
+		im.Mode = ImagesOff
+	}
+	if im.PullSecrets == "" {
+		im.PullSecrets = PullSecretsNone
+	}
+	if im.TagTTL == nil {
+		im.TagTTL = &metav1.Duration{Duration: DefaultImageTagTTL}
+	}
+	if im.Budget == nil {
+		im.Budget = &metav1.Duration{Duration: DefaultImageBudget}
+	}
+	if im.MaxEntries == 0 {
+		im.MaxEntries = DefaultImageMaxEntries
+	}
+	if im.MaxBytes == 0 {
+		im.MaxBytes = DefaultImageMaxBytes
+	}
+}
+
+// maxImageBudget keeps a read well inside the API server's 30 s ceiling on
+// a webhook's timeoutSeconds; the chart's default timeout is 5 s.
+const maxImageBudget = 10 * time.Second
+
+func (c *Configuration) validateImages() field.ErrorList {
+	var errs field.ErrorList
+	ip := field.NewPath("images")
+	im := &c.Images
+	if im.Mode == "true" || im.Mode == "false" {
+		// YAML 1.1, which the file is read as, makes an unquoted On or Off
+		// a boolean.
+		errs = append(errs, field.Invalid(ip.Child("mode"), im.Mode, `quote the value: mode: "On" or mode: "Off"`))
+	} else {
+		errs = append(errs, oneOf(ip.Child("mode"), im.Mode, imageModes...)...)
+	}
+	errs = append(errs, oneOf(ip.Child("pullSecrets"), im.PullSecrets, pullSecretsChoices...)...)
+	for _, f := range []struct {
+		name string
+		v    []string
+	}{{"registries", im.Registries}, {"insecureRegistries", im.InsecureRegistries}} {
+		for i, r := range f.v {
+			if r == "" || strings.ContainsAny(r, "/@ \t") || strings.Contains(r, "://") {
+				errs = append(errs, field.Invalid(ip.Child(f.name).Index(i), r, "must be a registry host or host:port, like registry.example.com or localhost:5000"))
+			}
+		}
+	}
+	for i, r := range im.InsecureRegistries {
+		if !slices.Contains(im.Registries, r) {
+			errs = append(errs, field.Invalid(ip.Child("insecureRegistries").Index(i), r, "must also be listed in registries"))
+		}
+	}
+	for i, n := range im.Namespaces {
+		if msgs := validation.IsDNS1123Label(n); len(msgs) > 0 {
+			errs = append(errs, field.Invalid(ip.Child("namespaces").Index(i), n, strings.Join(msgs, "; ")))
+		}
+	}
+	if im.TagTTL != nil && im.TagTTL.Duration < 0 {
+		errs = append(errs, field.Invalid(ip.Child("tagTTL"), im.TagTTL.Duration.String(), "must not be negative; 0s reads a tag's digest on every admission"))
+	}
+	if im.Budget != nil && (im.Budget.Duration <= 0 || im.Budget.Duration > maxImageBudget) {
+		errs = append(errs, field.Invalid(ip.Child("budget"), im.Budget.Duration.String(), fmt.Sprintf("must be above 0s and at most %s, and well inside the webhook's timeoutSeconds", maxImageBudget)))
+	}
+	if im.MaxEntries < 1 {
+		errs = append(errs, field.Invalid(ip.Child("maxEntries"), im.MaxEntries, "must be at least 1"))
+	}
+	if im.MaxBytes < 1 {
+		errs = append(errs, field.Invalid(ip.Child("maxBytes"), im.MaxBytes, "must be at least 1"))
 	}
 	return errs
 }

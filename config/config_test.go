@@ -69,7 +69,10 @@ func TestParseNamesEachBadField(t *testing.T) {
 			[]string{"hostPaths.extraAllowlist[0].path: Invalid", "hostPaths.extraAllowlist[1].path: Invalid", "hostPaths.extraAllowlist[2].path: Forbidden", "hostPaths.extraAllowlist[3].path: Invalid value: \"/srv/[gpu\": bad pattern", "hostPaths.extraAllowlist[4].path: Forbidden"}},
 		"pinning": {head + "pinning: {nodeLabels: ['karpenter.sh/nodepool', 'karpenter.sh/nodepool', 'gpu-injector.io/layout-fingerprint', 'bad label!'], rememberFor: -1h}\n",
 			[]string{"pinning.nodeLabels[1]: Duplicate", "pinning.nodeLabels[2]: Forbidden", "pinning.nodeLabels[3]: Invalid", "pinning.rememberFor: Invalid"}},
-		"pinning duration": {head + "pinning: {rememberFor: three days}\n", []string{`invalid duration "three days"`}},
+		"images": {head + "images: {mode: Sometimes, pullSecrets: Maybe, registries: ['https://r.example', 'a/b'], insecureRegistries: [other:5000], namespaces: [Bad_NS], tagTTL: -1s, budget: 31s, maxEntries: -1, maxBytes: -1}\n",
+			[]string{"images.mode: Unsupported", "images.pullSecrets: Unsupported", "images.registries[0]", "images.registries[1]", "images.insecureRegistries[0]: Invalid value: \"other:5000\": must also be listed", "images.namespaces[0]", "images.tagTTL: Invalid", "images.budget: Invalid", "images.maxEntries", "images.maxBytes"}},
+		"images mode unquoted": {head + "images: {mode: On}\n", []string{`images.mode: Invalid value: "true": quote the value`}},
+		"pinning duration":     {head + "pinning: {rememberFor: three days}\n", []string{`invalid duration "three days"`}},
 		"bad static layout": {head + `noLayout: {action: Static, staticLayout: s}
 staticLayouts:
 - name: s
@@ -258,5 +261,24 @@ func TestDocumentedDefaults(t *testing.T) {
 	// Semantic: the page's empty lists equal the unset defaults.
 	if want := Default(); !apiequality.Semantic.DeepEqual(c, want) {
 		t.Errorf("the documented file differs from the defaults:\n got %+v\nwant %+v", c, want)
+	}
+}
+
+// TestImagesReadsImages: Off by default; On reads every namespace, or only
+// those listed.
+func TestImagesReadsImages(t *testing.T) {
+	if c := Default(); c.Images.ReadsImages("default") || c.Images.Budget.Duration != DefaultImageBudget {
+		t.Errorf("default images = %+v, want Off with the default budget", c.Images)
+	}
+	c, err := Parse([]byte("images: {mode: \"On\", registries: [localhost:5000], insecureRegistries: [localhost:5000]}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.Images.ReadsImages("default") {
+		t.Errorf("mode On: want every namespace read")
+	}
+	c.Images.Namespaces = []string{"ml"}
+	if c.Images.ReadsImages("default") || !c.Images.ReadsImages("ml") {
+		t.Errorf("namespaces [ml]: want only ml read")
 	}
 }

@@ -130,6 +130,9 @@ func TestSchemaChoicesAreValidates(t *testing.T) {
 	base := Default()
 	base.HostPaths.ExtraAllowlist = base.HostPaths.Allowlist[:1]
 	base.Pinning.NodeLabels = []string{"karpenter.sh/nodepool"}
+	base.Images.Registries = []string{"localhost:5000"}
+	base.Images.InsecureRegistries = []string{"localhost:5000"}
+	base.Images.Namespaces = []string{"ml"}
 	data, err := yaml.Marshal(base)
 	if err != nil {
 		t.Fatal(err)

@@ -61,6 +61,11 @@ const (
 	// AnnotationInjected marks a pod the webhook changed; its value is an
 	// Injected record, so a reinvocation can tell its own work apart.
 	AnnotationInjected = Prefix + "injected"
+	// AnnotationCUDARequirement on a Pod replaces what its images require of
+	// the driver when the webhook steers it by CUDA version: a requirement
+	// in NVIDIA's syntax (cuda>=12.6), or "none" to not steer it. A framework
+	// installed with pip may need more than its image's label says.
+	AnnotationCUDARequirement = Prefix + "cuda-requirement"
 	// LabelPinnedLayout on a Pod pinned by its pool's labels (not by the
 	// fingerprint) holds the fingerprint injected, so that a pod that landed on
 	// a node of the pool with another layout can be found and told.

@@ -56,6 +56,9 @@ type Options struct {
 	Config *config.Configuration
 	// Namespace is that of documents that name none; empty means "default".
 	Namespace string
+	// Images, when set, give the images' configuration, as the webhook
+	// reads it from registries with images.mode On.
+	Images ImageSource
 }
 
 // Run prints the documents of opts.File to stdout as the webhook would mutate
@@ -112,7 +115,10 @@ func Run(opts Options, stdin io.Reader, stdout, stderr io.Writer) error {
 	if w := idx.Wedged(); len(w) > 0 {
 		fmt.Fprintf(stderr, "warning: %d nodes have a wedged NVIDIA driver and get no GPU pods\n", len(w))
 	}
-	m := &mutator{cfg: cfg, layouts: layouts, wedged: idx.Wedged(), dra: dra, namespace: namespace, stderr: stderr}
+	if opts.Images != nil && cfg.Images.Mode != config.ImagesOn {
+		fmt.Fprintf(stderr, "warning: the configuration's images.mode is %s: the webhook would not read the images given\n", cfg.Images.Mode)
+	}
+	m := &mutator{cfg: cfg, layouts: layouts, wedged: idx.Wedged(), dra: dra, namespace: namespace, stderr: stderr, images: opts.Images}
 	var out [][]byte
 	for i, doc := range docs {
 		res, err := m.document(doc, isJSON)
@@ -222,6 +228,7 @@ type mutator struct {
 	stderr    io.Writer
 	denied    int
 	dra       *gpunodes.DRA
+	images    ImageSource
 }
 
 // document mutates one document and returns its new bytes, or the original
@@ -368,6 +375,13 @@ func (m *mutator) pod(what string, pod *corev1.Pod) ([]jsonpatch.Operation, bool
 	if m.dra != nil {
 		in.GPUResources = m.dra.GPUResources()
 		in.GPUClaims, _ = m.dra.GPUClaims(context.Background(), pod, pod.Namespace)
+	}
+	if m.images != nil {
+		var warnings []string
+		in.Images, warnings = podImages(m.images, pod)
+		for _, w := range warnings {
+			fmt.Fprintf(m.stderr, "warning: %s: %s\n", what, w)
+		}
 	}
 	res := inject.Mutate(in, m.cfg)
 	for _, w := range res.Warnings {

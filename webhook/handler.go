@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/gpu-injector/gpu-injector/config"
+	"github.com/gpu-injector/gpu-injector/internal/imageconfig"
 	"github.com/gpu-injector/gpu-injector/webhook/gpunodes"
 	"github.com/gpu-injector/gpu-injector/webhook/inject"
 )
@@ -41,6 +42,8 @@ type Handler struct {
 	layouts    LayoutSource
 	namespaces NamespaceLabeler
 	dra        *gpunodes.DRA
+	images     ImageReader
+	secrets    imageconfig.SecretGetter
 }
 
 // WithDRA makes the handler recognise GPUs that come through DRA: claims of
@@ -114,10 +117,16 @@ func (h *Handler) admit(ctx context.Context, namespace string, uid types.UID, po
 			}
 		}
 	}
+	var imageWarnings []string
+	in.Images, imageWarnings = h.readImages(ctx, pod)
+	for _, w := range imageWarnings {
+		log.Info("admitting without an image's configuration", "detail", w)
+	}
 	res := inject.MutateContext(ctx, in, h.cfg)
 	for _, w := range draWarnings {
 		res.Warnings = append(res.Warnings, inject.WarnPrefix+w+"; the claim was not counted as a GPU claim")
 	}
+	res.Warnings = append(res.Warnings, imageWarnings...)
 
 	log = log.WithValues("decision", res.Decision, "reason", res.Reason)
 	if res.Layout != nil {

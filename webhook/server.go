@@ -34,6 +34,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	"github.com/gpu-injector/gpu-injector/config"
+	"github.com/gpu-injector/gpu-injector/internal/imageconfig"
 	"github.com/gpu-injector/gpu-injector/internal/nodeagent"
 	"github.com/gpu-injector/gpu-injector/version"
 	"github.com/gpu-injector/gpu-injector/webhook/gpunodes"
@@ -244,7 +245,15 @@ func Run(ctx context.Context, o Options) error {
 		}
 	}
 
-	server.Register(Path, closeWhileDraining(&draining, bounded(Serve(NewHandler(cfg, idx, namespaces).WithDRA(dra)), o.MaxInFlight, o.ReadTimeout)))
+	handler := NewHandler(cfg, idx, namespaces).WithDRA(dra)
+	if cfg.Images.Mode == config.ImagesOn {
+		var secrets imageconfig.SecretGetter
+		if cfg.Images.PullSecrets == config.PullSecretsRead {
+			secrets = apiSecrets{reader: mgr.GetAPIReader()}
+		}
+		handler.WithImages(NewImageReader(&cfg.Images), secrets)
+	}
+	server.Register(Path, closeWhileDraining(&draining, bounded(Serve(handler), o.MaxInFlight, o.ReadTimeout)))
 	if err := mgr.Add(startAfter{ready: certsReady, server: server}); err != nil {
 		return fmt.Errorf("failed to add the webhook server: %w", err)
 	}

@@ -349,7 +349,9 @@ func shadowingMount(c *corev1.Container, p string, injected []string) *corev1.Vo
 }
 
 // mergeLDLibraryPath adds the layout's library folders to the container's
-// LD_LIBRARY_PATH without dropping what the spec already sets.
+// LD_LIBRARY_PATH without dropping what the spec already sets, nor what
+// its image sets when the registry said so: a value in env overrides the
+// image's ENV, so the image's folders are written too.
 func (r *request) mergeLDLibraryPath(ch *change, ref containerRef, libs []string) {
 	if r.cfg.LDLibraryPath == config.LDLibraryPathOff || len(libs) == 0 {
 		return
@@ -362,6 +364,12 @@ func (r *request) mergeLDLibraryPath(ch *change, ref containerRef, libs []string
 		}
 	}
 	if idx < 0 {
+		if len(c.EnvFrom) == 0 {
+			if old, ok := r.imageLDLibraryPath(c); ok {
+				r.mergeImageLDLibraryPath(ch, ref, old, libs)
+				return
+			}
+		}
 		value := strings.Join(libs, ":")
 		if len(c.EnvFrom) > 0 {
 			// env overrides envFrom: refer to the envFrom value, which the
@@ -382,25 +390,57 @@ func (r *request) mergeLDLibraryPath(ch *change, ref containerRef, libs []string
 		ch.warn("container %q takes %s from a reference; left as is, add %s to it yourself", c.Name, envLDLibraryPath, strings.Join(libs, ":"))
 		return
 	}
-	have := strings.Split(e.Value, ":")
+	old := e.Value
+	value, changed := r.mergedPath(old, libs)
+	if !changed {
+		return
+	}
+	ch.do(setEnvValue{container: ref, index: idx, value: value})
+	ch.warn("container %q: %s %q merged with the driver's folders: %q", c.Name, envLDLibraryPath, old, value)
+}
+
+// imageLDLibraryPath is the non-empty LD_LIBRARY_PATH of the container's
+// image, when its registry said.
+func (r *request) imageLDLibraryPath(c *corev1.Container) (string, bool) {
+	f := r.images[c.Image]
+	if f == nil {
+		return "", false
+	}
+	v, ok := f.Getenv(envLDLibraryPath)
+	return v, ok && v != ""
+}
+
+// mergeImageLDLibraryPath writes the image's LD_LIBRARY_PATH with the
+// driver's folders merged in, or nothing when the image lists them all
+// (CUDA images list /usr/local/nvidia/lib64): its ENV then serves as is.
+func (r *request) mergeImageLDLibraryPath(ch *change, ref containerRef, old string, libs []string) {
+	value, changed := r.mergedPath(old, libs)
+	if !changed {
+		return
+	}
+	c := ref.get(ch.pod)
+	ch.do(addEnv{container: ref, env: corev1.EnvVar{Name: envLDLibraryPath, Value: value}})
+	ch.warn("container %q: its image's %s %q merged with the driver's folders: %q", c.Name, envLDLibraryPath, old, value)
+}
+
+// mergedPath is old with the folders of libs it lacks, after it or before
+// it as ldLibraryPath says, and whether that differs from old.
+func (r *request) mergedPath(old string, libs []string) (string, bool) {
+	have := strings.Split(old, ":")
 	var missing []string
 	for _, l := range libs {
 		if !slices.Contains(have, l) {
 			missing = append(missing, l)
 		}
 	}
-	if len(missing) == 0 {
-		return
-	}
-	old, value := e.Value, ""
 	switch {
+	case len(missing) == 0:
+		return old, false
 	case old == "":
-		value = strings.Join(missing, ":")
+		return strings.Join(missing, ":"), true
 	case r.cfg.LDLibraryPath == config.LDLibraryPathPrepend:
-		value = strings.Join(missing, ":") + ":" + old
+		return strings.Join(missing, ":") + ":" + old, true
 	default:
-		value = old + ":" + strings.Join(missing, ":")
+		return old + ":" + strings.Join(missing, ":"), true
 	}
-	ch.do(setEnvValue{container: ref, index: idx, value: value})
-	ch.warn("container %q: %s %q merged with the driver's folders: %q", c.Name, envLDLibraryPath, old, value)
 }

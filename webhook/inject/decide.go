@@ -58,6 +58,9 @@ const (
 	reasonPatchTooLarge
 	// reasonCanceled: the caller gave up on the request.
 	reasonCanceled
+	// reasonCUDAUnserved: the pod requires a CUDA version that no node's
+	// driver supports.
+	reasonCUDAUnserved
 )
 
 // labels are the Result.Reason of a pod that is not denied, which the
@@ -76,6 +79,7 @@ var reasonLabels = [...]string{
 	reasonTooManyContainers: "too-many-containers",
 	reasonPatchTooLarge:     "patch-too-large",
 	reasonCanceled:          "canceled",
+	reasonCUDAUnserved:      "cuda-unserved",
 }
 
 func (c reason) String() string { return reasonLabels[c] }
@@ -155,6 +159,8 @@ func (r *request) decide() decision {
 		return r.withoutDriver(decision{reason: reasonNoGPU})
 	case r.prevErr != nil:
 		return r.unreadableRecord()
+	case r.cudaUnserved():
+		return decision{outcome: outcomeDeny, reason: reasonCUDAUnserved}
 	}
 	rt := r.runtimeChoice()
 	if rt.layout != nil {
@@ -252,6 +258,8 @@ func (r *request) denial(d decision) string {
 	switch d.reason {
 	case reasonTooManyContainers, reasonPatchTooLarge, reasonCanceled:
 		return r.limitWhy(d)
+	case reasonCUDAUnserved:
+		return r.cudaDenial()
 	case reasonPodSecurity:
 		return r.podSecurityWhy(d.runtime) + "; turn on runtime injection (docs/runtime-injection.md), label the namespace pod-security.kubernetes.io/enforce=privileged, or opt the pod out with annotation " + layout.AnnotationInject + `: "false"`
 	case reasonLegacyKept:

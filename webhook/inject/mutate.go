@@ -64,6 +64,10 @@ type request struct {
 	// gpuResources and gpuClaims are Input.GPUResources and Input.GPUClaims.
 	gpuResources []string
 	gpuClaims    []string
+	// images are Input.Images.
+	images map[string]*ImageConfig
+	// cuda is what the pod's GPU containers require of the driver.
+	cuda cudaNeed
 
 	// exempt is why the pod is left alone before anything else of it is
 	// read (its namespace is excluded, or it opted out), reasonNone if not.
@@ -96,7 +100,7 @@ func newRequest(in Input, cfg *config.Configuration) request {
 		cfg: cfg, pod: in.Pod, view: in.Pod,
 		podSecurity: in.NamespaceLabels[labelPodSecurityEnforce],
 		layouts:     in.Layouts, wedged: in.Wedged, seed: in.Seed,
-		gpuResources: in.GPUResources, gpuClaims: in.GPUClaims,
+		gpuResources: in.GPUResources, gpuClaims: in.GPUClaims, images: in.Images,
 	}
 	if r.exempt = exemption(in.Pod, cfg); r.exempt != reasonNone {
 		return r
@@ -108,6 +112,7 @@ func newRequest(in Input, cfg *config.Configuration) request {
 	if r.targets = r.targetContainers(r.view); len(r.targets) == 0 {
 		return r
 	}
+	r.planCUDA()
 	if r.prev, r.prevErr = PreviousInjection(r.view); r.prevErr != nil {
 		return r
 	}

@@ -8,6 +8,7 @@ package inject
 
 import (
 	"encoding/json"
+	"strings"
 	"sync"
 	"time"
 
@@ -228,6 +229,30 @@ type Input struct {
 	// GPUClaims name the pod's spec.resourceClaims entries that request a
 	// GPU DeviceClass; a container that uses one is a GPU container.
 	GPUClaims []string
+	// Images are what the registries said of the target containers' images,
+	// by the image as a container names it; an image missing here is
+	// unknown, and the pod is read alone, as when images are not read.
+	Images map[string]*ImageConfig
+}
+
+// ImageConfig is what the mutation reads of an image's configuration, as
+// its registry said.
+type ImageConfig struct {
+	// Env is the configuration's Env, NAME=VALUE, in its order.
+	Env []string
+	// Labels are the configuration's labels.
+	Labels map[string]string
+}
+
+// Getenv is the image's value of an environment variable, as a process
+// started from it sees it: the last entry of that name.
+func (c *ImageConfig) Getenv(key string) (string, bool) {
+	for i := len(c.Env) - 1; i >= 0; i-- {
+		if k, v, ok := strings.Cut(c.Env[i], "="); ok && k == key {
+			return v, true
+		}
+	}
+	return "", false
 }
 
 // Result is the mutation's answer. Input.Pod is changed in place when the

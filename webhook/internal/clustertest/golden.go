@@ -46,6 +46,17 @@ type Case struct {
 	// templates), from the case and from its {draFile: F} line.
 	DRA     []any
 	draFile string
+	// Images are what a registry says of images, from the case's
+	// ImageConfig documents ({kind: ImageConfig, image, env, labels}).
+	Images map[string]*inject.ImageConfig
+}
+
+// imageConfigDoc is a golden case's stand-in for a registry's answer.
+type imageConfigDoc struct {
+	Kind   string            `json:"kind"`
+	Image  string            `json:"image"`
+	Env    []string          `json:"env"`
+	Labels map[string]string `json:"labels"`
 }
 
 func loadCase(t *testing.T, dir, file string) Case {
@@ -98,6 +109,15 @@ func loadCase(t *testing.T, dir, file string) Case {
 				t.Fatal(err)
 			}
 			gc.Memory = cm.Data
+		case meta.Kind == "ImageConfig":
+			var ic imageConfigDoc
+			if err := yaml.UnmarshalStrict(doc, &ic); err != nil {
+				t.Fatalf("failed to parse ImageConfig in %s: %v", file, err)
+			}
+			if gc.Images == nil {
+				gc.Images = map[string]*inject.ImageConfig{}
+			}
+			gc.Images[ic.Image] = &inject.ImageConfig{Env: ic.Env, Labels: ic.Labels}
 		case meta.Kind == "Pod":
 			gc.Pod = &corev1.Pod{}
 			if err := yaml.UnmarshalStrict(doc, gc.Pod); err != nil {
@@ -161,7 +181,7 @@ func (gc Case) Input(t *testing.T, pod *corev1.Pod) inject.Input {
 	t.Helper()
 	idx, d := gc.Sources(t)
 	claims, _ := d.GPUClaims(context.Background(), pod, pod.Namespace)
-	return inject.Input{Pod: pod, NamespaceLabels: gc.NamespaceLabels, Layouts: idx.Layouts(), Wedged: idx.Wedged(), GPUResources: d.GPUResources(), GPUClaims: claims}
+	return inject.Input{Pod: pod, NamespaceLabels: gc.NamespaceLabels, Layouts: idx.Layouts(), Wedged: idx.Wedged(), GPUResources: d.GPUResources(), GPUClaims: claims, Images: gc.Images}
 }
 
 // Sources are the case's node index and DRA objects.

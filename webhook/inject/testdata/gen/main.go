@@ -4,6 +4,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -90,6 +91,28 @@ func modern() []corev1.Node {
 	}
 }
 
+// cuda is a cluster of two drivers, whose probes publish the CUDA version
+// each supports as layout.LabelCUDADriverVersionNumber: GKE's 535 (CUDA
+// 12.2) on more GPUs, Ubuntu's 550 (CUDA 12.4).
+func cuda() []corev1.Node {
+	gke := layout.Plan{SchemaVersion: "v1", DriverVersion: "535.230.02", CUDADriverVersion: "12.2", LibraryPaths: []string{lib},
+		Mounts: []layout.Mount{{"/home/kubernetes/bin/nvidia/lib64", lib, layout.KindDirectory}, {"/home/kubernetes/bin/nvidia/bin", bin, layout.KindDirectory}}}
+	ubuntu := loose("550.144.03", "12.4", "/usr/lib/x86_64-linux-gnu")
+	number := func(p layout.Plan) func(*corev1.Node) {
+		n, _ := layout.CUDAVersionNumber(p.CUDADriverVersion)
+		return func(node *corev1.Node) {
+			node.Labels[layout.LabelCUDADriverVersion] = p.CUDADriverVersion
+			node.Labels[layout.LabelCUDADriverVersionNumber] = strconv.Itoa(n)
+		}
+	}
+	return []corev1.Node{
+		node("gpu-gke-1", gke, 8, map[string]string{"accelerator": "nvidia-tesla-t4"}, nil, true, number(gke)),
+		node("gpu-gke-2", gke, 8, map[string]string{"accelerator": "nvidia-tesla-t4"}, nil, true, number(gke)),
+		node("gpu-ubuntu-1", ubuntu, 2, map[string]string{"accelerator": "nvidia-tesla-v100"}, nil, true, number(ubuntu)),
+		node("gpu-ubuntu-2", ubuntu, 2, map[string]string{"accelerator": "nvidia-tesla-v100"}, nil, true, number(ubuntu)),
+	}
+}
+
 // nri is a cluster moving to runtime injection: the classic-folder and
 // loose-file nodes run gpu-injector's NRI plugin, the GKE-folder ones
 // (containerd 1.6, no NRI) do not, and a toolkit node's runtime injects by
@@ -118,6 +141,10 @@ func nri() []corev1.Node {
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == "modern" {
 		write(modern(), "nodes-modern.yaml", "A cluster of today's nodes, where the classic tutorials' driver folders do not exist")
+		return
+	}
+	if len(os.Args) > 1 && os.Args[1] == "cuda" {
+		write(cuda(), "nodes-cuda.yaml", "A cluster whose probes publish each node's CUDA version as a number a nodeAffinity Gt can compare")
 		return
 	}
 	if len(os.Args) > 1 && os.Args[1] == "nri" {
