@@ -107,6 +107,8 @@ most pods the policy does not take (the API server stops at the first that fails
   expression: {{ `object.spec.?volumes.orValue([]).all(v, !has(v.hostPath))` | toJson }}
 - name: no-claims
   expression: {{ `object.spec.?resourceClaims.orValue([]).size() == 0` | toJson }}
+- name: no-cuda-requirement
+  expression: {{ `!('gpu-injector.io/cuda-requirement' in object.metadata.?annotations.orValue({}))` | toJson }}
 {{- end }}
 
 {{/*
