@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strings"
 	"sync"
 	"time"
 
@@ -90,6 +91,17 @@ func dryRunOnly(ctx context.Context, c *Collector, stdout io.Writer) (int, error
 		return ExitUsage, fmt.Errorf("a dry run alone needs the namespace to try it in")
 	}
 	d := c.dryRunIn(ctx, c.DryRunNamespace)
+	// A namespace just created (the helm test's) has no default
+	// ServiceAccount until the controller manager adds it, and the API
+	// server refuses every pod there until then.
+	for wait := 0; d.Outcome == DryRunError && strings.Contains(d.Message, "error looking up service account") && wait < 60; wait++ {
+		select {
+		case <-ctx.Done():
+			return ExitError, fmt.Errorf("failed to try the GPU pod: %w", ctx.Err())
+		case <-time.After(c.retryEvery()):
+		}
+		d = c.dryRunIn(ctx, c.DryRunNamespace)
+	}
 	b, err := yaml.Marshal(d)
 	if err != nil {
 		return ExitError, fmt.Errorf("failed to encode the dry run: %w", err)

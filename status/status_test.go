@@ -577,7 +577,26 @@ func TestDryRunOnly(t *testing.T) {
 			}
 		})
 	}
+	// The test's namespace, just created, has no default ServiceAccount yet.
+	dr := &noServiceAccountYet{refusals: 3, stubDryRun: stubDryRun{pod: injectedPod("fp-gpu-a")}}
+	c := &Collector{DryRun: dr, DryRunNamespace: "helm-test", RetryEvery: time.Millisecond}
+	if code, err := dryRunOnly(context.Background(), c, io.Discard); err != nil || code != ExitOK || dr.refusals != -1 {
+		t.Errorf("exit %d, %v, %d refusals left; want the pod tried again until admitted", code, err, dr.refusals)
+	}
 	if code, err := dryRunOnly(context.Background(), &Collector{DryRun: &stubDryRun{}}, io.Discard); err == nil || code != ExitUsage {
 		t.Errorf("no namespace: exit %d, %v; want a usage error", code, err)
 	}
+}
+
+type noServiceAccountYet struct {
+	stubDryRun
+	refusals int
+}
+
+func (s *noServiceAccountYet) DryRunPod(ctx context.Context, ns string, pod *corev1.Pod) (*corev1.Pod, []string, error) {
+	s.refusals--
+	if s.refusals >= 0 {
+		return nil, nil, apierrors.NewForbidden(schema.GroupResource{Resource: "pods"}, "", errors.New(`error looking up service account helm-test/default: serviceaccount "default" not found`))
+	}
+	return s.stubDryRun.DryRunPod(ctx, ns, pod)
 }

@@ -232,3 +232,21 @@ other setting stays. The install and test hooks run with the same.
 {{- end }}
 {{- toYaml $sc }}
 {{- end }}
+
+{{- define "gpu-injector.tests.name" -}}
+{{- printf "%s-test" (include "gpu-injector.fullname" .) }}
+{{- end }}
+
+{{- define "gpu-injector.tests.labels" -}}
+{{ include "gpu-injector.labels" . }}
+app.kubernetes.io/component: test
+{{- end }}
+
+{{- define "gpu-injector.cleanup.name" -}}
+{{- printf "%s-cleanup" (include "gpu-injector.fullname" .) }}
+{{- end }}
+
+{{- define "gpu-injector.cleanup.labels" -}}
+{{ include "gpu-injector.labels" . }}
+app.kubernetes.io/component: cleanup
+{{- end }}
