@@ -15,7 +15,6 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apiserver/pkg/admission"
 	"k8s.io/apiserver/pkg/admission/plugin/policy/validating"
@@ -320,25 +319,20 @@ func normalize(v any) any {
 
 func TestHelmTest(t *testing.T) {
 	r := render(t, kube136)
-	var tests []string
+	var hooks []string
 	for _, o := range r.objects {
-		if o.GetAnnotations()["helm.sh/hook"] != "test" {
-			continue
-		}
-		tests = append(tests, o.GetKind()+"/"+o.GetName())
-		if o.GetKind() != "Namespace" && o.GetNamespace() != testNamespace {
-			t.Errorf("%s %s in namespace %q: everything of the test lives in %s, deleted with it", o.GetKind(), o.GetName(), o.GetNamespace(), testNamespace)
-		}
-		if p := o.GetAnnotations()["helm.sh/hook-delete-policy"]; p != "before-hook-creation,hook-succeeded" {
-			t.Errorf("%s %s delete policy %q", o.GetKind(), o.GetName(), p)
+		if h := o.GetAnnotations()["helm.sh/hook"]; h == "test" {
+			hooks = append(hooks, o.GetKind()+"/"+o.GetNamespace()+"/"+o.GetName())
 		}
 	}
-	if len(tests) != 5 {
-		t.Errorf("test objects %v: want the namespace, its account, role, binding and pod", tests)
+	// helm test --logs reads the logs of every test hook as a pod of the release
+	// namespace: the pod must be the only one, and be there.
+	if want := []string{"Pod/" + namespace + "/" + testNamespace}; !slices.Equal(hooks, want) {
+		t.Errorf("test hooks %v, want %v", hooks, want)
 	}
 	ns := mustGet[corev1.Namespace](t, r, "Namespace", testNamespace)
-	if ns.Labels["gpu-injector.io/inject"] != "enabled" {
-		t.Errorf("test namespace labels %v: want it opted in", ns.Labels)
+	if ns.Labels["gpu-injector.io/inject"] != "enabled" || ns.Annotations["helm.sh/hook"] != "" {
+		t.Errorf("test namespace labels %v, annotations %v: want it opted in, part of the release", ns.Labels, ns.Annotations)
 	}
 	wh := mutatingWebhook(t, r)
 	for _, e := range wh.NamespaceSelector.MatchExpressions {
@@ -347,24 +341,65 @@ func TestHelmTest(t *testing.T) {
 		}
 	}
 	role := mustGet[rbacv1.Role](t, r, "Role", testNamespace)
-	if want := []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"create"}}}; !reflect.DeepEqual(role.Rules, want) {
-		t.Errorf("test Role %+v, want pods create alone", role.Rules)
+	if want := []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"create"}}}; !reflect.DeepEqual(role.Rules, want) || role.Namespace != testNamespace {
+		t.Errorf("test Role in %s: %+v, want pods create alone, in the test's namespace", role.Namespace, role.Rules)
+	}
+	rb := mustGet[rbacv1.RoleBinding](t, r, "RoleBinding", testNamespace)
+	if len(rb.Subjects) != 1 || rb.Subjects[0].Name != testNamespace || rb.Subjects[0].Namespace != namespace {
+		t.Errorf("test RoleBinding subjects %+v", rb.Subjects)
 	}
 	pod := mustGet[corev1.Pod](t, r, "Pod", testNamespace)
-	if pod.Spec.ServiceAccountName != testNamespace || !slices.Equal(pod.Spec.Containers[0].Args, []string{"status", "--dry-run-only", "--dry-run-namespace=" + testNamespace}) {
-		t.Errorf("test pod account %q, args %q", pod.Spec.ServiceAccountName, pod.Spec.Containers[0].Args)
+	if pod.Namespace != namespace || pod.Spec.ServiceAccountName != testNamespace ||
+		!slices.Equal(pod.Spec.Containers[0].Args, []string{"status", "--dry-run-only", "--dry-run-namespace=" + testNamespace}) {
+		t.Errorf("test pod in %s, account %q, args %q", pod.Namespace, pod.Spec.ServiceAccountName, pod.Spec.Containers[0].Args)
+	}
+	if p := pod.Annotations["helm.sh/hook-delete-policy"]; p != "before-hook-creation" {
+		t.Errorf("test pod delete policy %q: kept for its logs until the next test", p)
 	}
 	if reasons := restricted(t, corev1.PodTemplateSpec{Spec: pod.Spec}); len(reasons) > 0 {
 		t.Errorf("Pod Security restricted refuses the test pod: %v", reasons)
 	}
+	checkTestPolicy(t, r)
 	off := render(t, with(kube136, "tests.enabled=false"))
-	if off.get("Pod", testNamespace) != nil || off.get("Namespace", testNamespace) != nil {
-		t.Error("tests.enabled=false renders the test")
+	for _, o := range off.objects {
+		if o.GetName() == testNamespace {
+			t.Errorf("tests.enabled=false renders %s %s", o.GetKind(), o.GetName())
+		}
 	}
-	if slices.ContainsFunc(off.all("ClusterRole"), func(u *unstructured.Unstructured) bool {
-		return strings.Contains(u.GetName(), "cleanup") && hasNamespaceRule(t, u)
-	}) {
-		t.Error("with no test, the cleanup may still delete a namespace")
+	if cr := mustGet[rbacv1.Role](t, off, "Role", cleanupName); slices.ContainsFunc(cr.Rules, func(r rbacv1.PolicyRule) bool { return slices.Contains(r.Resources, "pods") }) {
+		t.Error("with no test, the cleanup may still delete a pod")
+	}
+}
+
+// checkTestPolicy: the test's account may create pods only with dry run.
+func checkTestPolicy(t *testing.T, r rendered) {
+	t.Helper()
+	vap := mustGet[admissionregistrationv1.ValidatingAdmissionPolicy](t, r, "ValidatingAdmissionPolicy", testNamespace)
+	validator := compilePolicy(t, vap)
+	podGVK := schema.GroupVersionKind{Version: "v1", Kind: "Pod"}
+	podGVR := schema.GroupVersionResource{Version: "v1", Resource: "pods"}
+	pod := object(t, "apiVersion: v1\nkind: Pod\nmetadata: {name: p, namespace: "+testNamespace+"}\nspec: {containers: [{name: c, image: i}]}")
+	for _, tc := range []struct {
+		user   string
+		dryRun bool
+		denied bool
+		match  bool
+	}{
+		{user: "system:serviceaccount:" + namespace + ":" + testNamespace, dryRun: true, match: true},
+		{user: "system:serviceaccount:" + namespace + ":" + testNamespace, dryRun: false, match: true, denied: true},
+		{user: "system:serviceaccount:other:" + testNamespace, dryRun: false},
+	} {
+		va := attributes(pod, nil, podGVK, podGVR, "", admission.Create, &user.DefaultInfo{Name: tc.user})
+		va.Attributes = admission.NewAttributesRecord(pod, nil, podGVK, testNamespace, "p", podGVR, "", admission.Create, nil, tc.dryRun, &user.DefaultInfo{Name: tc.user})
+		res := validator.Validate(context.Background(), podGVR, va, nil, nil, celconfig.RuntimeCELCostBudget, nil)
+		if (len(res.Decisions) > 0) != tc.match {
+			t.Errorf("%s dry run %v: policy applied %v, want %v", tc.user, tc.dryRun, len(res.Decisions) > 0, tc.match)
+			continue
+		}
+		denied := slices.ContainsFunc(res.Decisions, func(d validating.PolicyDecision) bool { return d.Action == validating.ActionDeny })
+		if denied != tc.denied {
+			t.Errorf("%s dry run %v: denied %v, want %v (%+v)", tc.user, tc.dryRun, denied, tc.denied, res.Decisions)
+		}
 	}
 }
 
@@ -372,7 +407,7 @@ func TestCleanupHook(t *testing.T) {
 	r := render(t, kube136)
 	job := mustGet[batchv1.Job](t, r, "Job", cleanupName)
 	wantArgs := []string{"cleanup", "--namespace=" + namespace, "--webhook-configuration-name=" + fullname, "--webhook-deployment=" + fullname + "-webhook",
-		"--probe-daemonset=" + probeSA, "--pool-memory-name=" + fullname + "-pools", "--delete-namespaces=" + testNamespace, "--timeout=2m"}
+		"--probe-daemonset=" + probeSA, "--pool-memory-name=" + fullname + "-pools", "--delete-pods=" + testNamespace, "--timeout=2m"}
 	if got := job.Spec.Template.Spec.Containers[0].Args; !slices.Equal(got, wantArgs) {
 		t.Errorf("cleanup args %q, want %q", got, wantArgs)
 	}
@@ -396,7 +431,6 @@ func TestCleanupHook(t *testing.T) {
 		{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"list", "patch"}},
 		{APIGroups: []string{""}, Resources: []string{"nodes/status"}, Verbs: []string{"patch"}},
 		{APIGroups: []string{"admissionregistration.k8s.io"}, Resources: []string{"mutatingwebhookconfigurations"}, ResourceNames: []string{fullname}, Verbs: []string{"delete"}},
-		{APIGroups: []string{""}, Resources: []string{"namespaces"}, ResourceNames: []string{testNamespace}, Verbs: []string{"delete"}},
 	}
 	if !reflect.DeepEqual(cr.Rules, wantCluster) {
 		t.Errorf("cleanup ClusterRole %+v\nwant %+v", cr.Rules, wantCluster)
@@ -407,6 +441,7 @@ func TestCleanupHook(t *testing.T) {
 		{APIGroups: []string{"apps"}, Resources: []string{"daemonsets"}, ResourceNames: []string{probeSA}, Verbs: []string{"get", "delete"}},
 		{APIGroups: []string{""}, Resources: []string{"configmaps"}, ResourceNames: []string{fullname + "-pools"}, Verbs: []string{"delete"}},
 		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, ResourceNames: []string{fullname + "-pools"}, Verbs: []string{"delete"}},
+		{APIGroups: []string{""}, Resources: []string{"pods"}, ResourceNames: []string{testNamespace}, Verbs: []string{"delete"}},
 	}
 	if !reflect.DeepEqual(role.Rules, wantRole) {
 		t.Errorf("cleanup Role %+v\nwant %+v", role.Rules, wantRole)
@@ -420,11 +455,6 @@ func TestCleanupHook(t *testing.T) {
 			t.Errorf("cleanup.enabled=false renders %s %s", o.GetKind(), o.GetName())
 		}
 	}
-}
-
-func hasNamespaceRule(t *testing.T, u *unstructured.Unstructured) bool {
-	cr := typed[rbacv1.ClusterRole](t, u)
-	return slices.ContainsFunc(cr.Rules, func(r rbacv1.PolicyRule) bool { return slices.Contains(r.Resources, "namespaces") })
 }
 
 const cleanupUser = "system:serviceaccount:" + namespace + ":" + cleanupName

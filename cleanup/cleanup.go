@@ -1,7 +1,7 @@
 // Package cleanup removes what gpu-injector wrote to a cluster besides the
 // objects its chart installs: the probes' labels, annotations and
 // GPUDriverWedged condition on every Node, and the webhook's memory of pools
-// (a ConfigMap and its leader election Lease). The chart's pre-delete hook
+// (a ConfigMap and its leader election Lease), and the helm test's pod. The chart's pre-delete hook
 // runs it (`gpu-injector cleanup`), so that helm uninstall leaves the
 // cluster as it found it.
 //
@@ -48,9 +48,9 @@ type Options struct {
 	ProbeDaemonSet    string
 	// PoolMemory names the ConfigMap and the Lease of the remembered pools.
 	PoolMemory string
-	// Namespaces are deleted whole: the helm test's, where a failed test
-	// leaves it behind.
-	Namespaces []string
+	// Pods in Namespace are deleted: the helm test's, which helm keeps for
+	// its logs.
+	Pods []string
 	// Timeout bounds the wait for the writers' pods; 2 minutes when zero.
 	Timeout time.Duration
 	// Poll is how often the wait looks; 1 s when zero.
@@ -136,9 +136,9 @@ func deleteOwn(ctx context.Context, o Options) error {
 		err = c.CoordinationV1().Leases(o.Namespace).Delete(ctx, o.PoolMemory, metav1.DeleteOptions{})
 		errs = append(errs, logDelete(o.Log, err, "Lease", o.PoolMemory))
 	}
-	for _, ns := range o.Namespaces {
-		err := c.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{})
-		errs = append(errs, logDelete(o.Log, err, "Namespace", ns))
+	for _, name := range o.Pods {
+		err := c.CoreV1().Pods(o.Namespace).Delete(ctx, name, metav1.DeleteOptions{})
+		errs = append(errs, logDelete(o.Log, err, "Pod", name))
 	}
 	return errors.Join(errs...)
 }

@@ -16,7 +16,7 @@ import (
 
 type cleanupFlags struct {
 	opts       cleanup.Options
-	namespaces string
+	pods       string
 	kubeconfig string
 }
 
@@ -37,7 +37,7 @@ func parseCleanupFlags(args []string, stderr io.Writer) (*cleanupFlags, error) {
 	fs.StringVar(&o.WebhookDeployment, "webhook-deployment", "", "webhook Deployment to delete and wait for; empty: none")
 	fs.StringVar(&o.ProbeDaemonSet, "probe-daemonset", "", "probe DaemonSet to delete and wait for; empty: none")
 	fs.StringVar(&o.PoolMemory, "pool-memory-name", "", "ConfigMap and Lease of the remembered pools to delete; empty: none")
-	fs.StringVar(&f.namespaces, "delete-namespaces", "", "comma-separated namespaces of the release's own to delete (the helm test's)")
+	fs.StringVar(&f.pods, "delete-pods", "", "comma-separated pods in --namespace to delete (the helm test's, which helm keeps)")
 	fs.DurationVar(&o.Timeout, "timeout", 2*time.Minute, "how long to wait for the webhook's and the probes' pods to stop")
 	if err := parse(fs, args); err != nil {
 		return nil, err
@@ -45,8 +45,8 @@ func parseCleanupFlags(args []string, stderr io.Writer) (*cleanupFlags, error) {
 	if o.Namespace == "" {
 		return nil, usageErrorf("--namespace is required")
 	}
-	if f.namespaces != "" {
-		o.Namespaces = strings.Split(f.namespaces, ",")
+	if f.pods != "" {
+		o.Pods = strings.Split(f.pods, ",")
 	}
 	return f, nil
 }

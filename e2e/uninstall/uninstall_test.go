@@ -182,19 +182,8 @@ func TestOpenShiftChartAccepted(t *testing.T) {
 			t.Errorf("SCC %s: rendered %v, the API server would store %v", k, v, stored.Object[k])
 		}
 	}
-	testNamespace := ""
 	checked := 0
 	for _, o := range objs {
-		if o.GetKind() == "Namespace" {
-			testNamespace = o.GetName()
-		}
-	}
-	for _, o := range objs {
-		// The helm test's objects live in its own namespace, which exists only
-		// while helm test runs: its Namespace is checked, they are not.
-		if testNamespace != "" && o.GetNamespace() == testNamespace {
-			continue
-		}
 		if _, err := testEnv.Applier.DryRunStrict(ctx, o); err != nil {
 			t.Errorf("the API server refuses %s %s: %v", o.GetKind(), o.GetName(), err)
 		}
@@ -220,19 +209,20 @@ func normalize(v any) any {
 var succeeded = regexp.MustCompile(`Phase:\s+Succeeded`)
 
 // TestHelmTest: helm test passes against the running release, twice in a row
-// (its namespace is replaced, not in the way), and fails while no webhook
-// replica answers.
+// (the kept pod of the first is replaced), prints the webhook's answer with
+// --logs, and fails while no webhook replica answers.
 func TestHelmTest(t *testing.T) {
 	ctx := context.Background()
 	for i := range 2 {
-		// No --logs: a passing test's pod is deleted with its namespace
-		// before helm would read them.
-		out, err := testEnv.HelmCommand(ctx, "test", env.Release, "--namespace", env.Namespace, "--timeout", "3m")
+		out, err := testEnv.HelmCommand(ctx, "test", env.Release, "--namespace", env.Namespace, "--timeout", "3m", "--logs")
 		if err != nil {
 			t.Fatalf("helm test, run %d: %v", i+1, err)
 		}
-		if !succeeded.MatchString(out) {
+		if !succeeded.MatchString(out) || !strings.Contains(out, "outcome: injected") {
 			t.Fatalf("helm test, run %d, did not report the injected pod:\n%s", i+1, out)
+		}
+		if i == 0 {
+			t.Logf("helm test:\n%s", out)
 		}
 	}
 	if err := testEnv.ScaleWebhook(ctx, 0); err != nil {
@@ -256,7 +246,8 @@ func TestHelmTest(t *testing.T) {
 
 // TestUninstall: helm uninstall removes every gpu-injector.io/ label and
 // annotation and the GPUDriverWedged condition from every Node, the pool
-// memory, the failed helm test's namespace, and every object of the release.
+// memory, the helm test's kept pod and namespace, and every object of the
+// release.
 func TestUninstall(t *testing.T) {
 	ctx := context.Background()
 	nodes, err := client().CoreV1().Nodes().List(ctx, metav1.ListOptions{})
@@ -316,7 +307,10 @@ func TestUninstall(t *testing.T) {
 	if _, err := client().CoordinationV1().Leases(env.Namespace).Get(ctx, pools, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("Lease %s: %v, want it deleted", pools, err)
 	}
-	// The failed helm test above left its namespace; the hook deletes it.
+	// The helm test's pod is a hook, which helm keeps: the cleanup deletes it.
+	if _, err := client().CoreV1().Pods(env.Namespace).Get(ctx, env.Release+"-test", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the helm test's pod: %v, want it deleted", err)
+	}
 	poll(t, 2*time.Minute, "the helm test's namespace to go", func(ctx context.Context) (bool, error) {
 		_, err := client().CoreV1().Namespaces().Get(ctx, env.Release+"-test", metav1.GetOptions{})
 		return apierrors.IsNotFound(err), nil
