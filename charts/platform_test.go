@@ -532,3 +532,27 @@ func TestCleanupPolicy(t *testing.T) {
 		})
 	}
 }
+
+func TestNotesHelmTestAndOpenShift(t *testing.T) {
+	for name, tc := range map[string]struct {
+		o               renderOpts
+		test, openShift bool
+	}{
+		"defaults":           {o: kube136, test: true},
+		"no test":            {o: with(kube136, "tests.enabled=false")},
+		"OpenShift detected": {o: renderOpts{kubeVersion: "1.33.6", apiVersions: []string{openShiftAPI}}, test: true, openShift: true},
+	} {
+		t.Run(name, func(t *testing.T) {
+			notes, err := renderNotes(t, tc.o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := strings.Contains(notes, "helm test "+releaseName+" -n "+namespace+" --logs"); got != tc.test {
+				t.Errorf("notes name helm test: %v, want %v\n%s", got, tc.test, notes)
+			}
+			if got := strings.Contains(notes, "refused by OpenShift's SCC admission"); got != tc.openShift {
+				t.Errorf("notes warn of SCC refusals: %v, want %v", got, tc.openShift)
+			}
+		})
+	}
+}
