@@ -116,6 +116,41 @@ func (a *Applier) DryRunStrict(ctx context.Context, obj *unstructured.Unstructur
 	return a.apply(ctx, obj, true, metav1.FieldValidationStrict)
 }
 
+// DryRunCreateStrict creates obj with dry run and strict field validation,
+// as helm install creates an object the cluster does not have yet (a
+// server-side apply would treat an explicit null as no value), and returns
+// what the API server would store.
+func (a *Applier) DryRunCreateStrict(ctx context.Context, obj *unstructured.Unstructured) (*unstructured.Unstructured, error) {
+	ri, err := a.resource(obj)
+	if err != nil {
+		return nil, err
+	}
+	out, err := ri.Create(ctx, obj, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}, FieldValidation: metav1.FieldValidationStrict})
+	if err != nil {
+		return nil, fmt.Errorf("failed to create %s %s: %w", obj.GetKind(), obj.GetName(), err)
+	}
+	return out, nil
+}
+
+func (a *Applier) resource(obj *unstructured.Unstructured) (dynamic.ResourceInterface, error) {
+	gvk := obj.GroupVersionKind()
+	m, err := a.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+	if err != nil {
+		a.mapper.Reset()
+		if m, err = a.mapper.RESTMapping(gvk.GroupKind(), gvk.Version); err != nil {
+			return nil, fmt.Errorf("failed to map %s: %w", gvk, err)
+		}
+	}
+	if m.Scope.Name() == "namespace" {
+		ns := obj.GetNamespace()
+		if ns == "" {
+			ns = Namespace
+		}
+		return a.dyn.Resource(m.Resource).Namespace(ns), nil
+	}
+	return a.dyn.Resource(m.Resource), nil
+}
+
 func (a *Applier) apply(ctx context.Context, obj *unstructured.Unstructured, dryRun bool, validation string) (*unstructured.Unstructured, error) {
 	gvk := obj.GroupVersionKind()
 	m, err := a.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
