@@ -30,6 +30,7 @@ Usage:
   gpu-injector status [flags]      what gpu-injector does in your cluster; exit 3 when something needs attention
   gpu-injector status pod NAMESPACE/NAME [-f POD.yaml]
                                    one pod: its injection, its node's driver, why it waits or was refused
+  gpu-injector cleanup [flags]     remove what gpu-injector wrote to the Nodes (the chart's uninstall hook)
   gpu-injector version             print the version
 
 Run "gpu-injector COMMAND -h" for a command's flags.
@@ -77,6 +78,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return cmd.Status(ctx, args[1:], stdout, stderr)
 	case "config":
 		return cmd.Config(args[1:], stdin, stdout, stderr)
+	case "cleanup":
+		err = cmd.Cleanup(ctx, args[1:], stderr)
 	case "version", "--version":
 		fmt.Fprintln(stdout, version.String())
 	case "help", "-h", "--help":

@@ -463,8 +463,8 @@ func TestValidateHook(t *testing.T) {
 		t.Errorf("helm does not print the Job's message when it fails: %v", job.Annotations)
 	}
 	for _, o := range r.objects {
-		if _, hook := o.GetAnnotations()["helm.sh/hook"]; hook != (o.GetName() == hookName) {
-			t.Errorf("%s %s: a hook %v", o.GetKind(), o.GetName(), hook)
+		if hook := strings.Contains(o.GetAnnotations()["helm.sh/hook"], "pre-install"); hook != (o.GetName() == hookName) {
+			t.Errorf("%s %s: an install hook %v", o.GetKind(), o.GetName(), hook)
 		}
 	}
 	if job.Spec.BackoffLimit == nil || *job.Spec.BackoffLimit != 0 || job.Spec.ActiveDeadlineSeconds == nil {

@@ -157,7 +157,7 @@ func TestMutateFlags(t *testing.T) {
 
 func TestStatusExit(t *testing.T) {
 	var stderr bytes.Buffer
-	for _, args := range [][]string{{"-o", "wide"}, {"--color", "sometimes"}, {"extra"}, {"--nope"}} {
+	for _, args := range [][]string{{"-o", "wide"}, {"--color", "sometimes"}, {"extra"}, {"--nope"}, {"--dry-run-only"}} {
 		if code := Status(context.Background(), args, &bytes.Buffer{}, &stderr); code != status.ExitUsage {
 			t.Errorf("%v: exit %d, want %d", args, code, status.ExitUsage)
 		}
@@ -200,5 +200,25 @@ current-context: a
 	t.Setenv("KUBECONFIG", kubeconfig)
 	if c, err := restConfig("", "b"); err != nil || c.Host != "https://b.example:6443" {
 		t.Errorf("$KUBECONFIG: %v, %v", c, err)
+	}
+}
+
+func TestCleanupFlags(t *testing.T) {
+	f, err := parseCleanupFlags([]string{"--namespace=gpu-injector", "--webhook-configuration-name=gpu-injector",
+		"--webhook-deployment=gpu-injector-webhook", "--probe-daemonset=gpu-injector-nodeprobe",
+		"--pool-memory-name=gpu-injector-pools", "--delete-pods=gpu-injector-test", "--timeout=30s"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := f.opts
+	if o.Namespace != "gpu-injector" || o.WebhookConfiguration != "gpu-injector" || o.WebhookDeployment != "gpu-injector-webhook" ||
+		o.ProbeDaemonSet != "gpu-injector-nodeprobe" || o.PoolMemory != "gpu-injector-pools" ||
+		len(o.Pods) != 1 || o.Pods[0] != "gpu-injector-test" || o.Timeout != 30*time.Second {
+		t.Errorf("options %+v", o)
+	}
+	for _, args := range [][]string{{}, {"--webhook-deployment=x"}, {"--namespace=ns", "extra"}} {
+		if _, err := parseCleanupFlags(args, io.Discard); !errors.Is(err, ErrUsage) {
+			t.Errorf("%v: %v, want a usage error", args, err)
+		}
 	}
 }

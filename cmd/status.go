@@ -25,6 +25,7 @@ func parseStatusFlags(args []string, stderr io.Writer) (*statusFlags, error) {
 	fs.StringVar(&f.context, "context", "", "kubeconfig context; default its current context")
 	fs.StringVar(&o.Namespace, "namespace", "", "namespace gpu-injector runs in; default: found by the chart's labels")
 	fs.StringVar(&o.DryRunNamespace, "dry-run-namespace", "", "namespace to try the dry-run GPU pod in; default: an opted-in namespace, one whose Pod Security level allows hostPath first")
+	fs.BoolVar(&o.DryRunOnly, "dry-run-only", false, "only try the dry-run GPU pod in --dry-run-namespace, print what the API server returned, exit 0 when the webhook mutated it (3 otherwise); reads nothing else")
 	fs.StringVar(&o.Output, "o", "table", "output: table, json or yaml")
 	fs.StringVar(&o.Color, "color", "auto", "colour the table: auto (when stdout is a terminal and NO_COLOR is unset), always or never")
 	fs.Usage = func() {
@@ -41,6 +42,9 @@ func parseStatusFlags(args []string, stderr io.Writer) (*statusFlags, error) {
 	if fs.NArg() > 0 {
 		fs.Usage()
 		return nil, usageErrorf("unexpected argument %q", fs.Arg(0))
+	}
+	if o.DryRunOnly && o.DryRunNamespace == "" {
+		return nil, usageErrorf("--dry-run-only needs --dry-run-namespace")
 	}
 	switch o.Output {
 	case "table", "json", "yaml":

@@ -44,6 +44,10 @@ modes=(
   "an added allowlist entry|--kube-version 1.36.3 --set config.hostPaths.extraAllowlist[0].path=/srv/gpu"
   "runtime injection off (no NRI plugin)|--kube-version 1.36.3 --set runtimeInjection.enabled=false"
   "runtime injection only, socket elsewhere|--kube-version 1.36.3 --set runtimeInjection.nriSocket=/run/containerd/nri/nri.sock --set config.driverDelivery=Runtime"
+  "webhook on the host network, ports moved|--kube-version 1.36.3 --set webhook.hostNetwork=true --set webhook.port=10260 --set webhook.metricsPort=10261 --set webhook.healthPort=10262"
+  "OpenShift on its floor (4.20: Kubernetes 1.33)|--kube-version 1.33.13 --set openshift.enabled=true"
+  "OpenShift, privileged probe, no NRI plugin|--kube-version 1.36.3 --set openshift.enabled=true --set nodeprobe.privileged=true --set runtimeInjection.enabled=false"
+  "no helm test, no uninstall cleanup|--kube-version 1.36.3 --set tests.enabled=false --set cleanup.enabled=false"
 )
 for mode in "${modes[@]}"; do
   name="${mode%%|*}"

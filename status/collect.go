@@ -61,6 +61,16 @@ type Collector struct {
 	DryRunNamespace string
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+	// RetryEvery is how often a dry run refused for a missing ServiceAccount
+	// is tried again; zero means 500 ms.
+	RetryEvery time.Duration
+}
+
+func (c *Collector) retryEvery() time.Duration {
+	if c.RetryEvery == 0 {
+		return 500 * time.Millisecond
+	}
+	return c.RetryEvery
 }
 
 // Collect reads everything the report shows. An error means the cluster could

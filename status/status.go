@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strings"
 	"sync"
 	"time"
 
@@ -50,6 +51,10 @@ type Options struct {
 	// Color colours the table: auto (when the output is a terminal and
 	// NO_COLOR is unset), always or never.
 	Color string
+	// DryRunOnly tries the dry-run GPU pod in DryRunNamespace and reads
+	// nothing else: the chart's helm test, whose ServiceAccount may only
+	// create pods there.
+	DryRunOnly bool
 }
 
 // Run reads the cluster, writes the report to stdout and returns the exit
@@ -66,6 +71,9 @@ func Run(ctx context.Context, o Options, stdout io.Writer) (int, error) {
 		return ExitError, fmt.Errorf("failed to create a Kubernetes client: %w", err)
 	}
 	c := &Collector{Client: client, DryRun: clientDryRunner{cfg: cfg}, Namespace: o.Namespace, DryRunNamespace: o.DryRunNamespace}
+	if o.DryRunOnly {
+		return dryRunOnly(ctx, c, stdout)
+	}
 	r, err := c.Collect(ctx)
 	if err != nil {
 		return ExitError, err
@@ -74,6 +82,37 @@ func Run(ctx context.Context, o Options, stdout io.Writer) (int, error) {
 		return ExitError, err
 	}
 	return exitStatus(r), nil
+}
+
+// dryRunOnly writes the dry run's outcome: ExitOK when the pod came back
+// mutated, ExitAttention otherwise.
+func dryRunOnly(ctx context.Context, c *Collector, stdout io.Writer) (int, error) {
+	if c.DryRunNamespace == "" {
+		return ExitUsage, fmt.Errorf("a dry run alone needs the namespace to try it in")
+	}
+	d := c.dryRunIn(ctx, c.DryRunNamespace)
+	// A namespace just created (the helm test's) has no default
+	// ServiceAccount until the controller manager adds it, and the API
+	// server refuses every pod there until then.
+	for wait := 0; d.Outcome == DryRunError && strings.Contains(d.Message, "error looking up service account") && wait < 60; wait++ {
+		select {
+		case <-ctx.Done():
+			return ExitError, fmt.Errorf("failed to try the GPU pod: %w", ctx.Err())
+		case <-time.After(c.retryEvery()):
+		}
+		d = c.dryRunIn(ctx, c.DryRunNamespace)
+	}
+	b, err := yaml.Marshal(d)
+	if err != nil {
+		return ExitError, fmt.Errorf("failed to encode the dry run: %w", err)
+	}
+	if _, err := stdout.Write(b); err != nil {
+		return ExitError, fmt.Errorf("failed to write the dry run: %w", err)
+	}
+	if d.Outcome != DryRunInjected {
+		return ExitAttention, nil
+	}
+	return ExitOK, nil
 }
 
 // exitStatus is ExitAttention when the report lists anything to act on.

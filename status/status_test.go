@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"slices"
 	"strings"
 	"testing"
@@ -543,4 +544,59 @@ func TestNodesWithoutPlugin(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestDryRunOnly: the helm test's check reads nothing but the dry run (its
+// client here has no object at all, and a fake clientset answers every read
+// of a missing one with NotFound), prints it, and says by its exit status
+// whether the webhook mutated the pod.
+func TestDryRunOnly(t *testing.T) {
+	for name, tc := range map[string]struct {
+		dr   *stubDryRun
+		want int
+		says string
+	}{
+		"injected":  {dr: &stubDryRun{pod: injectedPod("fp-gpu-a")}, want: ExitOK, says: "fingerprint: fp-gpu-a"},
+		"unchanged": {dr: &stubDryRun{pod: dryRunPod()}, want: ExitAttention, says: "outcome: unchanged"},
+		"denied": {dr: &stubDryRun{err: errors.New(`admission webhook "pods.gpu-injector.io" denied the request: no layout`)},
+			want: ExitAttention, says: "outcome: denied"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			client := fake.NewClientset()
+			c := &Collector{Client: client, DryRun: tc.dr, DryRunNamespace: "helm-test"}
+			var out bytes.Buffer
+			code, err := dryRunOnly(context.Background(), c, &out)
+			if err != nil || code != tc.want {
+				t.Fatalf("exit %d, %v; want %d", code, err, tc.want)
+			}
+			if !strings.Contains(out.String(), tc.says) || tc.dr.asked != "helm-test" {
+				t.Errorf("dry run in %q printed:\n%s\nwant %q", tc.dr.asked, out.String(), tc.says)
+			}
+			if n := len(client.Actions()); n != 0 {
+				t.Errorf("%d reads of the cluster besides the dry run: %v", n, client.Actions())
+			}
+		})
+	}
+	// The test's namespace, just created, has no default ServiceAccount yet.
+	dr := &noServiceAccountYet{refusals: 3, stubDryRun: stubDryRun{pod: injectedPod("fp-gpu-a")}}
+	c := &Collector{DryRun: dr, DryRunNamespace: "helm-test", RetryEvery: time.Millisecond}
+	if code, err := dryRunOnly(context.Background(), c, io.Discard); err != nil || code != ExitOK || dr.refusals != -1 {
+		t.Errorf("exit %d, %v, %d refusals left; want the pod tried again until admitted", code, err, dr.refusals)
+	}
+	if code, err := dryRunOnly(context.Background(), &Collector{DryRun: &stubDryRun{}}, io.Discard); err == nil || code != ExitUsage {
+		t.Errorf("no namespace: exit %d, %v; want a usage error", code, err)
+	}
+}
+
+type noServiceAccountYet struct {
+	stubDryRun
+	refusals int
+}
+
+func (s *noServiceAccountYet) DryRunPod(ctx context.Context, ns string, pod *corev1.Pod) (*corev1.Pod, []string, error) {
+	s.refusals--
+	if s.refusals >= 0 {
+		return nil, nil, apierrors.NewForbidden(schema.GroupResource{Resource: "pods"}, "", errors.New(`error looking up service account helm-test/default: serviceaccount "default" not found`))
+	}
+	return s.stubDryRun.DryRunPod(ctx, ns, pod)
 }

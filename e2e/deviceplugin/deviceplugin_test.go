@@ -8,7 +8,12 @@ import (
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 	"sigs.k8s.io/yaml"
+
+	"github.com/gpu-injector/gpu-injector/layout"
 
 	"golang.org/x/sys/unix"
 )
@@ -103,5 +108,41 @@ func TestCreateDeviceNodes(t *testing.T) {
 	left, _ := filepath.Glob(filepath.Join(root, "dev/*"))
 	if !slices.Equal(left, []string{filepath.Join(root, "dev/nvidia0")}) {
 		t.Errorf("left %v, want only the node that was there before", left)
+	}
+}
+
+// TestManifestRunsOnPlainClusters: the plugin's DaemonSet selects a node
+// where gpu-injector's probe found a driver, whatever else labels it, or a
+// node labelled a GPU node by feature discovery (or by hand); never a node
+// where the probe found no driver, nor one nothing labels.
+func TestManifestRunsOnPlainClusters(t *testing.T) {
+	data, err := Manifest("registry.example/nvidia/k8s-device-plugin:v0.19.1", "/usr/local/nvidia")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ds appsv1.DaemonSet
+	if err := yaml.UnmarshalStrict(data, &ds); err != nil {
+		t.Fatal(err)
+	}
+	spec := ds.Spec.Template.Spec
+	if len(spec.NodeSelector) > 0 {
+		t.Fatalf("nodeSelector %v: a plain cluster has no such label", spec.NodeSelector)
+	}
+	sel := nodeaffinity.GetRequiredNodeAffinity(&corev1.Pod{Spec: spec})
+	for _, tc := range []struct {
+		labels map[string]string
+		want   bool
+	}{
+		{map[string]string{layout.LabelState: layout.StateReady, "kubernetes.io/os": "linux"}, true},
+		{map[string]string{layout.LabelState: layout.StateWedged}, true},
+		{map[string]string{layout.LabelState: layout.StateError}, true},
+		{map[string]string{layout.LabelState: layout.StateNoDriver}, false},
+		{map[string]string{"nvidia.com/gpu.present": "true"}, true},
+		{map[string]string{"kubernetes.io/os": "linux"}, false},
+	} {
+		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n", Labels: tc.labels}}
+		if got, err := sel.Match(node); err != nil || got != tc.want {
+			t.Errorf("node labelled %v: runs the plugin %v (%v), want %v", tc.labels, got, err, tc.want)
+		}
 	}
 }

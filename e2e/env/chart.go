@@ -37,10 +37,20 @@ const FieldManager = "gpu-injector-e2e"
 // RenderChart runs `helm template` on charts/gpu-injector for this cluster's
 // version, with extra --set values, and returns every rendered object.
 func RenderChart(ctx context.Context, repoRoot, helm string, sets ...string) ([]*unstructured.Unstructured, error) {
+	return RenderChartFor(ctx, repoRoot, helm, nil, sets...)
+}
+
+// RenderChartFor is RenderChart for a cluster that also serves apiVersions
+// (group/version), as helm install would learn from it: an OpenShift's
+// security.openshift.io/v1.
+func RenderChartFor(ctx context.Context, repoRoot, helm string, apiVersions []string, sets ...string) ([]*unstructured.Unstructured, error) {
 	args := []string{"template", Release, filepath.Join(repoRoot, "charts", "gpu-injector"),
 		"--namespace", Namespace,
 		// helm template does not ask a cluster; the chart decides on the version alone.
 		"--kube-version", strings.TrimPrefix(cluster.KubernetesVersion, "v"),
+	}
+	for _, a := range apiVersions {
+		args = append(args, "--api-versions", a)
 	}
 	for _, s := range sets {
 		args = append(args, "--set", s)
@@ -95,19 +105,66 @@ func NewApplier(cfg *rest.Config) (*Applier, error) {
 // Apply server-side applies obj; with dryRun the API server runs every
 // admission step and validation and persists nothing.
 func (a *Applier) Apply(ctx context.Context, obj *unstructured.Unstructured, dryRun bool) error {
+	_, err := a.apply(ctx, obj, dryRun, "")
+	return err
+}
+
+// DryRunStrict server-side applies obj with dry run and strict field
+// validation (a field the API's schema lacks is an error, not dropped), and
+// returns what the API server would store.
+func (a *Applier) DryRunStrict(ctx context.Context, obj *unstructured.Unstructured) (*unstructured.Unstructured, error) {
+	return a.apply(ctx, obj, true, metav1.FieldValidationStrict)
+}
+
+// DryRunCreateStrict creates obj with dry run and strict field validation,
+// as helm install creates an object the cluster does not have yet (a
+// server-side apply would treat an explicit null as no value), and returns
+// what the API server would store.
+func (a *Applier) DryRunCreateStrict(ctx context.Context, obj *unstructured.Unstructured) (*unstructured.Unstructured, error) {
+	ri, err := a.resource(obj)
+	if err != nil {
+		return nil, err
+	}
+	out, err := ri.Create(ctx, obj, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}, FieldValidation: metav1.FieldValidationStrict})
+	if err != nil {
+		return nil, fmt.Errorf("failed to create %s %s: %w", obj.GetKind(), obj.GetName(), err)
+	}
+	return out, nil
+}
+
+func (a *Applier) resource(obj *unstructured.Unstructured) (dynamic.ResourceInterface, error) {
 	gvk := obj.GroupVersionKind()
 	m, err := a.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
 	if err != nil {
 		a.mapper.Reset()
 		if m, err = a.mapper.RESTMapping(gvk.GroupKind(), gvk.Version); err != nil {
-			return fmt.Errorf("failed to map %s: %w", gvk, err)
+			return nil, fmt.Errorf("failed to map %s: %w", gvk, err)
+		}
+	}
+	if m.Scope.Name() == "namespace" {
+		ns := obj.GetNamespace()
+		if ns == "" {
+			ns = Namespace
+		}
+		return a.dyn.Resource(m.Resource).Namespace(ns), nil
+	}
+	return a.dyn.Resource(m.Resource), nil
+}
+
+func (a *Applier) apply(ctx context.Context, obj *unstructured.Unstructured, dryRun bool, validation string) (*unstructured.Unstructured, error) {
+	gvk := obj.GroupVersionKind()
+	m, err := a.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+	if err != nil {
+		a.mapper.Reset()
+		if m, err = a.mapper.RESTMapping(gvk.GroupKind(), gvk.Version); err != nil {
+			return nil, fmt.Errorf("failed to map %s: %w", gvk, err)
 		}
 	}
 	data, err := json.Marshal(obj.Object)
 	if err != nil {
-		return fmt.Errorf("failed to encode %s %s: %w", gvk.Kind, obj.GetName(), err)
+		return nil, fmt.Errorf("failed to encode %s %s: %w", gvk.Kind, obj.GetName(), err)
 	}
-	opts := metav1.PatchOptions{FieldManager: FieldManager, Force: ptr(true)}
+	opts := metav1.PatchOptions{FieldManager: FieldManager, Force: ptr(true), FieldValidation: validation}
 	if dryRun {
 		opts.DryRun = []string{metav1.DryRunAll}
 	}
@@ -119,10 +176,11 @@ func (a *Applier) Apply(ctx context.Context, obj *unstructured.Unstructured, dry
 		}
 		ri = a.dyn.Resource(m.Resource).Namespace(ns)
 	}
-	if _, err := ri.Patch(ctx, obj.GetName(), types.ApplyPatchType, data, opts); err != nil {
-		return fmt.Errorf("failed to apply %s %s: %w", gvk.Kind, obj.GetName(), err)
+	out, err := ri.Patch(ctx, obj.GetName(), types.ApplyPatchType, data, opts)
+	if err != nil {
+		return nil, fmt.Errorf("failed to apply %s %s: %w", gvk.Kind, obj.GetName(), err)
 	}
-	return nil
+	return out, nil
 }
 
 func ptr[T any](v T) *T { return &v }

@@ -491,6 +491,20 @@ func (e *Env) startProbes(ctx context.Context) error {
 	return nil
 }
 
+// StopLocalProbes stops the probes the environment runs as local processes
+// for the API-only nodes: in a real cluster those are pods of the chart's
+// DaemonSet, which helm uninstall's hook deletes, and nothing else may
+// write to the Nodes once it has.
+func (e *Env) StopLocalProbes() error {
+	var errs []error
+	for _, n := range e.Nodes {
+		if n.probe != nil {
+			errs = append(errs, n.probe.stop(10*time.Second))
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // Fingerprints are the layout fingerprints the nodes publish now, by node.
 type Fingerprints map[string]string
 

@@ -194,3 +194,59 @@ binary cannot check because they join values of two components.
 {{- fail "config.driverDelivery Runtime needs runtimeInjection.enabled: without the NRI plugin no node injects at the runtime, and every GPU pod would get the noLayout action" }}
 {{- end }}
 {{- end }}
+
+{{/*
+Is the cluster OpenShift? "true" or empty. auto asks the cluster for the
+security.openshift.io/v1 API (SecurityContextConstraints), which helm install and upgrade
+know; helm template knows it only from --api-versions.
+*/}}
+{{- define "gpu-injector.openshift" -}}
+{{- $v := toString .Values.openshift.enabled }}
+{{- if eq $v "true" }}true
+{{- else if and (eq $v "auto") (.Capabilities.APIVersions.Has "security.openshift.io/v1") }}true
+{{- end }}
+{{- end }}
+
+{{/*
+The webhook's pod and container security contexts. On OpenShift the restricted-v2 SCC
+assigns each namespace its own uid range and refuses a fixed uid or fsGroup outside it:
+the user and group are left to the SCC, which sets them from the namespace's range; every
+other setting stays. The install and test hooks run with the same.
+*/}}
+{{- define "gpu-injector.webhook.podSecurityContext" -}}
+{{- $sc := deepCopy .Values.webhook.podSecurityContext }}
+{{- if include "gpu-injector.openshift" . }}
+{{- $_ := unset $sc "runAsUser" }}
+{{- $_ := unset $sc "runAsGroup" }}
+{{- $_ := unset $sc "fsGroup" }}
+{{- $_ := unset $sc "supplementalGroups" }}
+{{- end }}
+{{- toYaml $sc }}
+{{- end }}
+
+{{- define "gpu-injector.webhook.securityContext" -}}
+{{- $sc := deepCopy .Values.webhook.securityContext }}
+{{- if include "gpu-injector.openshift" . }}
+{{- $_ := unset $sc "runAsUser" }}
+{{- $_ := unset $sc "runAsGroup" }}
+{{- end }}
+{{- toYaml $sc }}
+{{- end }}
+
+{{- define "gpu-injector.tests.name" -}}
+{{- printf "%s-test" (include "gpu-injector.fullname" .) }}
+{{- end }}
+
+{{- define "gpu-injector.tests.labels" -}}
+{{ include "gpu-injector.labels" . }}
+app.kubernetes.io/component: test
+{{- end }}
+
+{{- define "gpu-injector.cleanup.name" -}}
+{{- printf "%s-cleanup" (include "gpu-injector.fullname" .) }}
+{{- end }}
+
+{{- define "gpu-injector.cleanup.labels" -}}
+{{ include "gpu-injector.labels" . }}
+app.kubernetes.io/component: cleanup
+{{- end }}

@@ -1,0 +1,561 @@
+package charts_test
+
+import (
+	"context"
+	"reflect"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apiserver/pkg/admission"
+	"k8s.io/apiserver/pkg/admission/plugin/policy/validating"
+	celconfig "k8s.io/apiserver/pkg/apis/cel"
+	"k8s.io/apiserver/pkg/authentication/user"
+)
+
+// allPodSpecs: every pod the chart can create, the hooks' and the test's included.
+func allPodSpecs(t *testing.T, r rendered) map[string]corev1.PodSpec {
+	t.Helper()
+	out := map[string]corev1.PodSpec{}
+	for name, s := range r.podSpecs(t) {
+		out[name] = s.Spec
+	}
+	for _, u := range r.all("Job") {
+		out["Job/"+u.GetName()] = typed[batchv1.Job](t, u).Spec.Template.Spec
+	}
+	for _, u := range r.all("Pod") {
+		out["Pod/"+u.GetName()] = typed[corev1.Pod](t, u).Spec
+	}
+	return out
+}
+
+func TestLinuxNodesByDefault(t *testing.T) {
+	specs := allPodSpecs(t, render(t, kube136))
+	for _, want := range []string{"Deployment/gpu-injector-webhook", "DaemonSet/" + probeSA, "Job/" + hookName, "Job/" + cleanupName, "Pod/" + testNamespace} {
+		if _, ok := specs[want]; !ok {
+			t.Errorf("%s not rendered: have %v", want, slices.Sorted(mapsKeys(specs)))
+		}
+	}
+	for name, s := range specs {
+		if s.NodeSelector["kubernetes.io/os"] != "linux" {
+			t.Errorf("%s nodeSelector %v: want kubernetes.io/os=linux", name, s.NodeSelector)
+		}
+	}
+	// Helm merges maps: null is how a user drops the default.
+	r := render(t, with(kube136, `webhook.nodeSelector.kubernetes\.io/os=null`, "webhook.nodeSelector.pool=system"))
+	dep := r.podSpecs(t)["Deployment/gpu-injector-webhook"].Spec
+	if !reflect.DeepEqual(dep.NodeSelector, map[string]string{"pool": "system"}) {
+		t.Errorf("webhook nodeSelector %v: want the default dropped and pool=system", dep.NodeSelector)
+	}
+}
+
+func mapsKeys[V any](m map[string]V) func(func(string) bool) {
+	return func(yield func(string) bool) {
+		for k := range m {
+			if !yield(k) {
+				return
+			}
+		}
+	}
+}
+
+func TestWebhookHostNetwork(t *testing.T) {
+	def := render(t, kube136).podSpecs(t)["Deployment/gpu-injector-webhook"].Spec
+	if def.HostNetwork || def.DNSPolicy != "" {
+		t.Errorf("default: hostNetwork %v, dnsPolicy %q: want the pod network", def.HostNetwork, def.DNSPolicy)
+	}
+	r := render(t, with(kube136, "webhook.hostNetwork=true", "webhook.port=10260", "webhook.metricsPort=10261", "webhook.healthPort=10262",
+		"webhook.networkPolicy.enabled=true", "webhook.networkPolicy.apiServerPeers[0].ipBlock.cidr=10.0.0.0/24"))
+	spec := r.podSpecs(t)["Deployment/gpu-injector-webhook"]
+	if !spec.Spec.HostNetwork || spec.Spec.DNSPolicy != corev1.DNSClusterFirstWithHostNet {
+		t.Errorf("hostNetwork %v, dnsPolicy %q: want the node's network with the cluster's DNS", spec.Spec.HostNetwork, spec.Spec.DNSPolicy)
+	}
+	c := container(t, spec, "webhook")
+	for _, a := range []string{"--port=10260", "--metrics-bind-address=:10261", "--health-probe-bind-address=:10262"} {
+		if !slices.Contains(c.Args, a) {
+			t.Errorf("webhook args %q lack %s", c.Args, a)
+		}
+	}
+	if findPort(c, "webhook") != 10260 || findPort(c, "metrics") != 10261 || findPort(c, "health") != 10262 {
+		t.Errorf("container ports %+v: want webhook 10260, metrics 10261, health 10262", c.Ports)
+	}
+	// The Service and the probes name the ports, so they follow.
+	svc := mustGet[corev1.Service](t, r, "Service", webhookSvc)
+	if svc.Spec.Ports[0].TargetPort.String() != "webhook" || c.ReadinessProbe.HTTPGet.Port.String() != "health" {
+		t.Errorf("service targetPort %s, readiness port %s: want the named ports", svc.Spec.Ports[0].TargetPort.String(), c.ReadinessProbe.HTTPGet.Port.String())
+	}
+	np := mustGet[networkingv1.NetworkPolicy](t, r, "NetworkPolicy", fullname+"-webhook")
+	var ports []int32
+	for _, rule := range np.Spec.Ingress {
+		for _, p := range rule.Ports {
+			ports = append(ports, p.Port.IntVal)
+		}
+	}
+	slices.Sort(ports)
+	if !slices.Equal(ports, []int32{10260, 10261, 10262}) {
+		t.Errorf("NetworkPolicy ports %v: want the configured ones", ports)
+	}
+}
+
+func TestExtraEnvVolumesTolerations(t *testing.T) {
+	r := render(t, with(kube136,
+		"webhook.extraEnv[0].name=HTTPS_PROXY", "webhook.extraEnv[0].value=http://proxy:3128",
+		"webhook.extraVolumes[0].name=ca", "webhook.extraVolumes[0].configMap.name=corp-ca",
+		"webhook.extraVolumeMounts[0].name=ca", "webhook.extraVolumeMounts[0].mountPath=/etc/ssl/corp", "webhook.extraVolumeMounts[0].readOnly=true",
+		"webhook.tolerations[0].key=dedicated", "webhook.tolerations[0].operator=Exists",
+		"webhook.priorityClassName=system-cluster-critical",
+		"nodeprobe.extraEnv[0].name=GODEBUG", "nodeprobe.extraEnv[0].value=madvdontneed=1",
+		"nodeprobe.extraVolumes[0].name=extra", "nodeprobe.extraVolumes[0].emptyDir.medium=Memory",
+		"nodeprobe.extraVolumeMounts[0].name=extra", "nodeprobe.extraVolumeMounts[0].mountPath=/extra",
+		"nodeprobe.priorityClassName=system-node-critical",
+		"runtimeInjection.extraEnv[0].name=NRI_DEBUG", "runtimeInjection.extraEnv[0].value=on",
+		"runtimeInjection.extraVolumeMounts[0].name=extra", "runtimeInjection.extraVolumeMounts[0].mountPath=/extra",
+	))
+	dep := r.podSpecs(t)["Deployment/gpu-injector-webhook"]
+	ds := r.podSpecs(t)["DaemonSet/"+probeSA]
+	hasEnv := func(c corev1.Container, name string) bool {
+		return slices.ContainsFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == name })
+	}
+	hasMount := func(c corev1.Container, name, path string) bool {
+		return slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool { return m.Name == name && m.MountPath == path })
+	}
+	hasVolume := func(s corev1.PodSpec, name string) bool {
+		return slices.ContainsFunc(s.Volumes, func(v corev1.Volume) bool { return v.Name == name })
+	}
+	wc, pc, nc := container(t, dep, "webhook"), container(t, ds, "nodeprobe"), container(t, ds, "nri-plugin")
+	checks := map[string]bool{
+		"webhook env":              hasEnv(wc, "HTTPS_PROXY") && hasEnv(wc, "GPU_INJECTOR_MEMORY_LIMIT"),
+		"webhook volume and mount": hasVolume(dep.Spec, "ca") && hasMount(wc, "ca", "/etc/ssl/corp") && hasMount(wc, "config", "/etc/gpu-injector"),
+		"webhook toleration":       len(dep.Spec.Tolerations) == 1 && dep.Spec.Tolerations[0].Key == "dedicated",
+		"webhook priority class":   dep.Spec.PriorityClassName == "system-cluster-critical",
+		"probe env":                hasEnv(pc, "GODEBUG") && hasEnv(pc, "NODE_NAME") && !hasEnv(nc, "GODEBUG"),
+		"probe volume and mount":   hasVolume(ds.Spec, "extra") && hasMount(pc, "extra", "/extra") && hasVolume(ds.Spec, "host-root"),
+		"probe priority class":     ds.Spec.PriorityClassName == "system-node-critical",
+		"probe tolerations":        len(ds.Spec.Tolerations) == 1 && ds.Spec.Tolerations[0].Key == "nvidia.com/gpu",
+		"plugin env":               hasEnv(nc, "NRI_DEBUG") && !hasEnv(pc, "NRI_DEBUG"),
+		"plugin mount":             hasMount(nc, "extra", "/extra") && hasMount(nc, "nri-socket", "/var/run/nri"),
+	}
+	for what, ok := range checks {
+		if !ok {
+			t.Errorf("%s: not as set", what)
+		}
+	}
+	checkKnownTypes(t, r)
+}
+
+const openShiftAPI = "security.openshift.io/v1"
+
+func TestOpenShiftDetection(t *testing.T) {
+	scc := probeSA
+	for name, tc := range map[string]struct {
+		o    renderOpts
+		want bool
+	}{
+		"auto, plain Kubernetes":        {o: kube136},
+		"auto, OpenShift":               {o: renderOpts{kubeVersion: "1.33.6", apiVersions: []string{openShiftAPI}}, want: true},
+		"forced on without the API":     {o: with(kube136, "openshift.enabled=true"), want: true},
+		"forced off on OpenShift":       {o: renderOpts{kubeVersion: "1.33.6", apiVersions: []string{openShiftAPI}, set: []string{"openshift.enabled=false"}}},
+		"OpenShift without the probe":   {o: renderOpts{kubeVersion: "1.33.6", apiVersions: []string{openShiftAPI}, set: []string{"nodeprobe.enabled=false", "runtimeInjection.enabled=false"}}},
+		"OpenShift with cert-manager":   {o: renderOpts{kubeVersion: "1.36.3", apiVersions: []string{openShiftAPI}, set: []string{"certManager.enabled=true"}}, want: true},
+		"OpenShift, a privileged probe": {o: renderOpts{kubeVersion: "1.36.3", apiVersions: []string{openShiftAPI}, set: []string{"nodeprobe.privileged=true"}}, want: true},
+	} {
+		t.Run(name, func(t *testing.T) {
+			r := render(t, tc.o)
+			probe := r.podSpecs(t)["DaemonSet/"+probeSA]
+			gotSCC := r.get("SecurityContextConstraints", scc) != nil
+			if probe.Spec.Containers == nil {
+				if gotSCC {
+					t.Error("an SCC without the probe")
+				}
+				return
+			}
+			if gotSCC != tc.want || (probe.Annotations["openshift.io/required-scc"] == scc) != tc.want {
+				t.Fatalf("SCC rendered %v, probe's required-scc %q: want OpenShift %v", gotSCC, probe.Annotations["openshift.io/required-scc"], tc.want)
+			}
+			for name, s := range allPodSpecs(t, r) {
+				if strings.HasPrefix(name, "DaemonSet/") {
+					continue
+				}
+				fixed := s.SecurityContext != nil && (s.SecurityContext.RunAsUser != nil || s.SecurityContext.FSGroup != nil || s.SecurityContext.RunAsGroup != nil)
+				for _, c := range s.Containers {
+					fixed = fixed || c.SecurityContext != nil && (c.SecurityContext.RunAsUser != nil || c.SecurityContext.RunAsGroup != nil)
+				}
+				if fixed == tc.want {
+					t.Errorf("%s: a fixed uid or fsGroup %v, want %v (restricted-v2 assigns the namespace's)", name, fixed, !tc.want)
+				}
+			}
+			if tc.want {
+				checkSCC(t, r)
+			}
+		})
+	}
+}
+
+// checkSCC: the probe's SCC allows what the probe's pod asks for and nothing
+// more, and only the probe's ServiceAccount may use it.
+func checkSCC(t *testing.T, r rendered) {
+	t.Helper()
+	scc := r.get("SecurityContextConstraints", probeSA).Object
+	ds := mustGet[appsv1.DaemonSet](t, r, "DaemonSet", probeSA)
+	spec := ds.Spec.Template.Spec
+	need := map[string]any{
+		"allowHostDirVolumePlugin": false, "allowHostIPC": spec.HostIPC, "allowHostNetwork": spec.HostNetwork,
+		"allowHostPID": spec.HostPID, "allowHostPorts": false, "allowPrivilegedContainer": false, "allowPrivilegeEscalation": false,
+		"defaultAllowPrivilegeEscalation": false, "allowedCapabilities": nil, "defaultAddCapabilities": nil,
+		"requiredDropCapabilities": []any{"ALL"}, "readOnlyRootFilesystem": true, "seccompProfiles": []any{"runtime/default"},
+		"users": []any{}, "groups": []any{}, "priority": nil,
+		"seLinuxContext": map[string]any{"type": "MustRunAs"}, "fsGroup": map[string]any{"type": "MustRunAs"},
+		"supplementalGroups": map[string]any{"type": "RunAsAny"},
+	}
+	var volumes []any
+	for _, v := range spec.Volumes {
+		var kind string
+		switch {
+		case v.HostPath != nil:
+			kind = "hostPath"
+			need["allowHostDirVolumePlugin"] = true
+		case v.ConfigMap != nil:
+			kind = "configMap"
+		case v.EmptyDir != nil:
+			kind = "emptyDir"
+		case v.Projected != nil:
+			kind = "projected"
+		default:
+			t.Fatalf("volume %s of a kind this check does not know", v.Name)
+		}
+		if !slices.Contains(volumes, any(kind)) {
+			volumes = append(volumes, kind)
+		}
+	}
+	sort.Slice(volumes, func(i, j int) bool { return volumes[i].(string) < volumes[j].(string) })
+	need["volumes"] = volumes
+	uids := map[int64]bool{}
+	for _, c := range spec.Containers {
+		sc := c.SecurityContext
+		if sc.Privileged != nil && *sc.Privileged {
+			need["allowPrivilegedContainer"], need["allowPrivilegeEscalation"] = true, true
+		}
+		if sc.Capabilities != nil && len(sc.Capabilities.Add) > 0 {
+			t.Errorf("container %s adds capabilities", c.Name)
+		}
+		if sc.RunAsUser == nil {
+			t.Fatalf("container %s has no uid: the SCC's user rule cannot be checked", c.Name)
+		}
+		uids[*sc.RunAsUser] = true
+		for _, p := range c.Ports {
+			if p.HostPort != 0 {
+				need["allowHostPorts"] = true
+			}
+		}
+	}
+	if len(uids) == 1 {
+		for uid := range uids {
+			need["runAsUser"] = map[string]any{"type": "MustRunAs", "uid": uid}
+		}
+	} else {
+		// No SCC user rule but RunAsAny admits two uids; the pod fixes each.
+		need["runAsUser"] = map[string]any{"type": "RunAsAny"}
+	}
+	for k, v := range scc {
+		if k == "apiVersion" || k == "kind" || k == "metadata" {
+			continue
+		}
+		w, ok := need[k]
+		if !ok {
+			t.Errorf("SCC field %s=%v: nothing the probe's pod needs", k, v)
+			continue
+		}
+		if !reflect.DeepEqual(normalize(v), normalize(w)) {
+			t.Errorf("SCC %s = %v, the pod needs %v", k, v, w)
+		}
+	}
+	for k := range need {
+		if _, ok := scc[k]; !ok {
+			t.Errorf("SCC lacks %s: its default may grant more than needed", k)
+		}
+	}
+	role := mustGet[rbacv1.Role](t, r, "Role", probeSA+"-scc")
+	want := []rbacv1.PolicyRule{{APIGroups: []string{"security.openshift.io"}, Resources: []string{"securitycontextconstraints"}, ResourceNames: []string{probeSA}, Verbs: []string{"use"}}}
+	if !reflect.DeepEqual(role.Rules, want) {
+		t.Errorf("SCC Role rules %+v, want use of the probe's SCC alone", role.Rules)
+	}
+	rb := mustGet[rbacv1.RoleBinding](t, r, "RoleBinding", probeSA+"-scc")
+	if rb.RoleRef.Name != role.Name || len(rb.Subjects) != 1 || rb.Subjects[0].Name != probeSA || rb.Subjects[0].Namespace != namespace {
+		t.Errorf("SCC RoleBinding %+v: want the probe's ServiceAccount alone", rb)
+	}
+}
+
+// normalize makes YAML's numbers and typed values comparable.
+func normalize(v any) any {
+	switch x := v.(type) {
+	case int64:
+		return float64(x)
+	case int:
+		return float64(x)
+	case map[string]any:
+		out := map[string]any{}
+		for k, e := range x {
+			out[k] = normalize(e)
+		}
+		return out
+	case []any:
+		out := make([]any, len(x))
+		for i, e := range x {
+			out[i] = normalize(e)
+		}
+		return out
+	}
+	return v
+}
+
+func TestHelmTest(t *testing.T) {
+	r := render(t, kube136)
+	var hooks []string
+	for _, o := range r.objects {
+		if h := o.GetAnnotations()["helm.sh/hook"]; h == "test" {
+			hooks = append(hooks, o.GetKind()+"/"+o.GetNamespace()+"/"+o.GetName())
+		}
+	}
+	// helm test --logs reads the logs of every test hook as a pod of the release
+	// namespace: the pod must be the only one, and be there.
+	if want := []string{"Pod/" + namespace + "/" + testNamespace}; !slices.Equal(hooks, want) {
+		t.Errorf("test hooks %v, want %v", hooks, want)
+	}
+	ns := mustGet[corev1.Namespace](t, r, "Namespace", testNamespace)
+	if ns.Labels["gpu-injector.io/inject"] != "enabled" || ns.Annotations["helm.sh/hook"] != "" {
+		t.Errorf("test namespace labels %v, annotations %v: want it opted in, part of the release", ns.Labels, ns.Annotations)
+	}
+	wh := mutatingWebhook(t, r)
+	for _, e := range wh.NamespaceSelector.MatchExpressions {
+		if slices.Contains(e.Values, testNamespace) {
+			t.Errorf("the webhook never sees the test's namespace: %+v", e)
+		}
+	}
+	role := mustGet[rbacv1.Role](t, r, "Role", testNamespace)
+	if want := []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"create"}}}; !reflect.DeepEqual(role.Rules, want) || role.Namespace != testNamespace {
+		t.Errorf("test Role in %s: %+v, want pods create alone, in the test's namespace", role.Namespace, role.Rules)
+	}
+	rb := mustGet[rbacv1.RoleBinding](t, r, "RoleBinding", testNamespace)
+	if len(rb.Subjects) != 1 || rb.Subjects[0].Name != testNamespace || rb.Subjects[0].Namespace != namespace {
+		t.Errorf("test RoleBinding subjects %+v", rb.Subjects)
+	}
+	pod := mustGet[corev1.Pod](t, r, "Pod", testNamespace)
+	if pod.Namespace != namespace || pod.Spec.ServiceAccountName != testNamespace ||
+		!slices.Equal(pod.Spec.Containers[0].Args, []string{"status", "--dry-run-only", "--dry-run-namespace=" + testNamespace}) {
+		t.Errorf("test pod in %s, account %q, args %q", pod.Namespace, pod.Spec.ServiceAccountName, pod.Spec.Containers[0].Args)
+	}
+	if p := pod.Annotations["helm.sh/hook-delete-policy"]; p != "before-hook-creation" {
+		t.Errorf("test pod delete policy %q: kept for its logs until the next test", p)
+	}
+	if reasons := restricted(t, corev1.PodTemplateSpec{Spec: pod.Spec}); len(reasons) > 0 {
+		t.Errorf("Pod Security restricted refuses the test pod: %v", reasons)
+	}
+	checkTestPolicy(t, r)
+	off := render(t, with(kube136, "tests.enabled=false"))
+	for _, o := range off.objects {
+		if o.GetName() == testNamespace {
+			t.Errorf("tests.enabled=false renders %s %s", o.GetKind(), o.GetName())
+		}
+	}
+	if cr := mustGet[rbacv1.Role](t, off, "Role", cleanupName); slices.ContainsFunc(cr.Rules, func(r rbacv1.PolicyRule) bool { return slices.Contains(r.Resources, "pods") }) {
+		t.Error("with no test, the cleanup may still delete a pod")
+	}
+}
+
+// checkTestPolicy: the test's account may create pods only with dry run.
+func checkTestPolicy(t *testing.T, r rendered) {
+	t.Helper()
+	vap := mustGet[admissionregistrationv1.ValidatingAdmissionPolicy](t, r, "ValidatingAdmissionPolicy", testNamespace)
+	validator := compilePolicy(t, vap)
+	podGVK := schema.GroupVersionKind{Version: "v1", Kind: "Pod"}
+	podGVR := schema.GroupVersionResource{Version: "v1", Resource: "pods"}
+	pod := object(t, "apiVersion: v1\nkind: Pod\nmetadata: {name: p, namespace: "+testNamespace+"}\nspec: {containers: [{name: c, image: i}]}")
+	for _, tc := range []struct {
+		user   string
+		dryRun bool
+		denied bool
+		match  bool
+	}{
+		{user: "system:serviceaccount:" + namespace + ":" + testNamespace, dryRun: true, match: true},
+		{user: "system:serviceaccount:" + namespace + ":" + testNamespace, dryRun: false, match: true, denied: true},
+		{user: "system:serviceaccount:other:" + testNamespace, dryRun: false},
+	} {
+		va := attributes(pod, nil, podGVK, podGVR, "", admission.Create, &user.DefaultInfo{Name: tc.user})
+		va.Attributes = admission.NewAttributesRecord(pod, nil, podGVK, testNamespace, "p", podGVR, "", admission.Create, nil, tc.dryRun, &user.DefaultInfo{Name: tc.user})
+		res := validator.Validate(context.Background(), podGVR, va, nil, nil, celconfig.RuntimeCELCostBudget, nil)
+		if (len(res.Decisions) > 0) != tc.match {
+			t.Errorf("%s dry run %v: policy applied %v, want %v", tc.user, tc.dryRun, len(res.Decisions) > 0, tc.match)
+			continue
+		}
+		denied := slices.ContainsFunc(res.Decisions, func(d validating.PolicyDecision) bool { return d.Action == validating.ActionDeny })
+		if denied != tc.denied {
+			t.Errorf("%s dry run %v: denied %v, want %v (%+v)", tc.user, tc.dryRun, denied, tc.denied, res.Decisions)
+		}
+	}
+}
+
+func TestCleanupHook(t *testing.T) {
+	r := render(t, kube136)
+	job := mustGet[batchv1.Job](t, r, "Job", cleanupName)
+	wantArgs := []string{"cleanup", "--namespace=" + namespace, "--webhook-configuration-name=" + fullname, "--webhook-deployment=" + fullname + "-webhook",
+		"--probe-daemonset=" + probeSA, "--pool-memory-name=" + fullname + "-pools", "--delete-pods=" + testNamespace, "--timeout=2m"}
+	if got := job.Spec.Template.Spec.Containers[0].Args; !slices.Equal(got, wantArgs) {
+		t.Errorf("cleanup args %q, want %q", got, wantArgs)
+	}
+	if job.Spec.Template.Spec.ServiceAccountName != cleanupName {
+		t.Errorf("cleanup runs as %q", job.Spec.Template.Spec.ServiceAccountName)
+	}
+	for _, kind := range []string{"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Job"} {
+		o := r.get(kind, cleanupName)
+		if o == nil || o.GetAnnotations()["helm.sh/hook"] != "pre-delete" || !strings.Contains(o.GetAnnotations()["helm.sh/hook-delete-policy"], "hook-succeeded") {
+			t.Errorf("%s %s: want a pre-delete hook, deleted when it succeeds", kind, cleanupName)
+		}
+	}
+	// The policy is in force before the hook runs: part of the release.
+	for _, kind := range []string{"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} {
+		if o := r.get(kind, cleanupName); o == nil || o.GetAnnotations()["helm.sh/hook"] != "" {
+			t.Errorf("%s %s: want it installed with the release", kind, cleanupName)
+		}
+	}
+	cr := mustGet[rbacv1.ClusterRole](t, r, "ClusterRole", cleanupName)
+	wantCluster := []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"list", "patch"}},
+		{APIGroups: []string{""}, Resources: []string{"nodes/status"}, Verbs: []string{"patch"}},
+		{APIGroups: []string{"admissionregistration.k8s.io"}, Resources: []string{"mutatingwebhookconfigurations"}, ResourceNames: []string{fullname}, Verbs: []string{"delete"}},
+	}
+	if !reflect.DeepEqual(cr.Rules, wantCluster) {
+		t.Errorf("cleanup ClusterRole %+v\nwant %+v", cr.Rules, wantCluster)
+	}
+	role := mustGet[rbacv1.Role](t, r, "Role", cleanupName)
+	wantRole := []rbacv1.PolicyRule{
+		{APIGroups: []string{"apps"}, Resources: []string{"deployments"}, ResourceNames: []string{fullname + "-webhook"}, Verbs: []string{"get", "delete"}},
+		{APIGroups: []string{"apps"}, Resources: []string{"daemonsets"}, ResourceNames: []string{probeSA}, Verbs: []string{"get", "delete"}},
+		{APIGroups: []string{""}, Resources: []string{"configmaps"}, ResourceNames: []string{fullname + "-pools"}, Verbs: []string{"delete"}},
+		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, ResourceNames: []string{fullname + "-pools"}, Verbs: []string{"delete"}},
+		{APIGroups: []string{""}, Resources: []string{"pods"}, ResourceNames: []string{testNamespace}, Verbs: []string{"delete"}},
+	}
+	if !reflect.DeepEqual(role.Rules, wantRole) {
+		t.Errorf("cleanup Role %+v\nwant %+v", role.Rules, wantRole)
+	}
+	if reasons := restricted(t, job.Spec.Template); len(reasons) > 0 {
+		t.Errorf("Pod Security restricted refuses the cleanup pod: %v", reasons)
+	}
+	off := render(t, with(kube136, "cleanup.enabled=false"))
+	for _, o := range off.objects {
+		if strings.HasSuffix(o.GetName(), "-cleanup") {
+			t.Errorf("cleanup.enabled=false renders %s %s", o.GetKind(), o.GetName())
+		}
+	}
+}
+
+const cleanupUser = "system:serviceaccount:" + namespace + ":" + cleanupName
+
+func TestCleanupPolicy(t *testing.T) {
+	vap := mustGet[admissionregistrationv1.ValidatingAdmissionPolicy](t, render(t, kube136), "ValidatingAdmissionPolicy", cleanupName)
+	validator := compilePolicy(t, vap)
+	const (
+		keys   = "gpu-injector's cleanup may only remove labels and annotations under gpu-injector.io/"
+		spec   = "gpu-injector's cleanup may not change a Node's spec, owners or finalizers"
+		status = "gpu-injector's cleanup may only remove the GPUDriverWedged condition from a Node's status"
+	)
+	withoutWedged := `{"status":{"conditions":[
+		{"type":"MemoryPressure","status":"False","reason":"KubeletHasSufficientMemory","lastHeartbeatTime":"2026-11-26T10:00:00Z"},
+		{"type":"Ready","status":"True","reason":"KubeletReady","lastHeartbeatTime":"2026-11-26T10:00:00Z"}]}}`
+	tests := map[string]struct {
+		old, new    string
+		subresource string
+		user        string
+		denied      []string
+		notMatch    bool
+	}{
+		"our keys removed": {new: `{"metadata":{"labels":{"gpu-injector.io/layout-fingerprint":null},"annotations":{"gpu-injector.io/layout":null}}}`},
+		// The Node itself written while its status still has the condition.
+		"our keys removed from a wedged node":      {old: wedgedNode, new: `{"metadata":{"labels":{"gpu-injector.io/layout-fingerprint":null}}}`},
+		"status: nothing changed on a wedged node": {subresource: "status", old: wedgedNode, new: `{}`},
+		"nothing changed":                          {new: `{}`},
+		"our label added":                          {new: `{"metadata":{"labels":{"gpu-injector.io/state":"ready"}}}`, denied: []string{keys}},
+		"our label changed":                        {new: `{"metadata":{"labels":{"gpu-injector.io/layout-fingerprint":"bbbb"}}}`, denied: []string{keys}},
+		"our annotation changed":                   {new: `{"metadata":{"annotations":{"gpu-injector.io/layout":"{}"}}}`, denied: []string{keys}},
+		"a foreign label removed":                  {new: `{"metadata":{"labels":{"nvidia.com/gpu.present":null}}}`, denied: []string{keys}},
+		"a foreign annotation added":               {new: `{"metadata":{"annotations":{"example.com/x":"y"}}}`, denied: []string{keys}},
+		"cordoned":                                 {new: `{"spec":{"unschedulable":true}}`, denied: []string{spec}},
+		"status: wedged removed":                   {subresource: "status", old: wedgedNode, new: withoutWedged},
+		"status: wedged added":                     {subresource: "status", new: strings.Replace(withoutWedged, `]}}`, `,{"type":"GPUDriverWedged","status":"True","reason":"x","message":"m"}]}}`, 1), denied: []string{status}},
+		"status: wedged changed": {subresource: "status", old: wedgedNode,
+			new: strings.Replace(withoutWedged, `]}}`, `,{"type":"GPUDriverWedged","status":"False","reason":"x","message":"m"}]}}`, 1), denied: []string{status}},
+		"status: Ready removed":   {subresource: "status", new: `{"status":{"conditions":[{"type":"MemoryPressure","status":"False","reason":"KubeletHasSufficientMemory","lastHeartbeatTime":"2026-11-26T10:00:00Z"}]}}`, denied: []string{status}},
+		"status: capacity":        {subresource: "status", new: `{"status":{"capacity":{"nvidia.com/gpu":"64"}}}`, denied: []string{status}},
+		"the probe, not the hook": {user: probeUser, new: `{"spec":{"unschedulable":true}}`, notMatch: true},
+	}
+	nodeGVK := schema.GroupVersionKind{Version: "v1", Kind: "Node"}
+	nodeGVR := schema.GroupVersionResource{Version: "v1", Resource: "nodes"}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			oldDoc := tc.old
+			if oldDoc == "" {
+				oldDoc = baseNode
+			}
+			old := object(t, oldDoc)
+			u := tc.user
+			if u == "" {
+				u = cleanupUser
+			}
+			va := attributes(mergePatch(t, old, tc.new), old, nodeGVK, nodeGVR, tc.subresource, admission.Update, &user.DefaultInfo{Name: u})
+			res := validator.Validate(context.Background(), nodeGVR, va, nil, nil, celconfig.RuntimeCELCostBudget, nil)
+			if tc.notMatch {
+				if len(res.Decisions) != 0 {
+					t.Errorf("policy applied to %s: %+v", u, res.Decisions)
+				}
+				return
+			}
+			var denied []string
+			for _, d := range res.Decisions {
+				if d.Evaluation == validating.EvalError {
+					t.Errorf("evaluation error: %s", d.Message)
+				}
+				if d.Action == validating.ActionDeny {
+					denied = append(denied, d.Message)
+					if d.Reason != metav1.StatusReasonForbidden {
+						t.Errorf("reason = %q, want Forbidden", d.Reason)
+					}
+				}
+			}
+			if !slices.Equal(denied, tc.denied) {
+				t.Errorf("denied with %q, want %q", denied, tc.denied)
+			}
+		})
+	}
+}
+
+func TestNotesHelmTestAndOpenShift(t *testing.T) {
+	for name, tc := range map[string]struct {
+		o               renderOpts
+		test, openShift bool
+	}{
+		"defaults":           {o: kube136, test: true},
+		"no test":            {o: with(kube136, "tests.enabled=false")},
+		"OpenShift detected": {o: renderOpts{kubeVersion: "1.33.6", apiVersions: []string{openShiftAPI}}, test: true, openShift: true},
+	} {
+		t.Run(name, func(t *testing.T) {
+			notes, err := renderNotes(t, tc.o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := strings.Contains(notes, "helm test "+releaseName+" -n "+namespace+" --logs"); got != tc.test {
+				t.Errorf("notes name helm test: %v, want %v\n%s", got, tc.test, notes)
+			}
+			if got := strings.Contains(notes, "refused by OpenShift's SCC admission"); got != tc.openShift {
+				t.Errorf("notes warn of SCC refusals: %v, want %v", got, tc.openShift)
+			}
+		})
+	}
+}
