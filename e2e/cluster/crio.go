@@ -1,0 +1,267 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+)
+
+// findCRIORuntime sets the CRI-O runtime's programs: the crio and pinns that
+// hack/tools.sh built (CRIOVersion), its runc (RuncVersion), and Debian's
+// conmon and skopeo, with an error per missing one that says how to get it.
+func findCRIORuntime(cacheDir string, b *Binaries) []error {
+	crio := filepath.Join(cacheDir, "crio-"+CRIOVersion)
+	b.CRIO = filepath.Join(crio, "crio")
+	b.Pinns = filepath.Join(crio, "pinns")
+	b.Runc = filepath.Join(cacheDir, "runc-"+RuncVersion, "runc")
+	var errs []error
+	for _, p := range []string{b.CRIO, b.Pinns} {
+		if !executable(p) {
+			errs = append(errs, fmt.Errorf("%s is missing: run hack/tools.sh crio first", p))
+		}
+	}
+	if !executable(b.Runc) {
+		errs = append(errs, fmt.Errorf("%s is missing: run hack/tools.sh runc first", b.Runc))
+	}
+	for name, dst := range map[string]*string{"conmon": &b.Conmon, "skopeo": &b.Skopeo} {
+		p, err := lookPath(name)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s is not installed: run hack/install-runtime.sh first", name))
+			continue
+		}
+		*dst = p
+	}
+	return errs
+}
+
+// crioFiles are the CRI-O runtime's own configuration files, all under its
+// folder: nothing of the host's /etc/containers or /etc/crio is read, so the
+// host's own CRI-O or podman (if any) and this cluster never mix.
+type crioFiles struct {
+	dir, config, configDir, storage, registries, policy string
+}
+
+func newCRIOFiles(dir string) crioFiles {
+	return crioFiles{
+		dir:        dir,
+		config:     filepath.Join(dir, "crio.conf"),
+		configDir:  filepath.Join(dir, "crio.conf.d"),
+		storage:    filepath.Join(dir, "storage.conf"),
+		registries: filepath.Join(dir, "registries.conf"),
+		policy:     filepath.Join(dir, "policy.json"),
+	}
+}
+
+// env points containers/storage and containers/image, in crio and in skopeo
+// alike, at the cluster's own files.
+func (f crioFiles) env() []string {
+	return []string{"CONTAINERS_STORAGE_CONF=" + f.storage, "CONTAINERS_REGISTRIES_CONF=" + f.registries}
+}
+
+// crioStorageConfig is containers/storage's configuration, shared by crio
+// and by skopeo when it loads an image: the same driver and folders, or
+// skopeo's image lands where CRI-O never looks.
+func crioStorageConfig(dir string) string {
+	return fmt.Sprintf(`[storage]
+driver = "overlay"
+graphroot = %q
+runroot = %q
+`, filepath.Join(dir, "storage"), filepath.Join(dir, "storage-run"))
+}
+
+// crioRegistriesConfig is containers/image's registries.conf: no search
+// registries (every image the cluster runs is named in full) and, with the
+// cluster's registry, that registry over plain HTTP, as containerd's
+// hosts.toml says for the other runtimes.
+func crioRegistriesConfig(registryHost string) string {
+	s := "unqualified-search-registries = []\n"
+	if registryHost != "" {
+		s += fmt.Sprintf("\n[[registry]]\nlocation = %q\ninsecure = true\n", registryHost)
+	}
+	return s
+}
+
+// crioPolicy accepts any image: the cluster pulls only from its own loopback
+// registry, and CRI-O refuses every pull without a policy.
+const crioPolicy = `{"default": [{"type": "insecureAcceptAnything"}]}` + "\n"
+
+// crioConfig is CRI-O's configuration: the behaviour of the NRI runtime's
+// containerd (cgroupfs, the cluster's CNI network, runc of hack/tools.sh, NRI
+// on its default socket, bound to the cluster's own folder) with CRI-O's own
+// defaults otherwise. Every path is under dir (attach sockets under runDir,
+// for the length limit of socket paths), so two clusters and the host never
+// share state. NRI is on, as CRI-O ships it; its default validator, which
+// enforces the required-plugins pod annotation, is off in CRI-O's defaults
+// and turned on here, as docs/runtime-injection.md tells CRI-O users to.
+func crioConfig(dir, runDir, socket, cniConfDir string, b Binaries) string {
+	return fmt.Sprintf(`[crio]
+root = %[1]q
+runroot = %[2]q
+storage_driver = "overlay"
+log_dir = %[3]q
+version_file = %[4]q
+version_file_persist = %[5]q
+clean_shutdown_file = %[6]q
+
+[crio.api]
+listen = %[7]q
+stream_address = "127.0.0.1"
+stream_port = "0"
+
+[crio.runtime]
+default_runtime = "runc"
+cgroup_manager = "cgroupfs"
+pinns_path = %[8]q
+namespaces_dir = %[9]q
+container_exits_dir = %[10]q
+container_attach_socket_dir = %[11]q
+decryption_keys_path = %[12]q
+# The host's CDI specs (a GPU node's nvidia.yaml) and OCI hooks are not this
+# cluster's: none apply here.
+cdi_spec_dirs = [%[13]q]
+hooks_dir = []
+log_to_journald = false
+
+[crio.runtime.runtimes.runc]
+runtime_path = %[14]q
+runtime_type = "oci"
+runtime_root = %[15]q
+monitor_path = %[16]q
+monitor_cgroup = "pod"
+
+[crio.image]
+# The launcher builds and loads this image; nothing can be pulled.
+pause_image = %[17]q
+pinned_images = [%[17]q]
+signature_policy = %[18]q
+big_files_temporary_dir = %[19]q
+
+[crio.network]
+network_dir = %[20]q
+plugin_dirs = [%[21]q]
+
+[crio.nri]
+enable_nri = true
+nri_listen = %[22]q
+nri_plugin_dir = %[23]q
+nri_plugin_config_dir = %[24]q
+
+# Refuses a container whose pod names, in
+# required-plugins.noderesource.dev/container.<name>, a plugin that is not
+# connected: runtime injection relies on it.
+[crio.nri.default_validator]
+nri_enable_default_validator = true
+`,
+		filepath.Join(dir, "storage"), filepath.Join(dir, "storage-run"), filepath.Join(dir, "logs"),
+		filepath.Join(dir, "version"), filepath.Join(dir, "version-persist"), filepath.Join(dir, "clean.shutdown"),
+		socket, b.Pinns, filepath.Join(dir, "ns"), filepath.Join(dir, "exits"), filepath.Join(runDir, "crio-attach"),
+		filepath.Join(dir, "keys"), filepath.Join(dir, "cdi"),
+		b.Runc, filepath.Join(dir, "runc"), b.Conmon,
+		PauseImage, filepath.Join(dir, "policy.json"), filepath.Join(dir, "tmp"),
+		cniConfDir, cniBinDir,
+		nriSocketInNamespace, filepath.Join(dir, "nri", "plugins"), filepath.Join(dir, "nri", "conf.d"))
+}
+
+// startCRIO writes CRI-O's configuration and starts it with inNS (which
+// enters the cluster's mount namespace), and returns once it answers on its
+// socket.
+func (c *Cluster) startCRIO(ctx context.Context, inNS func(bin string, args ...string) (string, []string), cniConfDir string) (*process, error) {
+	f := newCRIOFiles(filepath.Join(c.Dir, "crio"))
+	for _, d := range []string{f.configDir, filepath.Join(f.dir, "tmp"), filepath.Join(f.dir, "cdi"), filepath.Join(f.dir, "keys")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, fmt.Errorf("failed to create %s: %w", d, err)
+		}
+	}
+	for path, content := range map[string]string{
+		f.config:     crioConfig(f.dir, c.runDir, c.ContainerdSocket, cniConfDir, c.Binaries),
+		f.storage:    crioStorageConfig(f.dir),
+		f.registries: crioRegistriesConfig(c.RegistryHost),
+		f.policy:     crioPolicy,
+	} {
+		if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+			return nil, fmt.Errorf("failed to write %s: %w", path, err)
+		}
+	}
+	// An empty drop-in folder: the host's /etc/crio/crio.conf.d is not read.
+	bin, args := inNS(c.Binaries.CRIO, "--config", f.config, "--config-dir", f.configDir, "--log-level", "info")
+	env := append(f.env(), "PATH="+filepath.Dir(c.Binaries.Runc)+":"+os.Getenv("PATH"))
+	p, err := c.startWithEnv(RuntimeProcess(RuntimeCRIO), bin, args, env)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.poll(ctx, "crio", []string{RuntimeProcess(RuntimeCRIO)}, func(ctx context.Context) (bool, error) {
+		_, err := crioInfo(ctx, c.ContainerdSocket)
+		return err == nil, nil
+	}); err != nil {
+		return nil, withLog(err, p)
+	}
+	return p, nil
+}
+
+// crioInfo reads CRI-O's /info, which it serves over HTTP on its CRI socket:
+// once it answers, the CRI does too.
+func crioInfo(ctx context.Context, socket string) (map[string]any, error) {
+	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", socket)
+		},
+	}}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://crio/info", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("failed to ask crio for /info: %w", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("failed to read crio's /info: %w", err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("crio's /info: %s: %s", resp.Status, body)
+	}
+	var info map[string]any
+	if err := json.Unmarshal(body, &info); err != nil {
+		return nil, fmt.Errorf("failed to decode crio's /info: %w", err)
+	}
+	return info, nil
+}
+
+// importCRIO loads a docker-archive tar into CRI-O's storage with skopeo,
+// one copy per tag the archive names, in the cluster's mount namespace
+// (containers/storage's overlay driver mounts there, as crio does).
+func (c *Cluster) importCRIO(ctx context.Context, tarPath string) error {
+	m, err := tarball.LoadManifest(func() (io.ReadCloser, error) { return os.Open(tarPath) })
+	if err != nil {
+		return fmt.Errorf("failed to read the manifest of %s: %w", tarPath, err)
+	}
+	holder := c.proc("namespace")
+	if holder == nil {
+		return fmt.Errorf("failed to import image %s: the cluster's mount namespace is not running", tarPath)
+	}
+	f := newCRIOFiles(filepath.Join(c.Dir, "crio"))
+	for _, desc := range m {
+		for _, ref := range desc.RepoTags {
+			cmd := exec.CommandContext(ctx, c.Binaries.Nsenter, fmt.Sprintf("--mount=/proc/%d/ns/mnt", holder.pid()), "--",
+				c.Binaries.Skopeo, "--policy", f.policy, "copy", "--quiet",
+				"docker-archive:"+tarPath+":"+ref, "containers-storage:"+ref)
+			cmd.Env = append(os.Environ(), f.env()...)
+			if out, err := cmd.CombinedOutput(); err != nil {
+				return fmt.Errorf("failed to import image %s (%s): %w: %s", tarPath, ref, err, strings.TrimSpace(string(out)))
+			}
+		}
+	}
+	return nil
+}
