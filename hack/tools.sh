@@ -380,7 +380,6 @@ build_runc_locked() {
 }
 
 CRIO_BINARIES=(crio pinns)
-CRIO_CRIU_REPLACE="${CRIO_CRIU_REPLACE:-github.com/checkpoint-restore/go-criu/v8=github.com/checkpoint-restore/go-criu/v8@v8.2.0}"
 
 build_crio() {
   local dir; dir="$(tool_dir crio "${CRIO_VERSION}")"
@@ -389,7 +388,8 @@ build_crio() {
 }
 
 # CRI-O for the local cluster's CRI-O runtime (cluster.RuntimeCRIO): Debian
-# bookworm packages no CRI-O. The tags are those its Makefile picks on a host
+# bookworm packages no CRI-O. Its go.mod has no replace directives: built in
+# its own folder of the module cache, as containerd is. The tags are those its Makefile picks on a host
 # without gpgme, btrfs, devicemapper, SELinux or AppArmor headers (signatures
 # in pure Go, no ostree), plus seccomp against Debian's libseccomp: pods ask
 # for RuntimeDefault. Linked dynamically (libseccomp, glibc): it only ever runs
@@ -407,15 +407,8 @@ build_crio_locked() {
   trap 'rm -rf "${tmp}"' RETURN
   log "crio ${CRIO_VERSION}: downloading ${pkg}..."
   src="$(module_dir "${pkg}" "${CRIO_VERSION}")"
-  # A writable copy (9 MB of source), for one replace: go-criu/v8 v8.1.0,
-  # which CRI-O v1.35.2 requires, is not served by the module proxy; v8.2.0,
-  # its next release and the same API, is. CRIU (checkpoint and restore) is
-  # never used by the cluster.
-  cp -R "${src}" "${tmp}/src"
-  chmod -R u+w "${tmp}/src"
-  (cd "${tmp}/src" && go mod edit -replace "${CRIO_CRIU_REPLACE}")
   log "building crio ${CRIO_VERSION} (cgo, tags: ${tags}; first time, ~6 min on 2 cores)..."
-  (cd "${tmp}/src" && GOFLAGS=-mod=mod CGO_ENABLED=1 go build -trimpath -tags "${tags}" \
+  (cd "${src}" && GOFLAGS=-mod=mod CGO_ENABLED=1 go build -trimpath -tags "${tags}" \
     -ldflags "-s -w" -o "${tmp}/crio" ./cmd/crio)
   log "building pinns ${CRIO_VERSION} (gcc, static)..."
   gcc -std=c99 -Os -Wall -Wextra -static -o "${tmp}/pinns" "${src}"/pinns/src/*.c
