@@ -62,6 +62,27 @@ func newCRIOFiles(dir string) crioFiles {
 	}
 }
 
+// write makes the folders and writes the files, for a CRI-O serving on
+// socket, with attach sockets under runDir.
+func (f crioFiles) write(runDir, socket, cniConfDir, registryHost string, b Binaries) error {
+	for _, d := range []string{f.configDir, filepath.Join(f.dir, "tmp"), filepath.Join(f.dir, "cdi"), filepath.Join(f.dir, "keys")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return fmt.Errorf("failed to create %s: %w", d, err)
+		}
+	}
+	for path, content := range map[string]string{
+		f.config:     crioConfig(f.dir, runDir, socket, cniConfDir, b),
+		f.storage:    crioStorageConfig(f.dir),
+		f.registries: crioRegistriesConfig(registryHost),
+		f.policy:     crioPolicy,
+	} {
+		if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+			return fmt.Errorf("failed to write %s: %w", path, err)
+		}
+	}
+	return nil
+}
+
 // env points containers/storage and containers/image, in crio and in skopeo
 // alike, at the cluster's own files.
 func (f crioFiles) env() []string {
@@ -177,20 +198,8 @@ nri_enable_default_validator = true
 // socket.
 func (c *Cluster) startCRIO(ctx context.Context, inNS func(bin string, args ...string) (string, []string), cniConfDir string) (*process, error) {
 	f := newCRIOFiles(filepath.Join(c.Dir, "crio"))
-	for _, d := range []string{f.configDir, filepath.Join(f.dir, "tmp"), filepath.Join(f.dir, "cdi"), filepath.Join(f.dir, "keys")} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			return nil, fmt.Errorf("failed to create %s: %w", d, err)
-		}
-	}
-	for path, content := range map[string]string{
-		f.config:     crioConfig(f.dir, c.runDir, c.ContainerdSocket, cniConfDir, c.Binaries),
-		f.storage:    crioStorageConfig(f.dir),
-		f.registries: crioRegistriesConfig(c.RegistryHost),
-		f.policy:     crioPolicy,
-	} {
-		if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
-			return nil, fmt.Errorf("failed to write %s: %w", path, err)
-		}
+	if err := f.write(c.runDir, c.ContainerdSocket, cniConfDir, c.RegistryHost, c.Binaries); err != nil {
+		return nil, err
 	}
 	// An empty drop-in folder: the host's /etc/crio/crio.conf.d is not read.
 	bin, args := inNS(c.Binaries.CRIO, "--config", f.config, "--config-dir", f.configDir, "--log-level", "info")
