@@ -152,6 +152,10 @@ decryption_keys_path = %[12]q
 cdi_spec_dirs = [%[13]q]
 hooks_dir = []
 log_to_journald = false
+# CRI-O writes the host's IRQ balancing state for pods that ask for it: in
+# the cluster's folder, never the host's /etc/sysconfig.
+irqbalance_config_file = %[25]q
+irqbalance_config_restore_file = %[26]q
 
 [crio.runtime.runtimes.runc]
 runtime_path = %[14]q
@@ -190,7 +194,8 @@ nri_enable_default_validator = true
 		b.Runc, filepath.Join(dir, "runc"), b.Conmon,
 		PauseImage, filepath.Join(dir, "policy.json"), filepath.Join(dir, "tmp"),
 		cniConfDir, cniBinDir,
-		nriSocketInNamespace, filepath.Join(dir, "nri", "plugins"), filepath.Join(dir, "nri", "conf.d"))
+		nriSocketInNamespace, filepath.Join(dir, "nri", "plugins"), filepath.Join(dir, "nri", "conf.d"),
+		filepath.Join(dir, "irqbalance"), filepath.Join(dir, "orig_irq_banned_cpus"))
 }
 
 // startCRIO writes CRI-O's configuration and starts it with inNS (which
