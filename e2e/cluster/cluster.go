@@ -509,6 +509,9 @@ func (c *Cluster) startNode(ctx context.Context) error {
 	if c.NRISocket != "" {
 		binds += fmt.Sprintf("mkdir -p %[1]s; mount --bind %[2]q %[1]s; ", nriDirInNamespace, filepath.Dir(c.NRISocket))
 	}
+	if c.Runtime == RuntimeCRIO {
+		binds += hugetlbMountScript(filepath.Join(c.Dir, "crio", "cgroup-hugetlb"))
+	}
 	script := fmt.Sprintf("set -e; %s touch %q; exec sleep infinity", binds, ready)
 	holder, err := c.start("namespace", c.Binaries.Unshare, []string{"--mount", "--propagation", "slave", "--", "/bin/sh", "-c", script})
 	if err != nil {

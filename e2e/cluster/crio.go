@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -278,4 +279,43 @@ func (c *Cluster) importCRIO(ctx context.Context, tarPath string) error {
 		}
 	}
 	return nil
+}
+
+// hugetlbMountScript mounts cgroup v1's hugetlb controller at dir, for a
+// shell in the cluster's mount namespace, where the host has the controller
+// (it is in /proc/cgroups) but no hierarchy of it mounted, as this project's
+// development machines do; empty otherwise. CRI-O takes the controller's
+// presence from /proc/cgroups and sets the hugepage limits the kubelet sends
+// for every container (0 for each page size), which runc cannot do without
+// the mount ("cannot set hugetlb limit"). containerd is not affected: its
+// CRI leaves hugetlb alone by default (disable_hugetlb_controller).
+func hugetlbMountScript(dir string) string {
+	cgroups, err := os.ReadFile("/proc/cgroups")
+	if err != nil {
+		return ""
+	}
+	mountinfo, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil || !hugetlbUnmounted(string(cgroups), string(mountinfo)) {
+		return ""
+	}
+	return fmt.Sprintf("mkdir -p %[1]q; mount -t cgroup -o hugetlb cgroup %[1]q; ", dir)
+}
+
+// hugetlbUnmounted reports whether /proc/cgroups has the hugetlb controller
+// enabled while /proc/self/mountinfo has no cgroup v1 mount of it.
+func hugetlbUnmounted(cgroups, mountinfo string) bool {
+	if !slices.ContainsFunc(strings.Split(cgroups, "\n"), func(l string) bool {
+		f := strings.Fields(l)
+		return len(f) == 4 && f[0] == "hugetlb" && f[3] == "1"
+	}) {
+		return false
+	}
+	for l := range strings.SplitSeq(mountinfo, "\n") {
+		// ... - cgroup cgroup rw,hugetlb
+		_, post, ok := strings.Cut(l, " - ")
+		if f := strings.Fields(post); ok && len(f) == 3 && f[0] == "cgroup" && slices.Contains(strings.Split(f[2], ","), "hugetlb") {
+			return false
+		}
+	}
+	return true
 }
