@@ -302,7 +302,9 @@ func hugetlbMountScript(dir string) string {
 }
 
 // hugetlbUnmounted reports whether /proc/cgroups has the hugetlb controller
-// enabled while /proc/self/mountinfo has no cgroup v1 mount of it.
+// enabled while /proc/self/mountinfo, of a cgroup v1 host, has no mount of
+// it. On a cgroup v2 host (/sys/fs/cgroup is cgroup2) /proc/cgroups lists
+// every controller unmounted, and they are all v2's.
 func hugetlbUnmounted(cgroups, mountinfo string) bool {
 	if !slices.ContainsFunc(strings.Split(cgroups, "\n"), func(l string) bool {
 		f := strings.Fields(l)
@@ -312,8 +314,15 @@ func hugetlbUnmounted(cgroups, mountinfo string) bool {
 	}
 	for l := range strings.SplitSeq(mountinfo, "\n") {
 		// ... - cgroup cgroup rw,hugetlb
-		_, post, ok := strings.Cut(l, " - ")
-		if f := strings.Fields(post); ok && len(f) == 3 && f[0] == "cgroup" && slices.Contains(strings.Split(f[2], ","), "hugetlb") {
+		pre, post, ok := strings.Cut(l, " - ")
+		f, p := strings.Fields(post), strings.Fields(pre)
+		if !ok || len(f) != 3 || len(p) < 5 {
+			continue
+		}
+		if f[0] == "cgroup2" && p[4] == "/sys/fs/cgroup" {
+			return false
+		}
+		if f[0] == "cgroup" && slices.Contains(strings.Split(f[2], ","), "hugetlb") {
 			return false
 		}
 	}

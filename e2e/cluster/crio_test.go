@@ -17,7 +17,8 @@ func TestHugetlbUnmounted(t *testing.T) {
 		{"enabled, not mounted", cgroups, others, true},
 		{"enabled and mounted", cgroups, mounted, false},
 		{"disabled", "hugetlb\t0\t1\t0\n", others, false},
-		{"absent (cgroup v2 only)", "#subsys_name\thierarchy\tnum_cgroups\tenabled\n", others, false},
+		{"absent", "#subsys_name\thierarchy\tnum_cgroups\tenabled\n", others, false},
+		{"cgroup v2 host", cgroups, "30 25 0:26 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 rw,nsdelegate\n", false},
 	} {
 		if got := hugetlbUnmounted(tc.cgroups, tc.mountinfo); got != tc.want {
 			t.Errorf("%s: hugetlbUnmounted = %v, want %v", tc.name, got, tc.want)
