@@ -510,6 +510,7 @@ func (c *Cluster) startNode(ctx context.Context) error {
 		binds += fmt.Sprintf("mkdir -p %[1]s; mount --bind %[2]q %[1]s; ", nriDirInNamespace, filepath.Dir(c.NRISocket))
 	}
 	if c.Runtime == RuntimeCRIO {
+		binds += newCRIOFiles(filepath.Join(c.Dir, "crio")).etcContainersScript()
 		binds += hugetlbMountScript(filepath.Join(c.Dir, "crio", "cgroup-hugetlb"))
 	}
 	script := fmt.Sprintf("set -e; %s touch %q; exec sleep infinity", binds, ready)

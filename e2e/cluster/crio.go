@@ -47,26 +47,37 @@ func findCRIORuntime(cacheDir string, b *Binaries) []error {
 
 // crioFiles are the CRI-O runtime's own configuration files, all under its
 // folder: nothing of the host's /etc/containers or /etc/crio is read, so the
-// host's own CRI-O or podman (if any) and this cluster never mix.
+// host's own CRI-O or podman (if any) and this cluster never mix. etc is
+// bound at /etc/containers in the cluster's mount namespace: CRI-O reads
+// registries.conf only there (containers/image ignores
+// CONTAINERS_REGISTRIES_CONF, and CRI-O has no setting for it).
 type crioFiles struct {
-	dir, config, configDir, storage, registries, policy string
+	dir, config, configDir, etc, storage, registries, policy string
 }
 
 func newCRIOFiles(dir string) crioFiles {
+	etc := filepath.Join(dir, "containers")
 	return crioFiles{
 		dir:        dir,
 		config:     filepath.Join(dir, "crio.conf"),
 		configDir:  filepath.Join(dir, "crio.conf.d"),
-		storage:    filepath.Join(dir, "storage.conf"),
-		registries: filepath.Join(dir, "registries.conf"),
-		policy:     filepath.Join(dir, "policy.json"),
+		etc:        etc,
+		storage:    filepath.Join(etc, "storage.conf"),
+		registries: filepath.Join(etc, "registries.conf"),
+		policy:     filepath.Join(etc, "policy.json"),
 	}
+}
+
+// etcContainersScript binds f.etc at /etc/containers, for a shell in the
+// cluster's mount namespace.
+func (f crioFiles) etcContainersScript() string {
+	return fmt.Sprintf("mkdir -p %[1]q /etc/containers; mount --bind %[1]q /etc/containers; ", f.etc)
 }
 
 // write makes the folders and writes the files, for a CRI-O serving on
 // socket, with attach sockets under runDir.
 func (f crioFiles) write(runDir, socket, cniConfDir, registryHost string, b Binaries) error {
-	for _, d := range []string{f.configDir, filepath.Join(f.dir, "tmp"), filepath.Join(f.dir, "cdi"), filepath.Join(f.dir, "keys")} {
+	for _, d := range []string{f.configDir, filepath.Join(f.etc, "registries.conf.d"), filepath.Join(f.dir, "home"), filepath.Join(f.dir, "tmp"), filepath.Join(f.dir, "cdi"), filepath.Join(f.dir, "keys")} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return fmt.Errorf("failed to create %s: %w", d, err)
 		}
@@ -84,10 +95,12 @@ func (f crioFiles) write(runDir, socket, cniConfDir, registryHost string, b Bina
 	return nil
 }
 
-// env points containers/storage and containers/image, in crio and in skopeo
-// alike, at the cluster's own files.
+// env points containers/storage, in crio and in skopeo alike, at the
+// cluster's storage.conf (also outside the cluster's namespace), and HOME at
+// a folder of its own: a per-user registries.conf in root's home would win
+// over /etc/containers'.
 func (f crioFiles) env() []string {
-	return []string{"CONTAINERS_STORAGE_CONF=" + f.storage, "CONTAINERS_REGISTRIES_CONF=" + f.registries}
+	return []string{"CONTAINERS_STORAGE_CONF=" + f.storage, "HOME=" + filepath.Join(f.dir, "home")}
 }
 
 // crioStorageConfig is containers/storage's configuration, shared by crio
@@ -193,7 +206,7 @@ nri_enable_default_validator = true
 		socket, b.Pinns, filepath.Join(dir, "ns"), filepath.Join(dir, "exits"), filepath.Join(runDir, "crio-attach"),
 		filepath.Join(dir, "keys"), filepath.Join(dir, "cdi"),
 		b.Runc, filepath.Join(dir, "runc"), b.Conmon,
-		PauseImage, filepath.Join(dir, "policy.json"), filepath.Join(dir, "tmp"),
+		PauseImage, newCRIOFiles(dir).policy, filepath.Join(dir, "tmp"),
 		cniConfDir, cniBinDir,
 		nriSocketInNamespace, filepath.Join(dir, "nri", "plugins"), filepath.Join(dir, "nri", "conf.d"),
 		filepath.Join(dir, "irqbalance"), filepath.Join(dir, "orig_irq_banned_cpus"))
