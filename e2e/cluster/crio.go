@@ -294,15 +294,18 @@ func (c *Cluster) importCRIO(ctx context.Context, tarPath string) error {
 	return nil
 }
 
-// hugetlbMountScript mounts cgroup v1's hugetlb controller at dir, for a
-// shell in the cluster's mount namespace, where the host has the controller
-// (it is in /proc/cgroups) but no hierarchy of it mounted, as this project's
-// development machines do; empty otherwise. CRI-O takes the controller's
-// presence from /proc/cgroups and sets the hugepage limits the kubelet sends
-// for every container (0 for each page size), which runc cannot do without
-// the mount ("cannot set hugetlb limit"). containerd is not affected: its
-// CRI leaves hugetlb alone by default (disable_hugetlb_controller).
-func hugetlbMountScript(dir string) string {
+// hugetlbMountScript mounts cgroup v1's hugetlb controller at
+// /sys/fs/cgroup/hugetlb, for a shell in the cluster's mount namespace, where
+// the host has the controller (it is in /proc/cgroups) but no hierarchy of
+// it mounted, as this project's development machines do; empty otherwise.
+// CRI-O takes the controller's presence from /proc/cgroups and sets the
+// hugepage limits the kubelet sends for every container (0 for each page
+// size), which runc cannot do without the mount ("cannot set hugetlb limit").
+// runc looks for it under /sys/fs/cgroup only, so the mount point is made
+// there: an empty folder on the host's /sys/fs/cgroup tmpfs stays behind,
+// the mount goes with the namespace. containerd is not affected: its CRI
+// leaves hugetlb alone by default (disable_hugetlb_controller).
+func hugetlbMountScript() string {
 	cgroups, err := os.ReadFile("/proc/cgroups")
 	if err != nil {
 		return ""
@@ -311,7 +314,7 @@ func hugetlbMountScript(dir string) string {
 	if err != nil || !hugetlbUnmounted(string(cgroups), string(mountinfo)) {
 		return ""
 	}
-	return fmt.Sprintf("mkdir -p %[1]q; mount -t cgroup -o hugetlb cgroup %[1]q; ", dir)
+	return "mkdir -p /sys/fs/cgroup/hugetlb; mount -t cgroup -o hugetlb cgroup /sys/fs/cgroup/hugetlb; "
 }
 
 // hugetlbUnmounted reports whether /proc/cgroups has the hugetlb controller
