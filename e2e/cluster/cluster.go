@@ -141,7 +141,9 @@ type Cluster struct {
 	netLock    *os.File
 	runDir     string
 	apiProxy   *serviceProxy
-	apiArgs    []string
+	// oomFloor is RuntimeCRIO's NRI plugin of the launcher (see oomFloor).
+	oomFloor *oomFloorPlugin
+	apiArgs  []string
 
 	mu    sync.Mutex
 	procs map[string]*process
@@ -826,6 +828,12 @@ func (c *Cluster) Stop() error {
 		if err := killAll(victims, 10*time.Second); err != nil {
 			errs = append(errs, fmt.Errorf("failed to kill containers: %w", err))
 		}
+	}
+	c.mu.Lock()
+	floor := c.oomFloor
+	c.mu.Unlock()
+	if floor != nil {
+		floor.stop()
 	}
 	// Then the rest, newest first.
 	c.mu.Lock()

@@ -14,6 +14,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/containerd/nri/pkg/api"
+	"github.com/containerd/nri/pkg/stub"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 )
 
@@ -233,7 +235,72 @@ func (c *Cluster) startCRIO(ctx context.Context, inNS func(bin string, args ...s
 	}); err != nil {
 		return nil, withLog(err, p)
 	}
+	floor, err := startOOMFloor(c.NRISocket)
+	if err != nil {
+		return nil, withLog(err, p)
+	}
+	c.mu.Lock()
+	c.oomFloor = floor
+	c.mu.Unlock()
 	return p, nil
+}
+
+// oomFloorPlugin is an NRI plugin of the launcher, connected to CRI-O while
+// the cluster runs: CRI-O's equivalent of containerd's
+// restrict_oom_score_adj, which CRI-O has no setting for. This machine
+// refuses to lower a process's oom_score_adj (root lacks CAP_SYS_RESOURCE),
+// and the kubelet asks for -997 for node-critical and Guaranteed pods (the
+// device plugin's, the chart's): runc then fails with "failed to update
+// /proc/self/oom_score_adj: Permission denied". The plugin raises such a
+// container's oom_score_adj to the launcher's own, as containerd's setting
+// does to containerd's; it changes nothing else, and no pod requires it.
+type oomFloorPlugin struct {
+	floor  int
+	stub   stub.Stub
+	cancel context.CancelFunc
+}
+
+// oomFloorName is the plugin's NRI name (index 00: before any other plugin).
+const oomFloorName = "gi-cluster-oom-score-floor"
+
+func startOOMFloor(socket string) (*oomFloorPlugin, error) {
+	own, err := os.ReadFile("/proc/self/oom_score_adj")
+	if err != nil {
+		return nil, fmt.Errorf("failed to read this process's oom_score_adj: %w", err)
+	}
+	p := &oomFloorPlugin{}
+	if _, err := fmt.Sscan(strings.TrimSpace(string(own)), &p.floor); err != nil {
+		return nil, fmt.Errorf("failed to parse oom_score_adj %q: %w", own, err)
+	}
+	p.stub, err = stub.New(p, stub.WithSocketPath(socket), stub.WithPluginName(oomFloorName), stub.WithPluginIdx("00"))
+	if err != nil {
+		return nil, fmt.Errorf("failed to create the oom_score_adj floor plugin: %w", err)
+	}
+	// Its own context: Start's ends when the cluster is up.
+	ctx, cancel := context.WithCancel(context.Background())
+	p.cancel = cancel
+	if err := p.stub.Start(ctx); err != nil {
+		cancel()
+		return nil, fmt.Errorf("failed to connect the oom_score_adj floor plugin to %s: %w", socket, err)
+	}
+	return p, nil
+}
+
+// CreateContainer raises an oom_score_adj below the floor to it.
+func (p *oomFloorPlugin) CreateContainer(_ context.Context, _ *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
+	v := ctr.GetLinux().GetOomScoreAdj()
+	if v == nil || int(v.GetValue()) >= p.floor {
+		return nil, nil, nil
+	}
+	adj := &api.ContainerAdjustment{}
+	floor := p.floor
+	adj.SetLinuxOomScoreAdj(&floor)
+	return adj, nil, nil
+}
+
+func (p *oomFloorPlugin) stop() {
+	p.stub.Stop()
+	p.cancel()
 }
 
 // crioInfo reads CRI-O's /info, which it serves over HTTP on its CRI socket:
