@@ -141,7 +141,7 @@ type Cluster struct {
 	netLock    *os.File
 	runDir     string
 	apiProxy   *serviceProxy
-	// oomFloor is RuntimeCRIO's NRI plugin of the launcher (see oomFloor).
+	// oomFloor is RuntimeCRIO's NRI plugin of the launcher (oomFloorPlugin).
 	oomFloor *oomFloorPlugin
 	apiArgs  []string
 
