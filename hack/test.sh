@@ -40,11 +40,8 @@ unit() {
 	go test -count=1 ./...
 }
 
-# The runtime suite's tests that run on CRI-O as on containerd (e2e/nri says
-# which read what only containerd has).
-CRIO_TESTS='^(TestBaselineClassicJob|TestRestrictedCUDAPod|TestBaselineWithoutPlugin)$'
-
 e2e() {
+	# crio: e2e/cluster's TestNRIRuntime and TestRegistryPull run on CRI-O too.
 	stage "cluster binaries, CRI-O among them (cached after the first run)"
 	hack/tools.sh all crio
 	stage "container runtime (Debian packages, when missing)"
@@ -54,8 +51,6 @@ e2e() {
 	stage "end-to-end tests on a real kube-apiserver, scheduler, controller-manager and kubelet"
 	# hack/image: the release image's docker-archive imported into a real containerd.
 	go test -count=1 -tags e2e -timeout 60m -v ./e2e/... ./hack/image/
-	stage "the runtime injection suite's workloads again, the kubelet node on CRI-O"
-	E2E_RUNTIME=crio go test -count=1 -tags e2e -timeout 30m -v ./e2e/nri/ -run "${CRIO_TESTS}"
 }
 
 need_gcc
