@@ -2,7 +2,11 @@
 # Installs the node runtime the local cluster's kubelet drives: containerd, runc and
 # the reference CNI plugins (bridge, host-local, loopback), from Debian packages,
 # plus gcc and a static libc, which build the sandbox ("pause") image and the
-# test images, and iproute2, with which the launcher removes its bridge. A no-op when they are already there. Needs root (apt-get).
+# test images, and iproute2, with which the launcher removes its bridge; and, for
+# the CRI-O runtime (CRI-O itself is built by hack/tools.sh crio), conmon, the
+# monitor CRI-O runs beside each container, and skopeo, which loads the test
+# images' docker-archive tars into CRI-O's storage. A no-op when they are
+# already there. Needs root (apt-get).
 set -euo pipefail
 
 log() { printf '[runtime] %s\n' "$*" >&2; }
@@ -15,10 +19,12 @@ command -v runc >/dev/null || missing+=(runc)
   || missing+=(containernetworking-plugins)
 command -v gcc >/dev/null || missing+=(gcc)
 command -v ip >/dev/null || missing+=(iproute2)
+command -v conmon >/dev/null || missing+=(conmon)
+command -v skopeo >/dev/null || missing+=(skopeo)
 [[ -f "/usr/lib/$(gcc -dumpmachine 2>/dev/null || echo x86_64-linux-gnu)/libc.a" ]] || missing+=(libc6-dev)
 
 if [[ ${#missing[@]} -eq 0 ]]; then
-  log "containerd $(containerd --version | awk '{print $3}'), runc, CNI plugins, gcc and iproute2 already installed"
+  log "containerd $(containerd --version | awk '{print $3}'), runc, CNI plugins, gcc, iproute2, conmon and skopeo already installed"
   exit 0
 fi
 

@@ -41,8 +41,9 @@ unit() {
 }
 
 e2e() {
-	stage "cluster binaries (cached after the first run)"
-	hack/tools.sh all
+	# crio: e2e/cluster's TestNRIRuntime and TestRegistryPull run on CRI-O too.
+	stage "cluster binaries, CRI-O among them (cached after the first run)"
+	hack/tools.sh all crio
 	stage "container runtime (Debian packages, when missing)"
 	hack/install-runtime.sh
 	stage "Prometheus (Debian package, when missing: the suite checks the chart's alerts and dashboard against it)"

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Builds and caches, by version, the binaries the local cluster needs: etcd, the
-# Kubernetes components, helm, NVIDIA's device plugin, and the NRI runtime
-# (containerd 2.x with its runc shim and ctr, and runc). Nothing is downloaded but
+# Kubernetes components, helm, NVIDIA's device plugin, the NRI runtime
+# (containerd 2.x with its runc shim and ctr, and runc) and CRI-O with its pinns.
+# Nothing is downloaded but
 # Go modules (and, for the runtime's cgo builds, Debian's headers when missing):
 # no Docker, no release tarballs, so the same script works wherever Go and its
 # module proxy do.
 #
-#   hack/tools.sh [etcd|kubernetes|helm|nvidia-device-plugin|containerd|runc|promtool|registry|all]...  (default: all)
+#   hack/tools.sh [etcd|kubernetes|helm|nvidia-device-plugin|containerd|runc|crio|promtool|registry|all]...  (default: all)
 #
 # Versions come from e2e/cluster/versions.env (hack/versions.sh); KUBERNETES_VERSION=v1.X.Y
 # (and the others) in the environment win. Each tool is built into
@@ -378,6 +379,47 @@ build_runc_locked() {
   log "runc ${RUNC_VERSION}: built in $(elapsed "${start}") -> ${dir}/runc"
 }
 
+CRIO_BINARIES=(crio pinns)
+
+build_crio() {
+  local dir; dir="$(tool_dir crio "${CRIO_VERSION}")"
+  if is_cached "${dir}" "${CRIO_BINARIES[@]}"; then mark_built "${dir}"; log "crio ${CRIO_VERSION}: cached (${dir})"; return; fi
+  with_lock "${dir}" build_crio_locked "${dir}"
+}
+
+# CRI-O for the local cluster's CRI-O runtime (cluster.RuntimeCRIO): Debian
+# bookworm packages no CRI-O. Its go.mod has no replace directives: built in
+# its own folder of the module cache, as containerd is. The tags are those its Makefile picks on a host
+# without gpgme, btrfs, devicemapper, SELinux or AppArmor headers (signatures
+# in pure Go, no ostree), plus seccomp against Debian's libseccomp: pods ask
+# for RuntimeDefault. Linked dynamically (libseccomp, glibc): it only ever runs
+# on the machine that built it. pinns, the small C program with which CRI-O
+# makes and pins a pod's namespaces (it has no infra container by default),
+# is built from the module's own sources as its Makefile does: static, -Os.
+# conmon, the monitor of each container, is Debian's (hack/install-runtime.sh).
+build_crio_locked() {
+  local dir="$1"
+  if is_cached "${dir}" "${CRIO_BINARIES[@]}"; then mark_built "${dir}"; log "crio ${CRIO_VERSION}: cached (${dir})"; return; fi
+  need_packages gcc libc6-dev linux-libc-dev pkg-config libseccomp-dev
+  local tmp src start=${SECONDS} pkg=github.com/cri-o/cri-o
+  local tags="containers_image_openpgp containers_image_ostree_stub exclude_graphdriver_btrfs btrfs_noversion exclude_graphdriver_devicemapper seccomp"
+  tmp="$(mktemp -d "${CACHE}/.crio.XXXXXX")"
+  trap 'rm -rf "${tmp}"' RETURN
+  log "crio ${CRIO_VERSION}: downloading ${pkg}..."
+  src="$(module_dir "${pkg}" "${CRIO_VERSION}")"
+  log "building crio ${CRIO_VERSION} (cgo, tags: ${tags}; first time, ~6 min on 2 cores)..."
+  (cd "${src}" && GOFLAGS=-mod=mod CGO_ENABLED=1 go build -trimpath -tags "${tags}" \
+    -ldflags "-s -w" -o "${tmp}/crio" ./cmd/crio)
+  log "building pinns ${CRIO_VERSION} (gcc, static)..."
+  gcc -std=c99 -Os -Wall -Wextra -static -o "${tmp}/pinns" "${src}"/pinns/src/*.c
+  strip -s "${tmp}/pinns"
+  mkdir -p "${dir}"
+  for b in "${CRIO_BINARIES[@]}"; do mv -f "${tmp}/${b}" "${dir}/${b}"; done
+  "${dir}/crio" --version >&2
+  mark_built "${dir}"
+  log "crio ${CRIO_VERSION}: built in $(elapsed "${start}") -> ${dir}"
+}
+
 # promtool, Prometheus's rule checker and rule unit test runner: hack/monitoring-test.sh
 # runs the chart's alerts through it. Prometheus's Go module numbers its releases
 # v0.3MM.P for Prometheus 3.MM.P. Its go.mod has no replace directives, so it builds in
@@ -414,11 +456,12 @@ main() {
       nvidia-device-plugin) build_nvidia_device_plugin ;;
       containerd) build_containerd ;;
       runc) build_runc ;;
+      crio) build_crio ;;
       promtool) build_promtool ;;
       registry) build_registry ;;
       all) build_etcd; build_kubernetes; build_helm; build_nvidia_device_plugin; build_containerd; build_runc; build_promtool; build_registry ;;
       -h|--help) sed -n '2,10p' "${BASH_SOURCE[0]}"; return ;;
-      *) die "unknown tool ${t} (want etcd, kubernetes, helm, nvidia-device-plugin, containerd, runc, promtool, registry or all)" ;;
+      *) die "unknown tool ${t} (want etcd, kubernetes, helm, nvidia-device-plugin, containerd, runc, crio, promtool, registry or all)" ;;
     esac
   done
 }

@@ -49,7 +49,8 @@ type Options struct {
 	// NodeLabels are registered with the Node (kubelet --node-labels).
 	NodeLabels map[string]string
 	// Runtime is the node's container runtime: RuntimeDebian when empty,
-	// RuntimeNRI for containerd 2.x with NRI (Cluster.NRISocket).
+	// RuntimeNRI for containerd 2.x with NRI (Cluster.NRISocket), RuntimeCRIO
+	// for CRI-O with NRI.
 	Runtime Runtime
 	// CacheDir holds the built binaries; CacheDir() when empty.
 	CacheDir string
@@ -95,14 +96,15 @@ type Cluster struct {
 	NodeName string
 	// NodeIP is the Node's InternalIP, where the kubelet serves.
 	NodeIP string
-	// ContainerdSocket is the node runtime's socket.
+	// ContainerdSocket is the node runtime's CRI socket (CRI-O's, for
+	// RuntimeCRIO).
 	ContainerdSocket string
 	// Runtime is the node's container runtime (Options.Runtime, defaulted).
 	Runtime Runtime
-	// NRISocket is where NRI plugins connect to the node's containerd, as
+	// NRISocket is where NRI plugins connect to the node's runtime, as
 	// seen from this host (outside the cluster's mount namespace; inside it,
 	// and so in pods that mount it as a hostPath, it is /var/run/nri/nri.sock).
-	// Empty unless Runtime is RuntimeNRI.
+	// Empty unless the runtime has NRI (Runtime.HasNRI).
 	NRISocket string
 	// ContainerdMetricsURL is the NRI runtime's Prometheus endpoint (the
 	// CRI's container create and start timers, NRI's plugin latency); empty
@@ -139,7 +141,9 @@ type Cluster struct {
 	netLock    *os.File
 	runDir     string
 	apiProxy   *serviceProxy
-	apiArgs    []string
+	// oomFloor is RuntimeCRIO's NRI plugin of the launcher (oomFloorPlugin).
+	oomFloor *oomFloorPlugin
+	apiArgs  []string
 
 	mu    sync.Mutex
 	procs map[string]*process
@@ -208,7 +212,7 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		LogsDir:          opts.LogsDir,
 		NodeName:         opts.NodeName,
 		NodeIP:           ip,
-		ContainerdSocket: filepath.Join(runDir, "containerd.sock"),
+		ContainerdSocket: filepath.Join(runDir, RuntimeProcess(opts.Runtime)+".sock"),
 		Runtime:          opts.Runtime,
 		DevicePluginDir:  filepath.Join(runDir, "device-plugins"),
 		Binaries:         bins,
@@ -220,7 +224,7 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	if c.LogsDir == "" {
 		c.LogsDir = filepath.Join(dir, "logs")
 	}
-	if c.Runtime == RuntimeNRI {
+	if c.Runtime.HasNRI() {
 		// In the short socket folder: a plugin dials this path from the host.
 		c.NRISocket = filepath.Join(runDir, "nri", "nri.sock")
 	}
@@ -271,7 +275,8 @@ func (c *Cluster) MarkFailed() {
 }
 
 // LogPath is the log file of a component: etcd, kube-apiserver,
-// kube-controller-manager, kube-scheduler, containerd, kubelet.
+// kube-controller-manager, kube-scheduler, containerd (crio, for
+// RuntimeCRIO: RuntimeProcess), kubelet.
 func (c *Cluster) LogPath(component string) string {
 	return filepath.Join(c.LogsDir, component+".log")
 }
@@ -494,17 +499,21 @@ func (c *Cluster) RestartAPIServer(ctx context.Context, down time.Duration) erro
 }
 
 func (c *Cluster) startNode(ctx context.Context) error {
-	// The mount namespace that containerd, its shims and the kubelet share:
-	// it gives the kubelet a private device-plugin folder, and every mount they
-	// make (rootfs overlays, projected volumes, netns files) vanishes with it.
-	// Slave propagation still shows them the host's later mounts. With
-	// RuntimeNRI, NRI's socket folder is the cluster's own too: plugins
-	// (and pods mounting /var/run/nri/nri.sock) reach this cluster's
-	// containerd, never another's.
+	// The mount namespace that the runtime (containerd and its shims, or
+	// CRI-O and its conmons) and the kubelet share: it gives the kubelet a
+	// private device-plugin folder, and every mount they make (rootfs
+	// overlays, projected volumes, netns files) vanishes with it. Slave
+	// propagation still shows them the host's later mounts. With NRI, NRI's
+	// socket folder is the cluster's own too: plugins (and pods mounting
+	// /var/run/nri/nri.sock) reach this cluster's runtime, never another's.
 	ready := filepath.Join(c.Dir, "namespace.ready")
 	binds := fmt.Sprintf("mkdir -p %[1]s; mount --bind %[2]q %[1]s; ", kubeletDevicePluginDir, c.DevicePluginDir)
 	if c.NRISocket != "" {
 		binds += fmt.Sprintf("mkdir -p %[1]s; mount --bind %[2]q %[1]s; ", nriDirInNamespace, filepath.Dir(c.NRISocket))
+	}
+	if c.Runtime == RuntimeCRIO {
+		binds += newCRIOFiles(filepath.Join(c.Dir, "crio")).etcContainersScript()
+		binds += hugetlbMountScript()
 	}
 	script := fmt.Sprintf("set -e; %s touch %q; exec sleep infinity", binds, ready)
 	holder, err := c.start("namespace", c.Binaries.Unshare, []string{"--mount", "--propagation", "slave", "--", "/bin/sh", "-c", script})
@@ -551,35 +560,21 @@ func (c *Cluster) startNode(ctx context.Context) error {
 	if err := os.WriteFile(filepath.Join(cniDir, "net.d", "10-bridge.conflist"), conf, 0o644); err != nil {
 		return fmt.Errorf("failed to write cni config: %w", err)
 	}
-	ctrdDir := filepath.Join(c.Dir, "containerd")
-	ctrdConf := filepath.Join(ctrdDir, "config.toml")
-	ctrdConfig := containerdConfig(ctrdDir, c.ContainerdSocket, filepath.Join(cniDir, "net.d"))
-	var ctrdEnv []string
-	if c.Runtime == RuntimeNRI {
-		ctrdConfig = containerdNRIConfig(ctrdDir, c.ContainerdSocket, fmt.Sprintf("127.0.0.1:%d", c.ports["containerdMetrics"]), filepath.Join(cniDir, "net.d"), c.Binaries)
-		// The config names the shim and runc; PATH says the same to anything
-		// that looks them up by name, so Debian's never mix in.
-		ctrdEnv = []string{"PATH=" + filepath.Dir(c.Binaries.ContainerdShim) + ":" + filepath.Dir(c.Binaries.Runc) + ":" + os.Getenv("PATH")}
+	var runtime *process
+	if c.Runtime == RuntimeCRIO {
+		runtime, err = c.startCRIO(ctx, inNS, filepath.Join(cniDir, "net.d"))
+	} else {
+		runtime, err = c.startContainerd(ctx, inNS, filepath.Join(cniDir, "net.d"))
 	}
-	if err := os.WriteFile(ctrdConf, []byte(ctrdConfig), 0o644); err != nil {
-		return fmt.Errorf("failed to write containerd config: %w", err)
-	}
-	bin, args := inNS(c.Binaries.Containerd, "--config", ctrdConf, "--log-level", "info")
-	containerd, err := c.startWithEnv("containerd", bin, args, ctrdEnv)
 	if err != nil {
 		return err
-	}
-	if err := c.poll(ctx, "containerd", []string{"containerd"}, func(ctx context.Context) (bool, error) {
-		return exec.CommandContext(ctx, c.Binaries.Ctr, "--address", c.ContainerdSocket, "version").Run() == nil, nil
-	}); err != nil {
-		return withLog(err, containerd)
 	}
 	pause, err := buildPause(ctx, filepath.Join(c.Dir, "images"), PauseImage)
 	if err != nil {
 		return err
 	}
 	if err := c.ImportImage(ctx, pause); err != nil {
-		return withLog(err, containerd)
+		return withLog(err, runtime)
 	}
 
 	kubeletTLS, err := c.pki.issue("kubelet-serving", "system:node:"+c.NodeName, []string{"system:nodes"}, []string{c.NodeIP, "127.0.0.1", c.NodeName})
@@ -607,15 +602,45 @@ func (c *Cluster) startNode(ctx context.Context) error {
 		kargs = append(kargs, "--node-labels="+joinLabels(c.opts.NodeLabels))
 	}
 	kargs = append(kargs, c.opts.KubeletFlags...)
-	bin, args = inNS(c.Binaries.Kubelet, kargs...)
+	bin, args := inNS(c.Binaries.Kubelet, kargs...)
 	if _, err := c.start("kubelet", bin, args); err != nil {
 		return err
 	}
 	return nil
 }
 
+// startContainerd writes containerd's configuration (1.6's, or 2.x's with NRI
+// for RuntimeNRI) and starts it with inNS (which enters the cluster's mount
+// namespace), and returns once it answers on its socket.
+func (c *Cluster) startContainerd(ctx context.Context, inNS func(bin string, args ...string) (string, []string), cniConfDir string) (*process, error) {
+	ctrdDir := filepath.Join(c.Dir, "containerd")
+	ctrdConf := filepath.Join(ctrdDir, "config.toml")
+	ctrdConfig := containerdConfig(ctrdDir, c.ContainerdSocket, cniConfDir)
+	var ctrdEnv []string
+	if c.Runtime == RuntimeNRI {
+		ctrdConfig = containerdNRIConfig(ctrdDir, c.ContainerdSocket, fmt.Sprintf("127.0.0.1:%d", c.ports["containerdMetrics"]), cniConfDir, c.Binaries)
+		// The config names the shim and runc; PATH says the same to anything
+		// that looks them up by name, so Debian's never mix in.
+		ctrdEnv = []string{"PATH=" + filepath.Dir(c.Binaries.ContainerdShim) + ":" + filepath.Dir(c.Binaries.Runc) + ":" + os.Getenv("PATH")}
+	}
+	if err := os.WriteFile(ctrdConf, []byte(ctrdConfig), 0o644); err != nil {
+		return nil, fmt.Errorf("failed to write containerd config: %w", err)
+	}
+	bin, args := inNS(c.Binaries.Containerd, "--config", ctrdConf, "--log-level", "info")
+	containerd, err := c.startWithEnv("containerd", bin, args, ctrdEnv)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.poll(ctx, "containerd", []string{"containerd"}, func(ctx context.Context) (bool, error) {
+		return exec.CommandContext(ctx, c.Binaries.Ctr, "--address", c.ContainerdSocket, "version").Run() == nil, nil
+	}); err != nil {
+		return nil, withLog(err, containerd)
+	}
+	return containerd, nil
+}
+
 func (c *Cluster) waitUsable(ctx context.Context) error {
-	all := []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "containerd", "kubelet"}
+	all := []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", RuntimeProcess(c.Runtime), "kubelet"}
 	c.log.Info("waiting for node to be ready", "node", c.NodeName)
 	if err := c.poll(ctx, "node "+c.NodeName+" Ready", all, func(ctx context.Context) (bool, error) {
 		n, err := c.Clientset.CoreV1().Nodes().Get(ctx, c.NodeName, metav1.GetOptions{})
@@ -654,12 +679,40 @@ func (c *Cluster) waitUsable(ctx context.Context) error {
 }
 
 // ImportImage loads a docker-archive tar (see BuildImage) into the node's
-// containerd, where pods with imagePullPolicy Never find it.
+// runtime, where pods with imagePullPolicy Never find it.
 func (c *Cluster) ImportImage(ctx context.Context, tarPath string) error {
+	if c.Runtime == RuntimeCRIO {
+		return c.importCRIO(ctx, tarPath)
+	}
 	out, err := exec.CommandContext(ctx, c.Binaries.Ctr, "--address", c.ContainerdSocket, "--namespace", "k8s.io",
 		"images", "import", tarPath).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("failed to import image %s: %w: %s", tarPath, err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// SignalContainer sends a signal (SIGHUP, SIGKILL, ...) to the main process
+// of the container whose status names containerID (containerd://<id> or
+// cri-o://<id>): through containerd's task API, or, for CRI-O, through the
+// runc that runs it, as an OOM kill or `crictl stop` would reach it.
+func (c *Cluster) SignalContainer(ctx context.Context, containerID, signal string) error {
+	scheme, id, ok := strings.Cut(containerID, "://")
+	if !ok || id == "" {
+		return fmt.Errorf("failed to signal container %q: not a runtime's <scheme>://<id>", containerID)
+	}
+	var cmd *exec.Cmd
+	switch {
+	case scheme == "cri-o" && c.Runtime == RuntimeCRIO:
+		cmd = exec.CommandContext(ctx, c.Binaries.Runc, "--root", filepath.Join(c.Dir, "crio", "runc"), "kill", id, signal)
+	case scheme == "containerd" && c.Runtime != RuntimeCRIO:
+		cmd = exec.CommandContext(ctx, c.Binaries.Ctr, "--address", c.ContainerdSocket, "--namespace", "k8s.io",
+			"tasks", "kill", "--signal", signal, id)
+	default:
+		return fmt.Errorf("failed to signal container %q: not one of this node's %s runtime", containerID, c.Runtime)
+	}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("failed to signal container %s: %w: %s", containerID, err, strings.TrimSpace(string(out)))
 	}
 	return nil
 }
@@ -761,7 +814,7 @@ func (c *Cluster) Stop() error {
 			errs = append(errs, err)
 		}
 		own := map[int]bool{}
-		for _, name := range []string{"containerd", "namespace"} {
+		for _, name := range []string{RuntimeProcess(c.Runtime), "namespace"} {
 			if p := c.proc(name); p != nil {
 				own[p.pid()] = true
 			}
@@ -775,6 +828,12 @@ func (c *Cluster) Stop() error {
 		if err := killAll(victims, 10*time.Second); err != nil {
 			errs = append(errs, fmt.Errorf("failed to kill containers: %w", err))
 		}
+	}
+	c.mu.Lock()
+	floor := c.oomFloor
+	c.mu.Unlock()
+	if floor != nil {
+		floor.stop()
 	}
 	// Then the rest, newest first.
 	c.mu.Lock()

@@ -32,6 +32,8 @@ var (
 	// ContainerdVersion and RuncVersion are RuntimeNRI's runtime.
 	ContainerdVersion = version("CONTAINERD_VERSION")
 	RuncVersion       = version("RUNC_VERSION")
+	// CRIOVersion is RuntimeCRIO's CRI-O; it runs RuncVersion's runc.
+	CRIOVersion = version("CRIO_VERSION")
 )
 
 // releaseVersion is how every tool names a release: v1.37.2, never 1.37.2.
@@ -59,6 +61,9 @@ type Binaries struct {
 	// ContainerdShim is RuntimeNRI's containerd-shim-runc-v2; empty for
 	// RuntimeDebian, whose containerd finds its own on PATH.
 	ContainerdShim string
+	// CRIO and Pinns are RuntimeCRIO's, from hack/tools.sh; Conmon and Skopeo
+	// the host's (hack/install-runtime.sh). Empty for the other runtimes.
+	CRIO, Pinns, Conmon, Skopeo string
 }
 
 // CacheDir is where hack/tools.sh puts binaries: $GPU_INJECTOR_CACHE, else
@@ -83,8 +88,9 @@ func FindBinaries(cacheDir string) (Binaries, error) {
 
 // FindRuntimeBinaries is FindBinaries for a cluster whose node runs runtime
 // ("" is RuntimeDebian). For RuntimeNRI, containerd, its shim, ctr and runc
-// are the ones hack/tools.sh built; the CNI plugins, unshare and nsenter are
-// the host's either way.
+// are the ones hack/tools.sh built; for RuntimeCRIO, crio, pinns and runc are,
+// conmon and skopeo the host's; the CNI plugins, unshare and nsenter are the
+// host's either way.
 func FindRuntimeBinaries(cacheDir string, runtime Runtime) (Binaries, error) {
 	if runtime == "" {
 		runtime = RuntimeDebian
@@ -111,9 +117,12 @@ func FindRuntimeBinaries(cacheDir string, runtime Runtime) (Binaries, error) {
 		errs = append(errs, fmt.Errorf("%s is missing: run hack/tools.sh etcd first", b.Etcd))
 	}
 	hostPrograms := map[string]*string{"unshare": &b.Unshare, "nsenter": &b.Nsenter}
-	if runtime == RuntimeNRI {
+	switch runtime {
+	case RuntimeNRI:
 		errs = append(errs, findNRIRuntime(cacheDir, &b)...)
-	} else {
+	case RuntimeCRIO:
+		errs = append(errs, findCRIORuntime(cacheDir, &b)...)
+	default:
 		hostPrograms["containerd"], hostPrograms["ctr"], hostPrograms["runc"] = &b.Containerd, &b.Ctr, &b.Runc
 	}
 	for name, dst := range hostPrograms {

@@ -64,18 +64,31 @@ func (adjustingPlugin) CreateContainer(_ context.Context, pod *api.PodSandbox, c
 	return adj, nil, nil
 }
 
-// TestNRIRuntime proves NRI end to end on a RuntimeNRI cluster: the node runs
-// the built containerd; a plugin connected from this process to NRISocket
-// adjusts the containers of annotated pods and leaves the others alone; a pod
-// mounting /var/run/nri/nri.sock as a hostPath sees this cluster's socket;
-// and NRI's default validator refuses a container whose required plugin is
-// not connected, while one whose required plugin is runs.
+// TestNRIRuntime proves NRI end to end on each runtime with NRI (containerd
+// 2.x, CRI-O): the node runs the built runtime; a plugin connected from this
+// process to NRISocket adjusts the containers of annotated pods and leaves
+// the others alone; a pod mounting /var/run/nri/nri.sock as a hostPath sees
+// this cluster's socket; and NRI's default validator refuses a container
+// whose required plugin is not connected, while one whose required plugin is
+// runs.
 func TestNRIRuntime(t *testing.T) {
+	for _, tc := range []struct {
+		runtime Runtime
+		version string // the Node's containerRuntimeVersion
+	}{
+		{RuntimeNRI, "containerd://" + strings.TrimPrefix(ContainerdVersion, "v")},
+		{RuntimeCRIO, "cri-o://" + strings.TrimPrefix(CRIOVersion, "v")},
+	} {
+		t.Run(RuntimeProcess(tc.runtime), func(t *testing.T) { testNRIRuntime(t, tc.runtime, tc.version) })
+	}
+}
+
+func testNRIRuntime(t *testing.T, runtime Runtime, version string) {
 	start := time.Now()
 	ctx := t.Context()
 	c, err := Start(ctx, Options{
 		NodeName:      "nri-node-1",
-		Runtime:       RuntimeNRI,
+		Runtime:       runtime,
 		KeepOnFailure: os.Getenv("KEEP_CLUSTER") != "",
 		Logger:        testr.NewWithOptions(t, testr.Options{Verbosity: 1}),
 	})
@@ -91,19 +104,20 @@ func TestNRIRuntime(t *testing.T) {
 			t.Errorf("stop: %v", err)
 		}
 	})
-	if c.Runtime != RuntimeNRI || c.NRISocket == "" {
-		t.Fatalf("Runtime = %q, NRISocket = %q; want %q and a path", c.Runtime, c.NRISocket, RuntimeNRI)
+	if c.Runtime != runtime || c.NRISocket == "" {
+		t.Fatalf("Runtime = %q, NRISocket = %q; want %q and a path", c.Runtime, c.NRISocket, runtime)
 	}
+	runtimeLog := func() string { return tailFile(c.LogPath(RuntimeProcess(runtime)), 30) }
 
 	node, err := c.Clientset.CoreV1().Nodes().Get(ctx, c.NodeName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatalf("get node: %v", err)
 	}
-	if got, want := node.Status.NodeInfo.ContainerRuntimeVersion, "containerd://"+strings.TrimPrefix(ContainerdVersion, "v"); got != want {
+	if got, want := node.Status.NodeInfo.ContainerRuntimeVersion, version; got != want {
 		t.Errorf("container runtime version = %q, want %q", got, want)
 	}
 
-	// containerd made the socket when it started (the node is Ready, so it
+	// The runtime made the socket when it started (the node is Ready, so it
 	// has); a plugin connects and registers at once.
 	sock, err := os.Stat(c.NRISocket)
 	if err != nil {
@@ -117,7 +131,7 @@ func TestNRIRuntime(t *testing.T) {
 		t.Fatalf("create NRI plugin: %v", err)
 	}
 	if err := p.Start(ctx); err != nil {
-		t.Fatalf("connect NRI plugin to %s: %v\ncontainerd log:\n%s", c.NRISocket, err, tailFile(c.LogPath("containerd"), 30))
+		t.Fatalf("connect NRI plugin to %s: %v\n%s log:\n%s", c.NRISocket, err, runtime, runtimeLog())
 	}
 	// Registered before the cluster's cleanup runs (cleanups run last first).
 	t.Cleanup(p.Stop)
@@ -187,7 +201,7 @@ func TestNRIRuntime(t *testing.T) {
 				return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
 			})
 			if err != nil {
-				t.Fatalf("pod did not finish: %v; status: %+v\ncontainerd log:\n%s", err, last.Status, tailFile(c.LogPath("containerd"), 30))
+				t.Fatalf("pod did not finish: %v; status: %+v\n%s log:\n%s", err, last.Status, runtime, runtimeLog())
 			}
 			if last.Status.Phase != corev1.PodSucceeded {
 				t.Fatalf("pod phase = %s, want Succeeded: %+v", last.Status.Phase, last.Status)

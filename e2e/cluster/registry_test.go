@@ -19,13 +19,13 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 )
 
-// TestRegistryPull proves, on each runtime's containerd (1.6's CRI
-// registry config_path, 2.x's cri.v1.images one), that a pod pulls from the
-// cluster's registry over plain HTTP through the hosts.toml alone: an image
+// TestRegistryPull proves, on each runtime (containerd 1.6's CRI registry
+// config_path, 2.x's cri.v1.images one, CRI-O's registries.conf), that a pod
+// pulls from the cluster's registry over plain HTTP through that file alone: an image
 // pushed there and never imported runs with pullPolicy IfNotPresent, and
 // the kubelet's event says it pulled it.
 func TestRegistryPull(t *testing.T) {
-	for _, rt := range []Runtime{RuntimeDebian, RuntimeNRI} {
+	for _, rt := range []Runtime{RuntimeDebian, RuntimeNRI, RuntimeCRIO} {
 		t.Run(string(rt), func(t *testing.T) {
 			ctx := t.Context()
 			c, err := Start(ctx, Options{
@@ -85,7 +85,7 @@ func TestRegistryPull(t *testing.T) {
 				return p.Status.Phase == corev1.PodRunning, nil
 			})
 			if err != nil {
-				t.Fatalf("pod from %s not running: %v; status %+v\ncontainerd log:\n%s", ref, err, last.Status, tailFile(c.LogPath("containerd"), 30))
+				t.Fatalf("pod from %s not running: %v; status %+v\n%s log:\n%s", ref, err, last.Status, rt, tailFile(c.LogPath(RuntimeProcess(rt)), 30))
 			}
 			events, err := c.Clientset.CoreV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=pulled,reason=Pulled"})
 			if err != nil {

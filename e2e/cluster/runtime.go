@@ -19,9 +19,26 @@ const (
 	// through an NRI plugin needs. Debian bookworm's containerd 1.6 has no NRI;
 	// containerd turned it on by default in 2.0.
 	RuntimeNRI Runtime = "nri"
+	// RuntimeCRIO is CRI-O built from its Go module (hack/tools.sh crio), with
+	// Debian's conmon and hack/tools.sh's runc, NRI on as CRI-O ships it, and
+	// NRI's default validator turned on (CRI-O ships it off). Debian bookworm
+	// packages no CRI-O.
+	RuntimeCRIO Runtime = "crio"
 )
 
-// nriSocketInNamespace is where the NRI runtime's containerd listens for NRI
+// HasNRI reports whether the runtime serves NRI plugins (Cluster.NRISocket).
+func (r Runtime) HasNRI() bool { return r == RuntimeNRI || r == RuntimeCRIO }
+
+// RuntimeProcess is the name of the runtime's process among the cluster's
+// components, and so of its log (Cluster.LogPath).
+func RuntimeProcess(r Runtime) string {
+	if r == RuntimeCRIO {
+		return "crio"
+	}
+	return "containerd"
+}
+
+// nriSocketInNamespace is where the NRI runtime's containerd (and CRI-O) listens for NRI
 // plugins: NRI's default path, which a plugin's pod mounts as a hostPath. In
 // the cluster's mount namespace it is a bind mount of the cluster's own
 // folder (Cluster.NRISocket outside it), as kubeletDevicePluginDir is, so two
@@ -33,10 +50,10 @@ const (
 
 func (r Runtime) valid() error {
 	switch r {
-	case RuntimeDebian, RuntimeNRI:
+	case RuntimeDebian, RuntimeNRI, RuntimeCRIO:
 		return nil
 	}
-	return fmt.Errorf("unknown runtime %q (want %q or %q)", r, RuntimeDebian, RuntimeNRI)
+	return fmt.Errorf("unknown runtime %q (want %q, %q or %q)", r, RuntimeDebian, RuntimeNRI, RuntimeCRIO)
 }
 
 // findNRIRuntime sets the NRI runtime's programs: the containerd, its runc

@@ -417,7 +417,7 @@ func (e *Env) RestartWebhook(ctx context.Context) error {
 }
 
 // SignalContainer sends a signal (SIGHUP, SIGKILL, ...) to the main process
-// of a pod's container through the node's containerd, as `crictl stop` or
+// of a pod's container through the node's runtime, as `crictl stop` or
 // an OOM kill would reach it: the kubelet then sees the exit and restarts it.
 func (e *Env) SignalContainer(ctx context.Context, p *corev1.Pod, container, signal string) error {
 	id := ""
@@ -426,14 +426,11 @@ func (e *Env) SignalContainer(ctx context.Context, p *corev1.Pod, container, sig
 			id = cs.ContainerID
 		}
 	}
-	id = strings.TrimPrefix(id, "containerd://")
 	if id == "" {
 		return fmt.Errorf("failed to signal %s/%s[%s]: no container ID in its status", p.Namespace, p.Name, container)
 	}
-	out, err := exec.CommandContext(ctx, e.Cluster.Binaries.Ctr, "--address", e.Cluster.ContainerdSocket, "--namespace", "k8s.io",
-		"tasks", "kill", "--signal", signal, id).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("failed to send %s to %s/%s[%s]: %w: %s", signal, p.Namespace, p.Name, container, err, strings.TrimSpace(string(out)))
+	if err := e.Cluster.SignalContainer(ctx, id, signal); err != nil {
+		return fmt.Errorf("failed to send %s to %s/%s[%s]: %w", signal, p.Namespace, p.Name, container, err)
 	}
 	return nil
 }

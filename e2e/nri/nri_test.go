@@ -5,6 +5,9 @@
 // containerd 2.x with NRI, and the chart runs gpu-injector's NRI plugin beside
 // each probe. GPU pods in namespaces whose Pod Security level forbids hostPath
 // get the driver from the plugin, with no hostPath in their spec.
+//
+// E2E_RUNTIME=crio runs the same tests on CRI-O instead (cluster.RuntimeCRIO);
+// the ones that read what only containerd exposes say so and skip there.
 package nri
 
 import (
@@ -47,9 +50,14 @@ func TestMain(m *testing.M) { os.Exit(run(m)) }
 func run(m *testing.M) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	rt, err := suiteRuntime(os.Getenv("E2E_RUNTIME"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
 	// The main suite holds the host's stand-in driver folder while it runs.
 	e, err := env.Up(ctx, env.Options{
-		Runtime: cluster.RuntimeNRI,
+		Runtime: rt,
 		// The stale driver scan every two seconds, not every minute: the
 		// suite waits for its record.
 		ChartValues:   []string{"runtimeInjection.enabled=true", "runtimeInjection.staleDriver.interval=2s"},
@@ -72,6 +80,26 @@ func run(m *testing.M) int {
 		}
 	}
 	return code
+}
+
+// suiteRuntime is the kubelet node's runtime for E2E_RUNTIME's value:
+// containerd 2.x when empty or "containerd", CRI-O for "crio".
+func suiteRuntime(name string) (cluster.Runtime, error) {
+	switch name {
+	case "", "containerd":
+		return cluster.RuntimeNRI, nil
+	case "crio":
+		return cluster.RuntimeCRIO, nil
+	}
+	return "", fmt.Errorf("E2E_RUNTIME=%q: want containerd (the default) or crio", name)
+}
+
+// needContainerd skips a test that reads what only containerd exposes.
+func needContainerd(t *testing.T, what string) {
+	t.Helper()
+	if r := testEnv.Cluster.Runtime; r != cluster.RuntimeNRI {
+		t.Skipf("reads %s, which only containerd has (runtime %s)", what, r)
+	}
 }
 
 const (
@@ -529,6 +557,7 @@ func containerdTimers(t *testing.T) (create, start, plugin timer) {
 // plugin's CreateContainer. Figures are logged, for docs/benchmarks.md; only
 // the plugin being called for each marked container is checked.
 func TestContainerStartCost(t *testing.T) {
+	needContainerd(t, "containerd's CRI and NRI timers")
 	waitPluginReady(t)
 	const n = 10
 	marked := namespace(t, "baseline")

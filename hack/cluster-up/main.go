@@ -42,10 +42,10 @@ func run() error {
 		timeout    = flag.Duration("timeout", 3*time.Minute, "how long start may take")
 		verbose    = flag.Bool("v", false, "log every step")
 		envFile    = flag.String("write-env", "", "write KUBECONFIG, CONTAINERD_SOCKET, ... of the running cluster to this file (shell syntax), once it is ready")
-		runtime    = flag.String("runtime", string(cluster.RuntimeDebian), "the node's container runtime: debian (Debian's containerd, no NRI) or nri (containerd 2.x with NRI, built by hack/tools.sh)")
+		runtime    = flag.String("runtime", string(cluster.RuntimeDebian), "the node's container runtime: debian (Debian's containerd, no NRI), nri (containerd 2.x with NRI, built by hack/tools.sh) or crio (CRI-O with NRI, built by hack/tools.sh crio)")
 		images     []string
 	)
-	flag.Func("import-image", "docker-archive tar (make image) to import into the node's containerd; repeatable", func(v string) error {
+	flag.Func("import-image", "docker-archive tar (make image) to import into the node's runtime; repeatable", func(v string) error {
 		images = append(images, v)
 		return nil
 	})
@@ -178,10 +178,10 @@ func nriNote(c *cluster.Cluster) string {
 // parseRuntime checks --runtime against e2e/cluster's runtimes.
 func parseRuntime(s string) (cluster.Runtime, error) {
 	switch r := cluster.Runtime(s); r {
-	case cluster.RuntimeDebian, cluster.RuntimeNRI:
+	case cluster.RuntimeDebian, cluster.RuntimeNRI, cluster.RuntimeCRIO:
 		return r, nil
 	}
-	return "", fmt.Errorf("--runtime wants %s or %s, got %q", cluster.RuntimeDebian, cluster.RuntimeNRI, s)
+	return "", fmt.Errorf("--runtime wants %s, %s or %s, got %q", cluster.RuntimeDebian, cluster.RuntimeNRI, cluster.RuntimeCRIO, s)
 }
 
 func parseLabels(s string) (map[string]string, error) {
