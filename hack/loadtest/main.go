@@ -116,7 +116,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.BoolVar(&o.keep, "keep", false, "keep the run's folder (logs, certificates, etcd)")
 	fs.StringVar(&o.out, "o", "", "also write the table to this file")
 	fs.IntVar(&o.nodeWorkers, "node-workers", 64, "concurrent requests while creating nodes (three requests a node, without client-side rate limit)")
-	fs.StringVar(&o.profileDir, "profile", "", "write a CPU profile of gpu-injector for each of its cells into this folder (go tool pprof reads them)")
+	fs.StringVar(&o.profileDir, "profile", "", "write a CPU profile of gpu-injector for each of its cells, and of the API server for every cell, into this folder (go tool pprof reads them)")
 	fs.DurationVar(&o.profileTime, "profile-time", 10*time.Second, "length of each CPU profile; a cell that ends sooner waits for it")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -244,7 +244,7 @@ func runAll(ctx context.Context, o *options) (err error) {
 	}
 	start := time.Now()
 	progress("starting etcd and kube-apiserver %s in %s", cluster.KubernetesVersion, dir)
-	cp, err := startControlPlane(ctx, dir, etcd, apiserver)
+	cp, err := startControlPlane(ctx, dir, etcd, apiserver, o.profileDir != "")
 	if cp != nil {
 		defer cp.stop()
 	}
