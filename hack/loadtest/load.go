@@ -151,7 +151,7 @@ func (r *run) cell(ctx context.Context, l *loader, v, size string, conc int) (re
 		res.webhookMean = after.mean(before, webhookKey(webhookName(v)))
 	}
 	res.pluginMean = after.mean(before, pluginKey(plugin))
-	if v == variantChartPolicy {
+	if v == variantChartPolicy || v == variantRefPolicy {
 		// Every pod passes both plugins: the policy's, and the webhook's,
 		// which evaluates its matchConditions even where it calls no webhook.
 		res.pluginMean += after.mean(before, pluginKey("MutatingAdmissionPolicy"))

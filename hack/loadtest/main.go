@@ -74,6 +74,9 @@ type options struct {
 	// implies nri): the gpu-injector variant is the webhook alone
 	// (admission.policy off), chart-policy the chart's admission policy.
 	runtimeDelivery bool
+	// refChart is another checkout whose chart's policy runs as the
+	// chart-policy-ref variant.
+	refChart string
 }
 
 func main() {
@@ -110,6 +113,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&sizes, "sizes", "small,medium,large", "pod sizes; "+sizeCPU+" is the small pod without its GPU, in the same opted-in namespace")
 	fs.StringVar(&conc, "concurrency", "1,16", "client concurrencies")
 	fs.StringVar(&variants, "variants", strings.Join(defaultVariants, ","), "what admits the pods, of "+strings.Join(allVariants, ","))
+	fs.StringVar(&o.refChart, "ref-chart", "", "with -runtime-delivery: the root of another checkout (git worktree add DIR main), whose chart's policy and webhook configuration run as the "+variantRefPolicy+" variant, to compare two versions of the policy in one run")
 	fs.StringVar(&o.chartObjects, "chart-objects", "", "output of helm template for the chart (default: run hack/tools.sh's helm)")
 	fs.StringVar(&o.binary, "gpu-injector", "", "gpu-injector binary (default: go build one)")
 	fs.StringVar(&o.cacheDir, "bin", "", "folder of the cluster binaries (default: hack/tools.sh's cache, ~/.cache/gpu-injector)")
@@ -138,6 +142,9 @@ func parseFlags(args []string) (*options, error) {
 		if !contains(allVariants, v) {
 			return nil, fmt.Errorf("unknown variant %q; known: %s", v, strings.Join(allVariants, ","))
 		}
+	}
+	if contains(o.variants, variantRefPolicy) != (o.refChart != "") || (o.refChart != "" && !o.runtimeDelivery) {
+		return nil, fmt.Errorf("-ref-chart and the %s variant go together, with -runtime-delivery", variantRefPolicy)
 	}
 	for _, c := range strings.Split(conc, ",") {
 		n, err := strconv.Atoi(c)
