@@ -34,6 +34,7 @@ import (
 	celconfig "k8s.io/apiserver/pkg/apis/cel"
 	"k8s.io/apiserver/pkg/authentication/user"
 	"k8s.io/apiserver/pkg/cel/environment"
+	"k8s.io/client-go/applyconfigurations"
 	"sigs.k8s.io/yaml"
 
 	"github.com/gpu-injector/gpu-injector/config"
@@ -102,14 +103,22 @@ func compileMutatingPolicy(t testing.TB, p *admissionregistrationv1.MutatingAdmi
 		}
 		var patchers []patch.Patcher
 		for _, m := range p.Spec.Mutations {
-			if m.PatchType != admissionregistrationv1.PatchTypeJSONPatch || m.JSONPatch == nil {
-				t.Fatalf("mutation of type %s: this test runs JSON Patch only", m.PatchType)
+			var accessor plugincel.ExpressionAccessor
+			newPatcher := patch.NewJSONPatcher
+			switch {
+			case m.PatchType == admissionregistrationv1.PatchTypeJSONPatch && m.JSONPatch != nil:
+				accessor = &patch.JSONPatchCondition{Expression: m.JSONPatch.Expression}
+			case m.PatchType == admissionregistrationv1.PatchTypeApplyConfiguration && m.ApplyConfiguration != nil:
+				accessor = &patch.ApplyConfigurationCondition{Expression: m.ApplyConfiguration.Expression}
+				newPatcher = patch.NewApplyConfigurationPatcher
+			default:
+				t.Fatalf("mutation of type %s without its expression", m.PatchType)
 			}
-			ev := compiler.CompileMutatingEvaluator(&patch.JSONPatchCondition{Expression: m.JSONPatch.Expression}, patchDecls, mode)
+			ev := compiler.CompileMutatingEvaluator(accessor, patchDecls, mode)
 			if errs := ev.CompilationErrors(); len(errs) > 0 {
 				t.Fatalf("%s: the API server would refuse the mutation: %v", vname, errors.Join(errs...))
 			}
-			patchers = append(patchers, patch.NewJSONPatcher(ev))
+			patchers = append(patchers, newPatcher(ev))
 		}
 		if vname == "current" {
 			ap.patchers, ap.compiler = patchers, compiler
@@ -126,6 +135,10 @@ var podScheme = func() *runtime.Scheme {
 	}
 	return s
 }()
+
+// podTypeConverter is the schema an ApplyConfiguration mutation merges with, as the API
+// server's type converter gives it for built-in kinds.
+var podTypeConverter = applyconfigurations.NewTypeConverter(podScheme)
 
 func podAttributes(pod *corev1.Pod) *admission.VersionedAttributes {
 	attr := admission.NewAttributesRecord(pod, nil, podGVK, pod.Namespace, pod.Name, podGVR, "", admission.Create, nil, false, &user.DefaultInfo{Name: "alice"})
@@ -151,9 +164,15 @@ func (ap admissionPolicy) admit(t testing.TB, pod *corev1.Pod) *corev1.Pod {
 	for _, p := range ap.patchers {
 		out, err := p.Patch(ctx, patch.Request{
 			MatchedResource: podGVR, VersionedAttributes: va, ObjectInterfaces: oi,
+			TypeConverter: podTypeConverter,
 		}, celconfig.RuntimeCELCostBudget)
 		if err != nil {
 			t.Fatalf("the policy's mutation failed: %v", err)
+		}
+		// The plugin's dispatcher turns a merge's unstructured result back into the
+		// typed object.
+		if out, err = oi.GetObjectConvertor().ConvertToVersion(out, podGVK.GroupVersion()); err != nil {
+			t.Fatalf("failed to convert the policy's result: %v", err)
 		}
 		va.VersionedObject = out
 	}
@@ -532,7 +551,8 @@ func TestAdmissionPolicyRender(t *testing.T) {
 // BenchmarkPolicyAdmission: the chart's admission policy as the API server's plugin runs
 // it on the load script's pods (its conditions, its variable and its JSON Patch, from
 // the typed pod to the typed pod), the webhook's matchConditions on the pod the policy
-// made, and Mutate on the same pod with driverDelivery Runtime.
+// made, and Mutate on the same pod with driverDelivery Runtime; then both sets of
+// conditions on a pod without a GPU.
 func BenchmarkPolicyAdmission(b *testing.B) {
 	pr := benchRender(b)
 	t := b
@@ -563,6 +583,25 @@ func BenchmarkPolicyAdmission(b *testing.B) {
 			}
 		})
 	}
+	// The load script's cpu pod: the small pod without its GPU, in the same namespace,
+	// which the policy's conditions and the webhook's leave out.
+	cpu := workload.Pod("cpu", workload.Sizes[0].Bytes)
+	cpu.Namespace = "ml"
+	delete(cpu.Spec.Containers[0].Resources.Limits, "nvidia.com/gpu")
+	b.Run("policy/cpu", func(b *testing.B) {
+		for range b.N {
+			if pr.policy.admit(t, cpu) != nil {
+				b.Fatal("the policy takes a pod without a GPU")
+			}
+		}
+	})
+	b.Run("webhook-conditions/cpu", func(b *testing.B) {
+		for range b.N {
+			if webhookCalled(t, pr.webhook, cpu) {
+				b.Fatal("the webhook would be called for a pod without a GPU")
+			}
+		}
+	})
 }
 
 // benchRender is renderForConfig's chart, driverDelivery Runtime on 1.37, for a

@@ -37,7 +37,9 @@ type controlPlane struct {
 	procs      []*exec.Cmd
 }
 
-func startControlPlane(ctx context.Context, dir, etcdBin, apiserverBin string) (*controlPlane, error) {
+// startControlPlane starts etcd and kube-apiserver; profiling serves the API
+// server's /debug/pprof (-profile).
+func startControlPlane(ctx context.Context, dir, etcdBin, apiserverBin string, profiling bool) (*controlPlane, error) {
 	ports, err := freePorts(3)
 	if err != nil {
 		return nil, err
@@ -85,7 +87,7 @@ func startControlPlane(ctx context.Context, dir, etcdBin, apiserverBin string) (
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
 		"--service-account-key-file="+saKey, "--service-account-signing-key-file="+saKey,
 		"--service-cluster-ip-range=10.0.0.0/24", "--endpoint-reconciler-type=none",
-		"--allow-privileged=true", "--profiling=false",
+		"--allow-privileged=true", "--profiling="+strconv.FormatBool(profiling),
 		// Three writes a node leave two old revisions each (5,000 nodes
 		// made etcd's file 491 MiB): compacted every minute rather than
 		// five, their pages are reused while 65,000 nodes are created.

@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -150,7 +151,7 @@ func (r *run) cell(ctx context.Context, l *loader, v, size string, conc int) (re
 		res.webhookMean = after.mean(before, webhookKey(webhookName(v)))
 	}
 	res.pluginMean = after.mean(before, pluginKey(plugin))
-	if v == variantChartPolicy {
+	if v == variantChartPolicy || v == variantRefPolicy {
 		// Every pod passes both plugins: the policy's, and the webhook's,
 		// which evaluates its matchConditions even where it calls no webhook.
 		res.pluginMean += after.mean(before, pluginKey("MutatingAdmissionPolicy"))
@@ -205,23 +206,50 @@ func (r *run) send(ctx context.Context, l *loader, size string, conc, n int, lim
 	return all, wall, nil
 }
 
-// profile takes a CPU profile of gpu-injector while its cell runs, when
-// -profile is set; the returned function waits for it and writes it.
+// profile takes CPU profiles while a cell runs, when -profile is set: the API
+// server's for every variant (where its admission plugins spend their time),
+// and gpu-injector's for its own. The returned function waits for them and
+// writes them.
 func (r *run) profile(ctx context.Context, v, size string, conc int) func() error {
-	if v != variantOurs || r.webhookPprof == "" {
+	if r.o.profileDir == "" {
 		return func() error { return nil }
 	}
-	file := filepath.Join(r.o.profileDir, fmt.Sprintf("gpu-injector-%s-c%d.pprof", size, conc))
-	done := make(chan error, 1)
+	seconds := strconv.Itoa(int(r.o.profileTime.Seconds()))
+	type profiled struct {
+		what, file string
+		err        error
+	}
+	done := make(chan profiled, 2)
+	n := 1
 	go func() {
-		done <- fetchToFile(ctx, fmt.Sprintf("%s?seconds=%d", r.webhookPprof, int(r.o.profileTime.Seconds())), file)
-	}()
-	return func() error {
-		err := <-done
+		file := filepath.Join(r.o.profileDir, fmt.Sprintf("kube-apiserver-%s-%s-c%d.pprof", v, size, conc))
+		data, err := r.cp.client.Discovery().RESTClient().Get().AbsPath("/debug/pprof/profile").Param("seconds", seconds).DoRaw(ctx)
 		if err == nil {
-			progress("  CPU profile of gpu-injector: %s", file)
+			err = os.WriteFile(file, data, 0o644)
 		}
-		return err
+		if err != nil {
+			err = fmt.Errorf("failed to profile the API server: %w", err)
+		}
+		done <- profiled{"the API server", file, err}
+	}()
+	if v == variantOurs && r.webhookPprof != "" {
+		n++
+		go func() {
+			file := filepath.Join(r.o.profileDir, fmt.Sprintf("gpu-injector-%s-c%d.pprof", size, conc))
+			done <- profiled{"gpu-injector", file, fetchToFile(ctx, r.webhookPprof+"?seconds="+seconds, file)}
+		}()
+	}
+	return func() error {
+		var errs []error
+		for range n {
+			p := <-done
+			if p.err != nil {
+				errs = append(errs, p.err)
+				continue
+			}
+			progress("  CPU profile of %s: %s", p.what, p.file)
+		}
+		return errors.Join(errs...)
 	}
 }
 

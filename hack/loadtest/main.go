@@ -74,6 +74,9 @@ type options struct {
 	// implies nri): the gpu-injector variant is the webhook alone
 	// (admission.policy off), chart-policy the chart's admission policy.
 	runtimeDelivery bool
+	// refChart is another checkout whose chart's policy runs as the
+	// chart-policy-ref variant.
+	refChart string
 }
 
 func main() {
@@ -110,13 +113,14 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&sizes, "sizes", "small,medium,large", "pod sizes; "+sizeCPU+" is the small pod without its GPU, in the same opted-in namespace")
 	fs.StringVar(&conc, "concurrency", "1,16", "client concurrencies")
 	fs.StringVar(&variants, "variants", strings.Join(defaultVariants, ","), "what admits the pods, of "+strings.Join(allVariants, ","))
+	fs.StringVar(&o.refChart, "ref-chart", "", "with -runtime-delivery: the root of another checkout (git worktree add DIR main), whose chart's policy and webhook configuration run as the "+variantRefPolicy+" variant, to compare two versions of the policy in one run")
 	fs.StringVar(&o.chartObjects, "chart-objects", "", "output of helm template for the chart (default: run hack/tools.sh's helm)")
 	fs.StringVar(&o.binary, "gpu-injector", "", "gpu-injector binary (default: go build one)")
 	fs.StringVar(&o.cacheDir, "bin", "", "folder of the cluster binaries (default: hack/tools.sh's cache, ~/.cache/gpu-injector)")
 	fs.BoolVar(&o.keep, "keep", false, "keep the run's folder (logs, certificates, etcd)")
 	fs.StringVar(&o.out, "o", "", "also write the table to this file")
 	fs.IntVar(&o.nodeWorkers, "node-workers", 64, "concurrent requests while creating nodes (three requests a node, without client-side rate limit)")
-	fs.StringVar(&o.profileDir, "profile", "", "write a CPU profile of gpu-injector for each of its cells into this folder (go tool pprof reads them)")
+	fs.StringVar(&o.profileDir, "profile", "", "write a CPU profile of gpu-injector for each of its cells, and of the API server for every cell, into this folder (go tool pprof reads them)")
 	fs.DurationVar(&o.profileTime, "profile-time", 10*time.Second, "length of each CPU profile; a cell that ends sooner waits for it")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -138,6 +142,9 @@ func parseFlags(args []string) (*options, error) {
 		if !contains(allVariants, v) {
 			return nil, fmt.Errorf("unknown variant %q; known: %s", v, strings.Join(allVariants, ","))
 		}
+	}
+	if contains(o.variants, variantRefPolicy) != (o.refChart != "") || (o.refChart != "" && !o.runtimeDelivery) {
+		return nil, fmt.Errorf("-ref-chart and the %s variant go together, with -runtime-delivery", variantRefPolicy)
 	}
 	for _, c := range strings.Split(conc, ",") {
 		n, err := strconv.Atoi(c)
@@ -244,7 +251,7 @@ func runAll(ctx context.Context, o *options) (err error) {
 	}
 	start := time.Now()
 	progress("starting etcd and kube-apiserver %s in %s", cluster.KubernetesVersion, dir)
-	cp, err := startControlPlane(ctx, dir, etcd, apiserver)
+	cp, err := startControlPlane(ctx, dir, etcd, apiserver, o.profileDir != "")
 	if cp != nil {
 		defer cp.stop()
 	}

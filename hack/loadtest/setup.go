@@ -43,6 +43,13 @@ const (
 	sizeCPU = "cpu"
 )
 
+// chartPolicy is a chart's admission policy and the webhook configuration
+// rendered beside it.
+type chartPolicy struct {
+	policy *admissionregistrationv1.MutatingAdmissionPolicy
+	mwc    *admissionregistrationv1.MutatingWebhookConfiguration
+}
+
 // run is one load run's state.
 type run struct {
 	o   *options
@@ -50,14 +57,13 @@ type run struct {
 	cp  *controlPlane
 	cfg *config.Configuration
 	mwc *admissionregistrationv1.MutatingWebhookConfiguration
-	// chartMAP and policyMWC are the chart's admission policy and the
-	// webhook configuration rendered beside it (-runtime-delivery).
-	chartMAP  *admissionregistrationv1.MutatingAdmissionPolicy
-	policyMWC *admissionregistrationv1.MutatingWebhookConfiguration
-	ca        []byte
-	certDir   string
-	pods      map[string][]byte // size -> the pod's JSON
-	patches   map[string][]byte // size -> our JSON Patch for it
+	// chartPol is the chart's admission policy and the webhook configuration
+	// rendered beside it (-runtime-delivery); refPol the same of -ref-chart.
+	chartPol, refPol chartPolicy
+	ca               []byte
+	certDir          string
+	pods             map[string][]byte // size -> the pod's JSON
+	patches          map[string][]byte // size -> our JSON Patch for it
 	// wholeLists makes the same change with each list we append to
 	// replaced whole: 5 operations instead of 41.
 	wholeListPatches map[string][]byte
@@ -154,12 +160,13 @@ func (r *run) chart(ctx context.Context) error {
 		sets := []string{"webhook.enabled=false", "webhook.url=https://127.0.0.1:1"}
 		if r.o.runtimeDelivery {
 			sets = append(sets, "config.driverDelivery=Runtime")
-			withPolicy, err := env.RenderChart(ctx, wd, helm, sets...)
-			if err != nil {
+			if r.chartPol, err = renderPolicy(ctx, wd, helm, sets); err != nil {
 				return err
 			}
-			if err := r.readPolicy(withPolicy); err != nil {
-				return err
+			if r.o.refChart != "" {
+				if r.refPol, err = renderPolicy(ctx, r.o.refChart, helm, sets); err != nil {
+					return fmt.Errorf("-ref-chart: %w", err)
+				}
 			}
 			sets = append(sets, "admission.policy=off")
 		}
@@ -194,27 +201,32 @@ func (r *run) chart(ctx context.Context) error {
 	return nil
 }
 
-// readPolicy takes the chart's admission policy and the webhook
-// configuration rendered with it.
-func (r *run) readPolicy(objs []*unstructured.Unstructured) error {
+// renderPolicy renders the chart of the checkout at root and takes its
+// admission policy and the webhook configuration rendered with it.
+func renderPolicy(ctx context.Context, root, helm string, sets []string) (chartPolicy, error) {
+	var pol chartPolicy
+	objs, err := env.RenderChart(ctx, root, helm, sets...)
+	if err != nil {
+		return pol, err
+	}
 	for _, o := range objs {
 		var err error
 		switch o.GetKind() {
 		case "MutatingAdmissionPolicy":
-			r.chartMAP = &admissionregistrationv1.MutatingAdmissionPolicy{}
-			err = runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, r.chartMAP)
+			pol.policy = &admissionregistrationv1.MutatingAdmissionPolicy{}
+			err = runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, pol.policy)
 		case "MutatingWebhookConfiguration":
-			r.policyMWC = &admissionregistrationv1.MutatingWebhookConfiguration{}
-			err = runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, r.policyMWC)
+			pol.mwc = &admissionregistrationv1.MutatingWebhookConfiguration{}
+			err = runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, pol.mwc)
 		}
 		if err != nil {
-			return fmt.Errorf("failed to read the chart's %s: %w", o.GetKind(), err)
+			return pol, fmt.Errorf("failed to read the chart's %s: %w", o.GetKind(), err)
 		}
 	}
-	if r.chartMAP == nil || r.policyMWC == nil {
-		return errors.New("the chart rendered with driverDelivery Runtime lacks its MutatingAdmissionPolicy or webhook configuration")
+	if pol.policy == nil || pol.mwc == nil {
+		return pol, errors.New("the chart rendered with driverDelivery Runtime lacks its MutatingAdmissionPolicy or webhook configuration")
 	}
-	return nil
+	return pol, nil
 }
 
 func (r *run) namespaces(ctx context.Context) error {

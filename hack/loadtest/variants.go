@@ -35,12 +35,15 @@ const (
 	// webhook configuration beside it (-runtime-delivery): the policy admits
 	// the modern GPU pods, the webhook is called for the others.
 	variantChartPolicy = "chart-policy"
+	// variantRefPolicy is chart-policy with the chart of another checkout
+	// (-ref-chart), so that two versions of the policy are measured in one run.
+	variantRefPolicy = "chart-policy-ref"
 )
 
-var allVariants = []string{variantNone, variantPolicy, variantNoop, variantSamePatch, variantWhole, variantOurs, variantChartPolicy}
+var allVariants = []string{variantNone, variantPolicy, variantNoop, variantSamePatch, variantWhole, variantOurs, variantChartPolicy, variantRefPolicy}
 
 // defaultVariants are those that need no -runtime-delivery.
-var defaultVariants = allVariants[:len(allVariants)-1]
+var defaultVariants = allVariants[:len(allVariants)-2]
 
 var variantTitles = map[string]string{
 	variantNone:        "no mutating admission (baseline)",
@@ -50,6 +53,7 @@ var variantTitles = map[string]string{
 	variantWhole:       "same change, each list replaced whole (floor)",
 	variantOurs:        "gpu-injector",
 	variantChartPolicy: "chart's MutatingAdmissionPolicy, gpu-injector for the rest",
+	variantRefPolicy:   "-ref-chart's MutatingAdmissionPolicy, gpu-injector for the rest",
 }
 
 // webhookName is the webhook's name in the API server's metrics.
@@ -81,11 +85,15 @@ func (r *run) configure(ctx context.Context, v string) error {
 		return nil
 	case variantPolicy:
 		return r.policies(ctx)
-	case variantChartPolicy:
-		if err := r.chartPolicy(ctx); err != nil {
+	case variantChartPolicy, variantRefPolicy:
+		pol := r.chartPol
+		if v == variantRefPolicy {
+			pol = r.refPol
+		}
+		if err := r.chartPolicy(ctx, v, pol); err != nil {
 			return err
 		}
-		_, err := ar.MutatingWebhookConfigurations().Create(ctx, webhookFor(r.policyMWC, v, r.webhookURL, r.ca), metav1.CreateOptions{})
+		_, err := ar.MutatingWebhookConfigurations().Create(ctx, webhookFor(pol.mwc, v, r.webhookURL, r.ca), metav1.CreateOptions{})
 		return err
 	case variantNoop:
 		url = r.noop.url
@@ -156,19 +164,19 @@ func (r *run) policies(ctx context.Context) error {
 
 // chartPolicy installs the chart's MutatingAdmissionPolicy and its binding,
 // as helm template rendered them.
-func (r *run) chartPolicy(ctx context.Context) error {
-	if r.chartMAP == nil {
-		return errors.New("the chart-policy variant needs -runtime-delivery, where the chart renders its admission policy")
+func (r *run) chartPolicy(ctx context.Context, v string, pol chartPolicy) error {
+	if pol.policy == nil {
+		return fmt.Errorf("the %s variant needs -runtime-delivery (and -ref-chart for %s), where the chart renders its admission policy", v, variantRefPolicy)
 	}
 	ar := r.cp.client.AdmissionregistrationV1()
-	p := r.chartMAP.DeepCopy()
-	p.ObjectMeta = metav1.ObjectMeta{Name: variantChartPolicy}
+	p := pol.policy.DeepCopy()
+	p.ObjectMeta = metav1.ObjectMeta{Name: v}
 	if _, err := ar.MutatingAdmissionPolicies().Create(ctx, p, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("failed to create the chart's admission policy: %w", err)
 	}
 	b := &admissionregistrationv1.MutatingAdmissionPolicyBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: variantChartPolicy},
-		Spec:       admissionregistrationv1.MutatingAdmissionPolicyBindingSpec{PolicyName: variantChartPolicy},
+		ObjectMeta: metav1.ObjectMeta{Name: v},
+		Spec:       admissionregistrationv1.MutatingAdmissionPolicyBindingSpec{PolicyName: v},
 	}
 	if _, err := ar.MutatingAdmissionPolicyBindings().Create(ctx, b, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("failed to create the chart's admission policy binding: %w", err)
@@ -294,7 +302,7 @@ func (r *run) awaitSwitch(ctx context.Context, l *loader, v string) error {
 		called := true
 		switch v {
 		case variantNone, variantPolicy:
-		case variantChartPolicy:
+		case variantChartPolicy, variantRefPolicy:
 			// The policy, not the webhook, admits the modern GPU pod.
 			called = after.webhookCount(webhookName(v)) == before.webhookCount(webhookName(v))
 		default:

@@ -94,15 +94,15 @@ cs.filter(c, {{ include "gpu-injector.policy.wantsGPU" . }})
 {{- end }}
 
 {{/*
-gpu-injector.policy.cheap: the policy's first matchConditions, each cheap, and failing for
-most pods the policy does not take (the API server stops at the first that fails).
+gpu-injector.policy.cheap: the first terms of the policy's condition, each cheap, and
+failing for most pods the policy does not take, the most common first: a pod without a GPU.
 */}}
 {{- define "gpu-injector.policy.cheap" -}}
 {{- $cs := include "gpu-injector.policy.containers" . }}
-- name: not-opted-out
-  expression: {{ `object.metadata.?annotations[?'gpu-injector.io/inject'].orValue('').matches('^[ -~]*$') && object.metadata.?annotations[?'gpu-injector.io/inject'].orValue('').lowerAscii() != 'false'` | toJson }}
 - name: wants-a-gpu
   expression: {{ printf "%s.exists(c, %s)" $cs (include "gpu-injector.policy.wantsGPU" .) | toJson }}
+- name: not-opted-out
+  expression: {{ `object.metadata.?annotations[?'gpu-injector.io/inject'].orValue('').matches('^[ -~]*$') && object.metadata.?annotations[?'gpu-injector.io/inject'].orValue('').lowerAscii() != 'false'` | toJson }}
 - name: no-host-path
   expression: {{ `object.spec.?volumes.orValue([]).all(v, !has(v.hostPath))` | toJson }}
 - name: no-claims
@@ -128,6 +128,19 @@ within the limits.
 {{- $resources := printf "cs.all(c, c.?resources.?limits.orValue({}).all(k, %s) && c.?resources.?requests.orValue({}).all(k, %s && (!%s || k in c.?resources.?limits.orValue({}))))" $known $known $gpu }}
 {{- $names := printf "t.size() <= %d && n.all(x, x.size() <= 63 && x.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')) && n.distinct().size() == n.size()" (int $root.Values.config.limits.maxGPUContainers) }}
 {{- printf "[%s].all(cs, %s && [%s].all(t, [t.map(c, c.name)].all(n, %s%s)))" (include "gpu-injector.policy.containers" $root) $resources (include "gpu-injector.policy.targets" $root) $names (.extra | default "") }}
+{{- end }}
+
+{{/*
+gpu-injector.policy.condition: the pods the policy takes: the cheap terms, none of the
+annotations only gpu-injector writes (the webhook checks what they say), and resources and
+target names the policy can take.
+*/}}
+{{- define "gpu-injector.policy.condition" -}}
+{{- $terms := list }}
+{{- range include "gpu-injector.policy.cheap" . | fromYamlArray }}{{ $terms = append $terms (printf "(%s)" .expression) }}{{ end }}
+{{- $terms = append $terms (printf "(%s)" (include "gpu-injector.policy.unmarked" .)) }}
+{{- $terms = append $terms (printf "(%s)" (include "gpu-injector.policy.shape" (dict "root" .))) }}
+{{- join " && " $terms }}
 {{- end }}
 
 {{- define "gpu-injector.policy.unmarked" -}}
