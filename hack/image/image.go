@@ -1,13 +1,10 @@
 package main
 
 import (
-	"archive/tar"
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -224,41 +221,7 @@ func writeLayoutTar(out, tmp string, ref name.Tag, idx v1.ImageIndex) error {
 	if err := writeLayout(dir, ref, idx); err != nil {
 		return err
 	}
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	// WalkDir visits in lexical order.
-	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || p == dir {
-			return err
-		}
-		rel, err := filepath.Rel(dir, p)
-		if err != nil {
-			return err
-		}
-		rel = filepath.ToSlash(rel)
-		if d.IsDir() {
-			return tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: rel + "/", Mode: 0o755, Format: tar.FormatPAX})
-		}
-		data, err := os.ReadFile(p)
-		if err != nil {
-			return err
-		}
-		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: rel, Mode: 0o644, Size: int64(len(data)), Format: tar.FormatPAX}); err != nil {
-			return err
-		}
-		_, err = tw.Write(data)
-		return err
-	})
-	if err := errors.Join(err, tw.Close()); err != nil {
-		return fmt.Errorf("failed to write %s: %w", out, err)
-	}
-	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
-		return fmt.Errorf("failed to create %s: %w", filepath.Dir(out), err)
-	}
-	if err := os.WriteFile(out, buf.Bytes(), 0o644); err != nil {
-		return fmt.Errorf("failed to write %s: %w", out, err)
-	}
-	return nil
+	return ociimage.WriteLayoutTar(dir, out)
 }
 
 // push writes the index, its images and their blobs to a registry.

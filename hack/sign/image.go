@@ -2,13 +2,11 @@ package main
 
 import (
 	"archive/tar"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
@@ -275,43 +273,6 @@ func writeFrom(target string, r io.Reader) error {
 	}
 	_, err = io.Copy(f, r)
 	return errors.Join(err, f.Close())
-}
-
-// writeTar tars dir as hack/image writes its layouts: sorted entries, no
-// timestamps or owners.
-func writeTar(dir, out string) error {
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || p == dir {
-			return err
-		}
-		rel, err := filepath.Rel(dir, p)
-		if err != nil {
-			return err
-		}
-		rel = filepath.ToSlash(rel)
-		if d.IsDir() {
-			return tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: rel + "/", Mode: 0o755, Format: tar.FormatPAX})
-		}
-		data, err := os.ReadFile(p)
-		if err != nil {
-			return err
-		}
-		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: rel, Mode: 0o644, Size: int64(len(data)), Format: tar.FormatPAX}); err != nil {
-			return err
-		}
-		_, err = tw.Write(data)
-		return err
-	})
-	if err := errors.Join(err, tw.Close()); err != nil {
-		return fmt.Errorf("failed to write %s: %w", out, err)
-	}
-	tmp := out + ".tmp"
-	if err := os.WriteFile(tmp, buf.Bytes(), 0o644); err != nil {
-		return fmt.Errorf("failed to write %s: %w", out, err)
-	}
-	return os.Rename(tmp, out)
 }
 
 // isLayoutTar says whether a release file is an image layout tar.

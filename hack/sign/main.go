@@ -25,6 +25,7 @@ import (
 	"os/signal"
 
 	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/gpu-injector/gpu-injector/internal/ociimage"
 	"github.com/sigstore/sigstore/pkg/signature"
 )
 
@@ -167,7 +168,7 @@ func signImage(ctx context.Context, ref string, password []byte, repo name.Repos
 	if err != nil {
 		return err
 	}
-	if err := writeTar(out, tarFile); err != nil {
+	if err := ociimage.WriteLayoutTar(out, tarFile); err != nil {
 		return err
 	}
 	fmt.Fprintf(os.Stderr, "sign: signed %s@%s in %s\n", repo, digest, tarFile)

@@ -25,6 +25,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/random"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/gpu-injector/gpu-injector/internal/ociimage"
 	"github.com/sigstore/sigstore/pkg/signature"
 )
 
@@ -163,7 +164,7 @@ func writeIndexTar(t *testing.T, file string) v1.Hash {
 	if _, err := layout.Write(dir, top); err != nil {
 		t.Fatal(err)
 	}
-	if err := writeTar(dir, file); err != nil {
+	if err := ociimage.WriteLayoutTar(dir, file); err != nil {
 		t.Fatal(err)
 	}
 	d, err := idx.Digest()

@@ -1,7 +1,8 @@
-// Package ociimage holds what the release image builder (hack/image) and the
-// end-to-end harness's test images share: the layer tar of a set of files,
-// and the files a dynamically linked program needs in an image with no
-// ld.so.cache, the NVIDIA driver's glibc needs among them.
+// Package ociimage holds what the release image builder (hack/image), the
+// release signer (hack/sign) and the end-to-end harness's test images share:
+// the layer tar of a set of files, the tar of an image layout, and the files
+// a dynamically linked program needs in an image with no ld.so.cache, the
+// NVIDIA driver's glibc needs among them.
 package ociimage
 
 import (
