@@ -14,10 +14,8 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"os/signal"
 	"regexp"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -36,53 +34,16 @@ import (
 // testEnv is the one environment every test shares; TestMain owns it.
 var testEnv *env.Env
 
+// The suite's runtime, Debian's containerd, has no NRI, and its tests check
+// hostPath delivery: the plugin, on by default, is turned off so that no NRI
+// socket the host may have decides how pods get the driver. A demo on this
+// machine holds the host's stand-in folder until stopped.
 func TestMain(m *testing.M) {
-	os.Exit(runSuite(m))
-}
-
-func runSuite(m *testing.M) int {
-	// Ctrl-C stops the environment rather than leaving processes behind.
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	// A demo on this machine holds the host's stand-in folder until stopped.
-	// The suite's runtime, Debian's containerd, has no NRI, and its tests
-	// check hostPath delivery: the plugin, on by default, is turned off so
-	// that no NRI socket the host may have decides how pods get the driver.
-	e, err := env.Up(ctx, env.Options{
+	os.Exit(env.RunSuite(m, "e2e", env.Options{
 		ChartValues:   []string{"runtimeInjection.enabled=false"},
 		KeepOnFailure: true,
 		HostLockWait:  10 * time.Minute,
-	})
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "failed to bring the e2e environment up: %v\n", err)
-		return 1
-	}
-	testEnv = e
-	stop()
-	// A signal while the tests run stops the environment before exiting, so
-	// nothing is left behind (the tests themselves are abandoned).
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
-	go func() {
-		<-sig
-		fmt.Fprintln(os.Stderr, "interrupted: stopping the e2e environment")
-		e.MarkFailed()
-		_ = e.Down()
-		os.Exit(1)
-	}()
-	code := m.Run()
-	// E2E_KEEP=1 keeps the environment's folder (logs, kubeconfigs) after a
-	// passing run too, for reading what happened.
-	if code != 0 || os.Getenv("E2E_KEEP") != "" {
-		e.MarkFailed()
-	}
-	if err := e.Down(); err != nil {
-		fmt.Fprintf(os.Stderr, "failed to stop the e2e environment: %v\n", err)
-		if code == 0 {
-			code = 1
-		}
-	}
-	return code
+	}, func(e *env.Env) { testEnv = e }))
 }
 
 // Resource names a classic GPU pod asks for.

@@ -16,7 +16,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path"
 	"path/filepath"
 	"strconv"
@@ -45,41 +44,21 @@ import (
 
 var testEnv *env.Env
 
-func TestMain(m *testing.M) { os.Exit(run(m)) }
-
-func run(m *testing.M) int {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
+func TestMain(m *testing.M) {
 	rt, err := suiteRuntime(os.Getenv("E2E_RUNTIME"))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
-		return 1
+		os.Exit(1)
 	}
 	// The main suite holds the host's stand-in driver folder while it runs.
-	e, err := env.Up(ctx, env.Options{
+	os.Exit(env.RunSuite(m, "runtime injection", env.Options{
 		Runtime: rt,
 		// The stale driver scan every two seconds, not every minute: the
 		// suite waits for its record.
 		ChartValues:   []string{"runtimeInjection.enabled=true", "runtimeInjection.staleDriver.interval=2s"},
 		KeepOnFailure: true,
 		HostLockWait:  45 * time.Minute,
-	})
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "failed to bring the runtime injection environment up: %v\n", err)
-		return 1
-	}
-	testEnv = e
-	code := m.Run()
-	if code != 0 || os.Getenv("E2E_KEEP") != "" {
-		e.MarkFailed()
-	}
-	if err := e.Down(); err != nil {
-		fmt.Fprintf(os.Stderr, "failed to stop the environment: %v\n", err)
-		if code == 0 {
-			code = 1
-		}
-	}
-	return code
+	}, func(e *env.Env) { testEnv = e }))
 }
 
 // suiteRuntime is the kubelet node's runtime for E2E_RUNTIME's value:

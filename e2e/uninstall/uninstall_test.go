@@ -12,11 +12,9 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/signal"
 	"reflect"
 	"regexp"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -35,34 +33,14 @@ import (
 
 var testEnv *env.Env
 
-func TestMain(m *testing.M) { os.Exit(run(m)) }
-
-func run(m *testing.M) int {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	// Pinning by pool, so that the webhook keeps a pool memory for the
-	// uninstall to remove; the suite's runtime has no NRI (as the main suite).
-	e, err := env.Up(ctx, env.Options{
+// Pinning by pool, so that the webhook keeps a pool memory for the uninstall
+// to remove; the suite's runtime has no NRI (as the main suite).
+func TestMain(m *testing.M) {
+	os.Exit(env.RunSuite(m, "uninstall", env.Options{
 		ChartValues:   []string{"runtimeInjection.enabled=false", "config.pinning.nodeLabels={" + env.LabelAccelerator + "}"},
 		KeepOnFailure: true,
 		HostLockWait:  45 * time.Minute,
-	})
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "failed to bring the uninstall environment up: %v\n", err)
-		return 1
-	}
-	testEnv = e
-	code := m.Run()
-	if code != 0 || os.Getenv("E2E_KEEP") != "" {
-		e.MarkFailed()
-	}
-	if err := e.Down(); err != nil {
-		fmt.Fprintf(os.Stderr, "failed to stop the environment: %v\n", err)
-		if code == 0 {
-			code = 1
-		}
-	}
-	return code
+	}, func(e *env.Env) { testEnv = e }))
 }
 
 func client() kubernetes.Interface { return testEnv.Clientset }
