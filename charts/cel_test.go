@@ -548,27 +548,7 @@ func TestNodeRestrictionPolicy(t *testing.T) {
 			}
 			va := attributes(updated, old, nodeGVK, nodeGVR, tc.subresource, admission.Update, u)
 			res := validator.Validate(context.Background(), nodeGVR, va, nil, nil, celconfig.RuntimeCELCostBudget, nil)
-			if tc.notMatch {
-				if len(res.Decisions) != 0 {
-					t.Errorf("policy applied to %s: %+v", u.GetName(), res.Decisions)
-				}
-				return
-			}
-			var denied []string
-			for _, d := range res.Decisions {
-				if d.Evaluation == validating.EvalError {
-					t.Errorf("evaluation error: %s", d.Message)
-				}
-				if d.Action == validating.ActionDeny {
-					denied = append(denied, d.Message)
-					if d.Reason != metav1.StatusReasonForbidden {
-						t.Errorf("reason = %q, want Forbidden", d.Reason)
-					}
-				}
-			}
-			if !slices.Equal(denied, tc.denied) {
-				t.Errorf("denied with %q, want %q", denied, tc.denied)
-			}
+			checkDecisions(t, res, tc.notMatch, tc.denied, u.GetName())
 		})
 	}
 }
@@ -649,4 +629,32 @@ func compilePolicy(t *testing.T, vap *admissionregistrationv1.ValidatingAdmissio
 		compiler.CompileCondition(nil, celDecls, environment.StoredExpressions),
 		compiler.CompileCondition(nil, celDecls, environment.StoredExpressions),
 		vap.Spec.FailurePolicy, nil)
+}
+
+// checkDecisions: a validating policy's result for one request, evaluated
+// without error, is exactly the denials want (each Forbidden), or, with
+// notMatch, no decision at all: the policy does not apply to who.
+func checkDecisions(t *testing.T, res validating.ValidateResult, notMatch bool, want []string, who string) {
+	t.Helper()
+	if notMatch {
+		if len(res.Decisions) != 0 {
+			t.Errorf("policy applied to %s: %+v", who, res.Decisions)
+		}
+		return
+	}
+	var denied []string
+	for _, d := range res.Decisions {
+		if d.Evaluation == validating.EvalError {
+			t.Errorf("evaluation error: %s", d.Message)
+		}
+		if d.Action == validating.ActionDeny {
+			denied = append(denied, d.Message)
+			if d.Reason != metav1.StatusReasonForbidden {
+				t.Errorf("reason = %q, want Forbidden", d.Reason)
+			}
+		}
+	}
+	if !slices.Equal(denied, want) {
+		t.Errorf("denied with %q, want %q", denied, want)
+	}
 }

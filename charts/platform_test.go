@@ -14,7 +14,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apiserver/pkg/admission"
 	"k8s.io/apiserver/pkg/admission/plugin/policy/validating"
@@ -517,27 +516,7 @@ func TestCleanupPolicy(t *testing.T) {
 			}
 			va := attributes(mergePatch(t, old, tc.new), old, nodeGVK, nodeGVR, tc.subresource, admission.Update, &user.DefaultInfo{Name: u})
 			res := validator.Validate(context.Background(), nodeGVR, va, nil, nil, celconfig.RuntimeCELCostBudget, nil)
-			if tc.notMatch {
-				if len(res.Decisions) != 0 {
-					t.Errorf("policy applied to %s: %+v", u, res.Decisions)
-				}
-				return
-			}
-			var denied []string
-			for _, d := range res.Decisions {
-				if d.Evaluation == validating.EvalError {
-					t.Errorf("evaluation error: %s", d.Message)
-				}
-				if d.Action == validating.ActionDeny {
-					denied = append(denied, d.Message)
-					if d.Reason != metav1.StatusReasonForbidden {
-						t.Errorf("reason = %q, want Forbidden", d.Reason)
-					}
-				}
-			}
-			if !slices.Equal(denied, tc.denied) {
-				t.Errorf("denied with %q, want %q", denied, tc.denied)
-			}
+			checkDecisions(t, res, tc.notMatch, tc.denied, u)
 		})
 	}
 }
