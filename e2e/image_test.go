@@ -76,7 +76,7 @@ func TestImageFromRegistry(t *testing.T) {
 // install hook's. A second release, in a namespace of its own, with the image
 // values of the first but a tag that was never pushed; uninstalled at the end.
 // The namespace is made first, with its default service account, which the
-// hook's pod runs as.
+// hook's pod runs as. Uninstalled without hooks, as the docs tell a user.
 func TestImageNotPullable(t *testing.T) {
 	const release = "gpu-injector-badimage"
 	ns := newNamespace(t, false)
@@ -84,7 +84,9 @@ func TestImageNotPullable(t *testing.T) {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		if out, err := testEnv.HelmCommand(ctx, "uninstall", release, "-n", ns, "--wait", "--timeout", "90s"); err != nil {
+		// --no-hooks, as docs/troubleshooting.md says: the uninstall hook
+		// runs the image that cannot be pulled, and nothing ran to clean up.
+		if out, err := testEnv.HelmCommand(ctx, "uninstall", release, "-n", ns, "--no-hooks", "--wait", "--timeout", "90s"); err != nil {
 			t.Errorf("helm uninstall: %v\n%s", err, out)
 		}
 		_ = testEnv.Clientset.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{})
