@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"time"
@@ -219,7 +220,12 @@ nri_enable_default_validator = true
 // socket.
 func (c *Cluster) startCRIO(ctx context.Context, inNS func(bin string, args ...string) (string, []string), cniConfDir string) (*process, error) {
 	f := newCRIOFiles(filepath.Join(c.Dir, "crio"))
-	if err := f.write(c.runDir, c.ContainerdSocket, cniConfDir, c.RegistryHost, c.Binaries); err != nil {
+	b := c.Binaries
+	var err error
+	if b.Runc, err = buildRuncCaps(ctx, filepath.Join(f.dir, "bin"), c.Binaries.Runc); err != nil {
+		return nil, err
+	}
+	if err := f.write(c.runDir, c.ContainerdSocket, cniConfDir, c.RegistryHost, b); err != nil {
 		return nil, err
 	}
 	// An empty drop-in folder: the host's /etc/crio/crio.conf.d is not read.
@@ -243,6 +249,29 @@ func (c *Cluster) startCRIO(ctx context.Context, inNS func(bin string, args ...s
 	c.oomFloor = floor
 	c.mu.Unlock()
 	return p, nil
+}
+
+// buildRuncCaps builds e2e/cluster/runccaps into dir, for runc at runc, and
+// returns its path: CRI-O's runc in the test cluster. CRI-O gives a
+// privileged container every capability the kernel knows, containerd the
+// capabilities it holds; where the launcher's root lacks one in its bounding
+// set, runc refuses such a container (NVIDIA's device plugin's). The wrapper
+// cuts the container's capabilities to its own bounding set, as containerd
+// does, and execs runc.
+func buildRuncCaps(ctx context.Context, dir, runc string) (string, error) {
+	_, file, _, ok := runtime.Caller(0)
+	src := filepath.Join(filepath.Dir(file), "runccaps")
+	if _, err := os.Stat(filepath.Join(src, "main.go")); !ok || err != nil {
+		return "", fmt.Errorf("failed to find e2e/cluster/runccaps's sources (at %s): run from the checkout", src)
+	}
+	out := filepath.Join(dir, "runc")
+	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags", "-X main.runc="+runc, "-o", out, ".")
+	cmd.Dir = src
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("failed to build runccaps: %w: %s", err, strings.TrimSpace(string(b)))
+	}
+	return out, nil
 }
 
 // oomFloorPlugin is an NRI plugin of the launcher, connected to CRI-O while
