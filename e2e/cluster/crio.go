@@ -390,6 +390,42 @@ func (c *Cluster) importCRIO(ctx context.Context, tarPath string) error {
 	return nil
 }
 
+// rootPropagationScript makes the cluster's mount namespace rshared, for a
+// shell in it, where the host's / is private (a container, some VMs):
+// unshare's slave propagation then leaves every mount of the namespace
+// private. CRI-O refuses a hostPath volume with HostToContainer or
+// Bidirectional propagation whose source lies on a private mount ("path "/"
+// is mounted on "/" but it is not a shared or slave mount"): the chart's
+// probe mounts the host's / so. containerd does not check. The namespace's
+// mounts form a peer group of their own, so nothing propagates back to the
+// host. Empty where the host's / is shared (the namespace's is then a slave).
+func rootPropagationScript() string {
+	mountinfo, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil || !rootPrivate(string(mountinfo)) {
+		return ""
+	}
+	return "mount --make-rshared /; "
+}
+
+// rootPrivate reports whether /proc/self/mountinfo's mount at / has neither
+// shared nor slave propagation (no "shared:" or "master:" optional field);
+// of several mounts at /, the last, which hides the others.
+func rootPrivate(mountinfo string) bool {
+	private := false
+	for l := range strings.SplitSeq(mountinfo, "\n") {
+		// 36 35 98:0 / / rw,noatime shared:1 - ext3 /dev/root rw
+		pre, _, ok := strings.Cut(l, " - ")
+		f := strings.Fields(pre)
+		if !ok || len(f) < 6 || f[4] != "/" {
+			continue
+		}
+		private = !slices.ContainsFunc(f[6:], func(o string) bool {
+			return strings.HasPrefix(o, "shared:") || strings.HasPrefix(o, "master:")
+		})
+	}
+	return private
+}
+
 // hugetlbMountScript mounts cgroup v1's hugetlb controller at
 // /sys/fs/cgroup/hugetlb, for a shell in the cluster's mount namespace, where
 // the host has the controller (it is in /proc/cgroups) but no hierarchy of
