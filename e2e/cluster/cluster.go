@@ -514,6 +514,7 @@ func (c *Cluster) startNode(ctx context.Context) error {
 	if c.Runtime == RuntimeCRIO {
 		binds += newCRIOFiles(filepath.Join(c.Dir, "crio")).etcContainersScript()
 		binds += hugetlbMountScript()
+		binds += rootPropagationScript()
 	}
 	script := fmt.Sprintf("set -e; %s touch %q; exec sleep infinity", binds, ready)
 	holder, err := c.start("namespace", c.Binaries.Unshare, []string{"--mount", "--propagation", "slave", "--", "/bin/sh", "-c", script})

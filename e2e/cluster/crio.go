@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"time"
@@ -219,7 +220,12 @@ nri_enable_default_validator = true
 // socket.
 func (c *Cluster) startCRIO(ctx context.Context, inNS func(bin string, args ...string) (string, []string), cniConfDir string) (*process, error) {
 	f := newCRIOFiles(filepath.Join(c.Dir, "crio"))
-	if err := f.write(c.runDir, c.ContainerdSocket, cniConfDir, c.RegistryHost, c.Binaries); err != nil {
+	b := c.Binaries
+	var err error
+	if b.Runc, err = buildRuncCaps(ctx, filepath.Join(f.dir, "bin"), c.Binaries.Runc); err != nil {
+		return nil, err
+	}
+	if err := f.write(c.runDir, c.ContainerdSocket, cniConfDir, c.RegistryHost, b); err != nil {
 		return nil, err
 	}
 	// An empty drop-in folder: the host's /etc/crio/crio.conf.d is not read.
@@ -243,6 +249,29 @@ func (c *Cluster) startCRIO(ctx context.Context, inNS func(bin string, args ...s
 	c.oomFloor = floor
 	c.mu.Unlock()
 	return p, nil
+}
+
+// buildRuncCaps builds e2e/cluster/runccaps into dir, for runc at runc, and
+// returns its path: CRI-O's runc in the test cluster. CRI-O gives a
+// privileged container every capability the kernel knows, containerd the
+// capabilities it holds; where the launcher's root lacks one in its bounding
+// set, runc refuses such a container (NVIDIA's device plugin's). The wrapper
+// cuts the container's capabilities to its own bounding set, as containerd
+// does, and execs runc.
+func buildRuncCaps(ctx context.Context, dir, runc string) (string, error) {
+	_, file, _, ok := runtime.Caller(0)
+	src := filepath.Join(filepath.Dir(file), "runccaps")
+	if _, err := os.Stat(filepath.Join(src, "main.go")); !ok || err != nil {
+		return "", fmt.Errorf("failed to find e2e/cluster/runccaps's sources (at %s): run from the checkout", src)
+	}
+	out := filepath.Join(dir, "runc")
+	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags", "-X main.runc="+runc, "-o", out, ".")
+	cmd.Dir = src
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("failed to build runccaps: %w: %s", err, strings.TrimSpace(string(b)))
+	}
+	return out, nil
 }
 
 // oomFloorPlugin is an NRI plugin of the launcher, connected to CRI-O while
@@ -359,6 +388,42 @@ func (c *Cluster) importCRIO(ctx context.Context, tarPath string) error {
 		}
 	}
 	return nil
+}
+
+// rootPropagationScript makes the cluster's mount namespace rshared, for a
+// shell in it, where the host's / is private (a container, some VMs):
+// unshare's slave propagation then leaves every mount of the namespace
+// private. CRI-O refuses a hostPath volume with HostToContainer or
+// Bidirectional propagation whose source lies on a private mount ("path "/"
+// is mounted on "/" but it is not a shared or slave mount"): the chart's
+// probe mounts the host's / so. containerd does not check. The namespace's
+// mounts form a peer group of their own, so nothing propagates back to the
+// host. Empty where the host's / is shared (the namespace's is then a slave).
+func rootPropagationScript() string {
+	mountinfo, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil || !rootPrivate(string(mountinfo)) {
+		return ""
+	}
+	return "mount --make-rshared /; "
+}
+
+// rootPrivate reports whether /proc/self/mountinfo's mount at / has neither
+// shared nor slave propagation (no "shared:" or "master:" optional field);
+// of several mounts at /, the last, which hides the others.
+func rootPrivate(mountinfo string) bool {
+	private := false
+	for l := range strings.SplitSeq(mountinfo, "\n") {
+		// 36 35 98:0 / / rw,noatime shared:1 - ext3 /dev/root rw
+		pre, _, ok := strings.Cut(l, " - ")
+		f := strings.Fields(pre)
+		if !ok || len(f) < 6 || f[4] != "/" {
+			continue
+		}
+		private = !slices.ContainsFunc(f[6:], func(o string) bool {
+			return strings.HasPrefix(o, "shared:") || strings.HasPrefix(o, "master:")
+		})
+	}
+	return private
 }
 
 // hugetlbMountScript mounts cgroup v1's hugetlb controller at

@@ -25,3 +25,30 @@ func TestHugetlbUnmounted(t *testing.T) {
 		}
 	}
 }
+
+// TestRootPrivate: the namespace's / is made rshared for CRI-O only where
+// the host's visible / has neither shared nor slave propagation.
+func TestRootPrivate(t *testing.T) {
+	const private = "27 1 254:0 / / rw,relatime - ext4 /dev/vda rw\n28 27 0:5 / /dev rw - devtmpfs udev rw\n"
+	const shared = "27 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw\n28 27 0:5 / /dev rw shared:2 - devtmpfs udev rw\n"
+	const slave = "500 499 0:50 / / rw,relatime master:1 - overlay overlay rw\n"
+	const sharedAndSlave = "500 499 0:50 / / rw shared:7 master:1 - overlay overlay rw\n"
+	// A container's: the image's root mounted over a shared /.
+	const overmounted = shared + "600 27 0:60 / / rw,relatime - overlay overlay rw\n"
+	for _, tc := range []struct {
+		name, mountinfo string
+		want            bool
+	}{
+		{"private", private, true},
+		{"shared", shared, false},
+		{"slave", slave, false},
+		{"shared and slave", sharedAndSlave, false},
+		{"private over shared", overmounted, true},
+		{"no mount at /", "28 27 0:5 / /dev rw - devtmpfs udev rw\n", false},
+		{"empty", "", false},
+	} {
+		if got := rootPrivate(tc.mountinfo); got != tc.want {
+			t.Errorf("%s: rootPrivate = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
