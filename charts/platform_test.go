@@ -544,3 +544,23 @@ func TestNotesHelmTestAndOpenShift(t *testing.T) {
 		})
 	}
 }
+
+// TestOpenShiftHostRoot: on OpenShift (CRI-O), nodeprobe.recursiveReadOnly=auto
+// mounts the host root read-only with HostToContainer propagation. CRI-O turns
+// a hostPath volume holding its storage root into HostToContainer and then
+// refuses it recursively read-only: the probe would never start. Asked for
+// explicitly, recursiveReadOnly stays as set.
+func TestOpenShiftHostRoot(t *testing.T) {
+	openShift := renderOpts{kubeVersion: "1.33.6", apiVersions: []string{openShiftAPI}}
+	m := hostRootMount(t, render(t, openShift))
+	if !m.ReadOnly || m.RecursiveReadOnly != nil || ptrValue(m.MountPropagation) != corev1.MountPropagationHostToContainer {
+		t.Errorf("host root mount on OpenShift = %+v, want read-only, HostToContainer, no recursiveReadOnly", m)
+	}
+	openShift.set = []string{"nodeprobe.recursiveReadOnly=true"}
+	if m := hostRootMount(t, render(t, openShift)); m.RecursiveReadOnly == nil || m.MountPropagation != nil {
+		t.Errorf("host root mount with recursiveReadOnly=true = %+v, want recursively read-only, no propagation", m)
+	}
+	if m := hostRootMount(t, render(t, kube136)); m.RecursiveReadOnly == nil {
+		t.Errorf("host root mount by default off OpenShift = %+v, want recursively read-only", m)
+	}
+}

@@ -200,6 +200,16 @@ Is the cluster OpenShift? "true" or empty. auto asks the cluster for the
 security.openshift.io/v1 API (SecurityContextConstraints), which helm install and upgrade
 know; helm template knows it only from --api-versions.
 */}}
+{{/*
+gpu-injector.nodeprobe.recursiveReadOnly: "true" where the probe mounts the host root
+recursively read-only (nodeprobe.recursiveReadOnly): auto is true but on OpenShift, whose
+CRI-O refuses a recursively read-only hostPath that holds its storage root.
+*/}}
+{{- define "gpu-injector.nodeprobe.recursiveReadOnly" -}}
+{{- $v := toString .Values.nodeprobe.recursiveReadOnly }}
+{{- if or (eq $v "true") (and (eq $v "auto") (not (include "gpu-injector.openshift" .))) }}true{{ end }}
+{{- end }}
+
 {{- define "gpu-injector.openshift" -}}
 {{- $v := toString .Values.openshift.enabled }}
 {{- if eq $v "true" }}true
