@@ -7,9 +7,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
@@ -213,5 +215,40 @@ func TestImageConfigAdmission(t *testing.T) {
 		p := pod("private", secret)
 		p.Spec.ImagePullSecrets = []corev1.LocalObjectReference{{Name: "regcred"}}
 		runs(t, p)
+	})
+
+	// First sight through the API server: each image a new digest, never
+	// cached, side by side with the same pod naming an image of a registry
+	// not listed (never contacted). The figures go to docs/benchmarks.md;
+	// what is checked is that every read answered within the budget.
+	t.Run("first sight", func(t *testing.T) {
+		const n = 40
+		var sight, floor []time.Duration
+		unlisted := pod("floor", appRef)
+		for i := range n {
+			ref := push(host, fmt.Sprintf("app:sight-%d", i), authn.Anonymous, within, fmt.Sprintf("E2E_SIGHT=%d", i))
+			w := &warningRecorder{}
+			c := warningClient(t, w).CoreV1().Pods(ns)
+			start := time.Now()
+			if _, err := c.Create(ctx, pod("sight", ref), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); err != nil {
+				t.Fatalf("first sight of %s: %v", ref, err)
+			}
+			sight = append(sight, time.Since(start))
+			if got := w.all(); strings.Contains(got, ref) {
+				t.Errorf("first sight of %s: warnings %q, want its configuration read within the budget", ref, got)
+			}
+			start = time.Now()
+			if _, err := c.Create(ctx, unlisted, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); err != nil {
+				t.Fatal(err)
+			}
+			floor = append(floor, time.Since(start))
+		}
+		q := func(d []time.Duration, p float64) time.Duration {
+			d = slices.Clone(d)
+			slices.Sort(d)
+			return d[int(p*float64(len(d)-1))]
+		}
+		t.Logf("first sight through the API server, %d images: p50 %v p99 %v max %v; unlisted registry (floor): p50 %v p99 %v max %v",
+			n, q(sight, 0.5), q(sight, 0.99), q(sight, 1), q(floor, 0.5), q(floor, 0.99), q(floor, 1))
 	})
 }
