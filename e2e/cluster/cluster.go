@@ -129,6 +129,10 @@ type Cluster struct {
 	// no authentication), where images pushed are what the node's containerd
 	// pulls as RegistryHost/<repository>:<tag>; empty unless Options.Registry.
 	RegistryHost string
+	// RegistryPodHost is the same registry at this host's bridge address
+	// (BridgeIP:<port>), which pods reach as well as the node's runtime:
+	// images a webhook reads from inside the cluster are named there.
+	RegistryPodHost string
 	// Clientset talks to the cluster as admin.
 	Clientset *kubernetes.Clientset
 
@@ -141,6 +145,8 @@ type Cluster struct {
 	netLock    *os.File
 	runDir     string
 	apiProxy   *serviceProxy
+	// registryProxy relays RegistryPodHost to RegistryHost.
+	registryProxy *serviceProxy
 	// oomFloor is RuntimeCRIO's NRI plugin of the launcher (oomFloorPlugin).
 	oomFloor *oomFloorPlugin
 	apiArgs  []string
@@ -553,6 +559,9 @@ func (c *Cluster) startNode(ctx context.Context) error {
 	c.mu.Lock()
 	c.apiProxy = proxy
 	c.mu.Unlock()
+	if err := c.relayRegistry(); err != nil {
+		return err
+	}
 	cniDir := filepath.Join(c.Dir, "cni")
 	conf, err := cniConfig("gpu-injector-"+suffix, c.bridge, c.PodSubnet, c.BridgeIP, filepath.Join(cniDir, "ipam"))
 	if err != nil {
@@ -877,6 +886,12 @@ func (c *Cluster) Stop() error {
 	c.mu.Unlock()
 	if err := proxy.close(); err != nil {
 		errs = append(errs, fmt.Errorf("failed to stop the kubernetes Service relay: %w", err))
+	}
+	c.mu.Lock()
+	proxy = c.registryProxy
+	c.mu.Unlock()
+	if err := proxy.close(); err != nil {
+		errs = append(errs, fmt.Errorf("failed to stop the registry's relay: %w", err))
 	}
 	if c.bridge != "" {
 		// Ours by its random name.

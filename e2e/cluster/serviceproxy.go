@@ -31,7 +31,7 @@ type serviceProxy struct {
 func startServiceProxy(listen, target string) (*serviceProxy, error) {
 	l, err := net.Listen("tcp4", listen)
 	if err != nil {
-		return nil, fmt.Errorf("failed to listen on %s for the kubernetes Service: %w", listen, err)
+		return nil, fmt.Errorf("failed to listen on %s for a relay: %w", listen, err)
 	}
 	p := &serviceProxy{l: l, target: target, conns: map[net.Conn]struct{}{}}
 	p.wg.Add(1)

@@ -653,39 +653,6 @@ func waitRefused(t *testing.T, ns, name string) string {
 	return why
 }
 
-// appLibSource is the image's own library, in a folder only its
-// LD_LIBRARY_PATH names.
-const appLibSource = `int app_answer(void) { return 42; }
-`
-
-// appCheckSource needs both the image's library (the loader resolves it
-// before main, through LD_LIBRARY_PATH) and the driver's libcuda.so.1.
-const appCheckSource = `#define _GNU_SOURCE
-#include <dlfcn.h>
-#include <link.h>
-#include <stdio.h>
-#include <stdlib.h>
-int app_answer(void);
-int main(void) {
-	const char *p = getenv("LD_LIBRARY_PATH");
-	struct link_map *m = NULL;
-	void *h;
-	printf("LD_LIBRARY_PATH=%s\n", p ? p : "");
-	printf("libapp: %d\n", app_answer());
-	h = dlopen("libcuda.so.1", RTLD_NOW);
-	if (h == NULL) {
-		printf("cannot load libcuda.so.1: %s\n", dlerror());
-		return 1;
-	}
-	if (dlinfo(h, RTLD_DI_LINKMAP, &m) != 0 || m == NULL) {
-		printf("loaded libcuda.so.1 from an unknown file\n");
-		return 1;
-	}
-	printf("loaded libcuda.so.1 from %s\n", m->l_name);
-	return 0;
-}
-`
-
 // TestImageEnvironment: an image whose ENV LD_LIBRARY_PATH names a folder
 // of its own library runs a program that needs that library and the node's
 // libcuda.so.1. The plugin reads LD_LIBRARY_PATH from the environment the
@@ -694,20 +661,21 @@ int main(void) {
 // driver's folder alone, and the loader would not find libapp.so.
 func TestImageEnvironment(t *testing.T) {
 	waitPluginReady(t)
-	files := cudaCheckFiles(t)
-	dir := t.TempDir()
-	lib := compile(t, dir, "libapp.so", appLibSource, "-shared", "-fPIC")
-	// -ldl for glibc older than 2.34, where dlopen lived there.
-	app := compile(t, dir, "app-check", appCheckSource, "-L"+dir, "-lapp", "-ldl")
-	files["/opt/app/lib/libapp.so"] = lib
-	files["/usr/bin/app-check"] = app
+	built, err := workloads.BuildAppCheck(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := map[string]string{}
+	for _, f := range built {
+		files[f.Dest] = f.Source
+	}
 	const ref = "gpu-injector.local/e2e/app-env:v1"
 	importImage(t, ref, files, "PATH=/usr/local/nvidia/bin:/usr/bin:/bin", "LD_LIBRARY_PATH=/opt/app/lib")
 	appPod := func() *corev1.Pod {
 		p := cudaPod("app")
 		p.Spec.Containers[0].Name = "app"
 		p.Spec.Containers[0].Image = ref
-		p.Spec.Containers[0].Command = []string{"/usr/bin/app-check"}
+		p.Spec.Containers[0].Command = []string{workloads.AppCheck}
 		return p
 	}
 	check := func(t *testing.T, ns, name string) {

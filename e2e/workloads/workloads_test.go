@@ -184,3 +184,36 @@ func copyTree(t *testing.T, src, dst string) {
 		}
 	}
 }
+
+// TestBuildAppCheck: app-check starts only where LD_LIBRARY_PATH names its
+// library's folder, and then reports the library's answer.
+func TestBuildAppCheck(t *testing.T) {
+	dir := t.TempDir()
+	files, err := BuildAppCheck(dir)
+	if err != nil {
+		t.Fatalf("BuildAppCheck: %v", err)
+	}
+	var app, lib string
+	for _, f := range files {
+		switch f.Dest {
+		case AppCheck:
+			app = f.Source
+		case AppLibDir + "/libapp.so":
+			lib = f.Source
+		}
+	}
+	if app == "" || lib == "" {
+		t.Fatalf("files %v lack %s or %s/libapp.so", files, AppCheck, AppLibDir)
+	}
+	bare := exec.Command(app)
+	bare.Env = []string{"LD_LIBRARY_PATH="}
+	if out, err := bare.CombinedOutput(); err == nil || strings.Contains(string(out), "libapp: 42") {
+		t.Errorf("app-check without its library's folder: err %v, output %q; want the loader to refuse it", err, out)
+	}
+	withLib := exec.Command(app)
+	withLib.Env = []string{"LD_LIBRARY_PATH=" + filepath.Dir(lib)}
+	out, _ := withLib.CombinedOutput()
+	if !strings.Contains(string(out), "libapp: 42\n") {
+		t.Errorf("app-check with LD_LIBRARY_PATH=%s: output %q, want libapp: 42", filepath.Dir(lib), out)
+	}
+}
