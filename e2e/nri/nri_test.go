@@ -50,12 +50,18 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+	// The stale driver scan every two seconds, not every minute: the suite
+	// waits for its record.
+	values := []string{"runtimeInjection.enabled=true", "runtimeInjection.staleDriver.interval=2s"}
+	if rt == cluster.RuntimeCRIO {
+		// As docs/runtime-injection.md tells a user of CRI-O nodes: CRI-O
+		// refuses the probe's recursively read-only host root.
+		values = append(values, "nodeprobe.recursiveReadOnly=false")
+	}
 	// The main suite holds the host's stand-in driver folder while it runs.
 	os.Exit(env.RunSuite(m, "runtime injection", env.Options{
-		Runtime: rt,
-		// The stale driver scan every two seconds, not every minute: the
-		// suite waits for its record.
-		ChartValues:   []string{"runtimeInjection.enabled=true", "runtimeInjection.staleDriver.interval=2s"},
+		Runtime:       rt,
+		ChartValues:   values,
 		KeepOnFailure: true,
 		HostLockWait:  45 * time.Minute,
 	}, func(e *env.Env) { testEnv = e }))
