@@ -41,7 +41,8 @@ unit() {
 }
 
 e2e() {
-	# crio: e2e/cluster's TestNRIRuntime and TestRegistryPull run on CRI-O too.
+	# crio: e2e/cluster's TestNRIRuntime and TestRegistryPull run on CRI-O too, and
+	# the runtime injection suite's workloads below.
 	stage "cluster binaries, CRI-O among them (cached after the first run)"
 	hack/tools.sh all crio
 	stage "container runtime (Debian packages, when missing)"
@@ -52,6 +53,9 @@ e2e() {
 	# hack/image: the release image's docker-archive imported into a real containerd;
 	# hack/sign: a signed release built and verified.
 	go test -count=1 -tags e2e -timeout 60m -v ./e2e/... ./hack/image/ ./hack/sign/
+	stage "the runtime injection suite's workloads on CRI-O (its kubelet node on CRI-O with NRI)"
+	E2E_RUNTIME=crio go test -count=1 -tags e2e -timeout 20m -v ./e2e/nri/ \
+		-run '^(TestBaselineClassicJob|TestRestrictedCUDAPod|TestBaselineWithoutPlugin)$'
 }
 
 need_gcc
