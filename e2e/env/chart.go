@@ -116,6 +116,29 @@ func (a *Applier) DryRunStrict(ctx context.Context, obj *unstructured.Unstructur
 	return a.apply(ctx, obj, true, metav1.FieldValidationStrict)
 }
 
+// DryRunReplaceStrict replaces the cluster's obj by obj with dry run and
+// strict field validation, and returns what the API server would store. A
+// field the cluster's object has and obj lacks goes, as helm upgrade's patch
+// removes a field the old manifest had and the new one lacks; a server-side
+// apply under another field manager would keep it.
+func (a *Applier) DryRunReplaceStrict(ctx context.Context, obj *unstructured.Unstructured) (*unstructured.Unstructured, error) {
+	ri, err := a.resource(obj)
+	if err != nil {
+		return nil, err
+	}
+	cur, err := ri.Get(ctx, obj.GetName(), metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("failed to get %s %s: %w", obj.GetKind(), obj.GetName(), err)
+	}
+	obj = obj.DeepCopy()
+	obj.SetResourceVersion(cur.GetResourceVersion())
+	out, err := ri.Update(ctx, obj, metav1.UpdateOptions{DryRun: []string{metav1.DryRunAll}, FieldValidation: metav1.FieldValidationStrict})
+	if err != nil {
+		return nil, fmt.Errorf("failed to replace %s %s: %w", obj.GetKind(), obj.GetName(), err)
+	}
+	return out, nil
+}
+
 // DryRunCreateStrict creates obj with dry run and strict field validation,
 // as helm install creates an object the cluster does not have yet (a
 // server-side apply would treat an explicit null as no value), and returns
