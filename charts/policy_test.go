@@ -22,6 +22,9 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/version"
@@ -40,6 +43,7 @@ import (
 	"github.com/gpu-injector/gpu-injector/config"
 	"github.com/gpu-injector/gpu-injector/e2e/cluster"
 	"github.com/gpu-injector/gpu-injector/internal/testfixtures/workload"
+	"github.com/gpu-injector/gpu-injector/layout"
 	"github.com/gpu-injector/gpu-injector/webhook/inject"
 )
 
@@ -179,6 +183,25 @@ func (ap admissionPolicy) admit(t testing.TB, pod *corev1.Pod) *corev1.Pod {
 	return va.VersionedObject.(*corev1.Pod)
 }
 
+// webhookGate is what the API server checks before it calls the webhook for a pod of an
+// opted-in namespace: the objectSelector on the pod's labels, then the matchConditions.
+type webhookGate struct {
+	selector labels.Selector
+	matcher  matchconditions.Matcher
+}
+
+func newWebhookGate(t testing.TB, wh admissionregistrationv1.MutatingWebhook, versions map[string]*version.Version) *webhookGate {
+	t.Helper()
+	sel := labels.Everything()
+	if wh.ObjectSelector != nil {
+		var err error
+		if sel, err = metav1.LabelSelectorAsSelector(wh.ObjectSelector); err != nil {
+			t.Fatalf("the API server would refuse the webhook's objectSelector: %v", err)
+		}
+	}
+	return &webhookGate{selector: sel, matcher: webhookMatcher(t, wh, versions)}
+}
+
 // webhookMatcher is the webhook's matchConditions as the API server evaluates them.
 func webhookMatcher(t testing.TB, wh admissionregistrationv1.MutatingWebhook, versions map[string]*version.Version) matchconditions.Matcher {
 	t.Helper()
@@ -198,9 +221,12 @@ func webhookMatcher(t testing.TB, wh admissionregistrationv1.MutatingWebhook, ve
 	return matchconditions.NewMatcher(compiler.CompileCondition(accessors, celDecls, environment.StoredExpressions), wh.FailurePolicy, "webhook", "admit", wh.Name)
 }
 
-func webhookCalled(t testing.TB, m matchconditions.Matcher, pod *corev1.Pod) bool {
+func webhookCalled(t testing.TB, g *webhookGate, pod *corev1.Pod) bool {
 	t.Helper()
-	res := m.Match(context.Background(), podAttributes(pod.DeepCopy()), nil, nil)
+	if !g.selector.Matches(labels.Set(pod.Labels)) {
+		return false
+	}
+	res := g.matcher.Match(context.Background(), podAttributes(pod.DeepCopy()), nil, nil)
 	if res.Error != nil {
 		t.Fatalf("the webhook's matchConditions failed to evaluate: %v", res.Error)
 	}
@@ -264,7 +290,7 @@ func loadGolden(t *testing.T, file string) goldenCase {
 type policyRender struct {
 	cfg     *config.Configuration
 	policy  *admissionPolicy // nil where the chart rendered none
-	webhook matchconditions.Matcher
+	webhook *webhookGate
 }
 
 var (
@@ -291,17 +317,19 @@ func renderForConfig(t *testing.T, cfg map[string]any) policyRender {
 	if r, ok := policyRenders[string(doc)]; ok {
 		return r
 	}
-	file := filepath.Join(t.TempDir(), "values.json")
+	// helm splits --values on commas, which a subtest's name (and so its TempDir) may hold.
+	dir, err := os.MkdirTemp("", "values")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	file := filepath.Join(dir, "values.json")
 	if err := os.WriteFile(file, doc, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	out := render(t, renderOpts{kubeVersion: "1.37.2", files: []string{file}})
 	pr := policyRender{cfg: checkConfigMap(t, out)}
-	// The webhook's condition on the policy is rendered only where the policy is
-	// served, 1.36 and later.
-	versions := celVersions
 	if maps := out.all("MutatingAdmissionPolicy"); len(maps) > 0 {
-		versions = policyVersions
 		p := mustGet[admissionregistrationv1.MutatingAdmissionPolicy](t, out, "MutatingAdmissionPolicy", fullname+"-runtime")
 		ap := compileMutatingPolicy(t, p)
 		pr.policy = &ap
@@ -310,15 +338,16 @@ func renderForConfig(t *testing.T, cfg map[string]any) policyRender {
 			t.Fatalf("the binding names policy %q, want %q", b.Spec.PolicyName, p.Name)
 		}
 	}
-	pr.webhook = webhookMatcher(t, mutatingWebhook(t, out), versions)
+	pr.webhook = newWebhookGate(t, mutatingWebhook(t, out), celVersions)
 	policyRenders[string(doc)] = pr
 	return pr
 }
 
 // TestPolicyMatchesMutate: for every golden case, with driverDelivery Runtime, a pod
 // the chart's MutatingAdmissionPolicy takes comes out of it exactly as Mutate leaves it,
-// with no warning Mutate would give, and the webhook is not called for it (neither as it
-// came nor as the policy left it); a pod the policy leaves out is sent to the webhook
+// with the policy's label and no warning Mutate would give, and the webhook is not called
+// for the pod the policy made (policies run before webhooks); a pod the policy leaves out
+// is sent to the webhook
 // whenever Mutate would change it, warn or deny it. The pods the policy leaves the
 // webhook are those that need code or the cluster's state.
 func TestPolicyMatchesMutate(t *testing.T) {
@@ -383,11 +412,9 @@ func checkPolicyCase(t *testing.T, pr policyRender, gc goldenCase) bool {
 	if res.Decision != inject.DecisionInjected || len(res.Warnings) > 0 {
 		t.Errorf("the policy takes a pod that Mutate gives decision %s (%s), warnings %q", res.Decision, res.Reason, res.Warnings)
 	}
+	labelled(mutated)
 	if !apiequality.Semantic.DeepEqual(byPolicy, mutated) {
-		t.Errorf("the policy and Mutate disagree (-Mutate +policy):\n%s", diffLines(t, mutated, byPolicy))
-	}
-	if webhookCalled(t, pr.webhook, gc.pod) {
-		t.Errorf("the webhook is called for a pod the policy takes")
+		t.Errorf("the policy and Mutate disagree (-Mutate and the policy's label +policy):\n%s", diffLines(t, mutated, byPolicy))
 	}
 	if webhookCalled(t, pr.webhook, byPolicy) {
 		t.Errorf("the webhook is called for the pod the policy made")
@@ -396,10 +423,20 @@ func checkPolicyCase(t *testing.T, pr policyRender, gc goldenCase) bool {
 	if res2 := inject.Mutate(inject.Input{Pod: again, NamespaceLabels: gc.namespaceLabels}, pr.cfg); len(res2.Patch) > 0 || len(res2.Warnings) > 0 {
 		t.Errorf("Mutate changes the pod the policy made: %v %q", res2.Patch, res2.Warnings)
 	}
-	if pr.policy.admit(t, byPolicy) != nil {
-		t.Errorf("the policy takes the pod it made again")
+	if again := pr.policy.admit(t, byPolicy); again != nil && !apiequality.Semantic.DeepEqual(again, byPolicy) {
+		t.Errorf("the policy changes the pod it made, invoked again (-before +after):\n%s", diffLines(t, byPolicy, again))
 	}
 	return true
+}
+
+// labelled puts the policy's label on a pod Mutate injected: the one thing the policy
+// writes that the webhook does not, by which the webhook's objectSelector leaves the
+// policy's pods out.
+func labelled(pod *corev1.Pod) {
+	if pod.Labels == nil {
+		pod.Labels = map[string]string{}
+	}
+	pod.Labels[layout.LabelAdmission] = layout.AdmissionPolicy
 }
 
 func diffLines(t *testing.T, a, b *corev1.Pod) string {
@@ -460,6 +497,7 @@ func TestPolicyEdges(t *testing.T) {
 		"a DeviceClass's implicit name":  {pod: "spec:\n  containers:\n  - name: main\n    image: cuda\n    resources:\n      limits: {deviceclass.resource.kubernetes.io/gpu.nvidia.com: \"1\"}"},
 		"cpu, memory and hugepages":      {pod: "spec:\n  containers:\n  - name: main\n    image: cuda\n    resources:\n      limits: {nvidia.com/gpu: \"1\", cpu: \"2\", memory: 1Gi, hugepages-2Mi: 64Mi, ephemeral-storage: 1Gi}", takes: true},
 		"a hostPath volume of no driver": {pod: "spec:\n  volumes:\n  - name: data\n    hostPath: {path: /data}\n  containers:" + gpu("main", "1")},
+		"the policy's label by hand":     {pod: "metadata:\n  labels: {gpu-injector.io/admission: policy}\nspec:\n  containers:\n  - name: main\n    image: cuda\n    resources:\n      limits: {alpha.kubernetes.io/nvidia-gpu: \"1\"}"},
 		"another plugin required":        {pod: "metadata:\n  annotations: {required-plugins.noderesource.dev/pod: \"[x]\"}\nspec:\n  containers:" + gpu("main", "1")},
 		"containers All":                 {pod: "spec:\n  initContainers:\n  - name: init\n    image: busybox\n  containers:" + gpu("main", "1") + "\n  - name: side\n    image: envoy", config: map[string]any{"containers": "All"}, takes: true},
 		"a GPU request above its limit":  {pod: "spec:\n  containers:\n  - name: main\n    image: cuda\n    resources:\n      limits: {nvidia.com/gpu: \"0\"}\n      requests: {nvidia.com/gpu: \"1\"}", takes: true},
@@ -483,6 +521,44 @@ func TestPolicyEdges(t *testing.T) {
 				t.Errorf("the policy takes the pod: %v, want %v", got, tc.takes)
 			}
 		})
+	}
+}
+
+// TestPolicyReinvocation: a plugin after the policy (a sidecar injector) adds a GPU
+// container to a pod the policy made. The webhook never sees that pod (its label), so the
+// policy, invoked again, must give the new container the driver as Mutate would have
+// given the whole pod.
+func TestPolicyReinvocation(t *testing.T) {
+	pr := renderForConfig(t, nil)
+	pod := &corev1.Pod{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
+		ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ml"},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{
+			{Name: "main", Image: "cuda", Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("1")}}},
+		}},
+	}
+	made := pr.policy.admit(t, pod)
+	if made == nil {
+		t.Fatal("the policy does not take a modern GPU pod")
+	}
+	added := *pod.Spec.Containers[0].DeepCopy()
+	added.Name = "added-by-a-later-webhook"
+	made.Spec.Containers = append(made.Spec.Containers, added)
+	again := pr.policy.admit(t, made)
+	if again == nil {
+		t.Fatal("the policy, invoked again, leaves out the container a later plugin added")
+	}
+	if webhookCalled(t, pr.webhook, again) {
+		t.Error("the webhook is called for the pod the policy made")
+	}
+	want := pod.DeepCopy()
+	want.Spec.Containers = append(want.Spec.Containers, added)
+	if res := inject.Mutate(inject.Input{Pod: want}, pr.cfg); res.Decision != inject.DecisionInjected {
+		t.Fatalf("Mutate gives %s (%s)", res.Decision, res.Reason)
+	}
+	labelled(want)
+	if !apiequality.Semantic.DeepEqual(again, want) {
+		t.Errorf("the policy invoked again and Mutate disagree (-Mutate +policy):\n%s", diffLines(t, want, again))
 	}
 }
 
@@ -537,12 +613,8 @@ func TestAdmissionPolicyRender(t *testing.T) {
 			if got != tc.want {
 				t.Errorf("policy rendered: %v, want %v", got, tc.want)
 			}
-			conditioned := false
-			for _, mc := range mutatingWebhook(t, r).MatchConditions {
-				conditioned = conditioned || mc.Name == "not-admitted-by-policy"
-			}
-			if conditioned != tc.want {
-				t.Errorf("the webhook's condition on the policy rendered: %v, want %v", conditioned, tc.want)
+			if selected := mutatingWebhook(t, r).ObjectSelector != nil; selected != tc.want {
+				t.Errorf("the webhook's objectSelector on the policy's label rendered: %v, want %v", selected, tc.want)
 			}
 		})
 	}
@@ -646,7 +718,7 @@ func benchRender(b *testing.B) policyRender {
 			if err := json.Unmarshal(doc, &m); err != nil {
 				b.Fatal(err)
 			}
-			pr.webhook = webhookMatcher(b, m.Webhooks[0], policyVersions)
+			pr.webhook = newWebhookGate(b, m.Webhooks[0], policyVersions)
 		case "ConfigMap":
 			var cm corev1.ConfigMap
 			if err := json.Unmarshal(doc, &cm); err != nil {

@@ -70,6 +70,13 @@ const (
 	// fingerprint) holds the fingerprint injected, so that a pod that landed on
 	// a node of the pool with another layout can be found and told.
 	LabelPinnedLayout = Prefix + "pinned-layout"
+	// LabelAdmission on a Pod with the value AdmissionPolicy marks a pod the
+	// chart's MutatingAdmissionPolicy admitted. The webhook's objectSelector
+	// leaves such pods out, which the API server decides on the labels alone,
+	// before it converts the pod for any condition. A pod author who writes
+	// it opts the pod out of the webhook, as AnnotationInject "false" does.
+	LabelAdmission  = Prefix + "admission"
+	AdmissionPolicy = "policy"
 )
 
 // Node states.

@@ -36,7 +36,7 @@ func init() {
 	metrics.Registry.MustRegister(gpunodes.Collectors()...)
 	metrics.Registry.MustRegister(imageconfig.Collectors()...)
 	// Pre-create the label values so dashboards see zeros, not gaps.
-	for _, r := range []string{inject.ReasonNoGPU, inject.ReasonOptOut, inject.ReasonExcludedNamespace, inject.ReasonAlreadyInjected, inject.ReasonNoLayout, inject.ReasonRuntimeInjection} {
+	for _, r := range []string{inject.ReasonNoGPU, inject.ReasonOptOut, inject.ReasonExcludedNamespace, inject.ReasonAlreadyInjected, inject.ReasonNoLayout, inject.ReasonRuntimeInjection, inject.ReasonAdmittedByPolicy} {
 		podsSkipped.WithLabelValues(r)
 	}
 }

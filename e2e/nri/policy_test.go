@@ -123,6 +123,9 @@ func TestAdmissionPolicy(t *testing.T) {
 		if got, want := p.Annotations[layout.AnnotationInjected], `{"driverVersion":"","containers":["cuda"],"runtime":"nri"}`; got != want {
 			t.Errorf("record %q, want %q", got, want)
 		}
+		if got := p.Labels[layout.LabelAdmission]; got != layout.AdmissionPolicy {
+			t.Errorf("label %s is %q, want %q: the webhook's objectSelector would not leave the pod out", layout.LabelAdmission, got, layout.AdmissionPolicy)
+		}
 		runsWithDriver(t, ns, p)
 
 		l, calls := createCounting(t, ns, legacyPod("legacy"), false)
@@ -137,6 +140,18 @@ func TestAdmissionPolicy(t *testing.T) {
 
 		if _, calls := createCounting(t, ns, plainPod("web"), true); calls != 0 {
 			t.Errorf("the webhook was called %v times for a pod without a GPU", calls)
+		}
+
+		// The policy's label written by the pod's author opts the pod out of the
+		// webhook, as the annotation gpu-injector.io/inject: "false" does.
+		forged := legacyPod("labelled-by-hand")
+		forged.Labels = map[string]string{layout.LabelAdmission: layout.AdmissionPolicy}
+		f, calls := createCounting(t, ns, forged, true)
+		if calls != 0 {
+			t.Errorf("the webhook was called %v times for a pod that carries the policy's label", calls)
+		}
+		if _, ok := f.Annotations[layout.AnnotationRuntimeInject]; ok {
+			t.Errorf("a legacy pod labelled by hand was marked: %v", f.Annotations)
 		}
 	})
 

@@ -61,6 +61,9 @@ const (
 	// reasonCUDAUnserved: the pod requires a CUDA version that no node's
 	// driver supports.
 	reasonCUDAUnserved
+	// reasonAdmittedByPolicy: the chart's MutatingAdmissionPolicy admitted
+	// the pod, or its author wrote the policy's label to opt it out.
+	reasonAdmittedByPolicy
 )
 
 // labels are the Result.Reason of a pod that is not denied, which the
@@ -80,6 +83,7 @@ var reasonLabels = [...]string{
 	reasonPatchTooLarge:     "patch-too-large",
 	reasonCanceled:          "canceled",
 	reasonCUDAUnserved:      "cuda-unserved",
+	reasonAdmittedByPolicy:  ReasonAdmittedByPolicy,
 }
 
 func (c reason) String() string { return reasonLabels[c] }

@@ -129,13 +129,18 @@ func newRequest(in Input, cfg *config.Configuration) request {
 }
 
 // exemption is why a pod is left alone whatever it asks for: its namespace
-// is excluded, or it opted out.
+// is excluded, it opted out, or the chart's admission policy admitted it
+// (whose label the webhook's objectSelector leaves out, so that Mutate
+// answers as the cluster does).
 func exemption(pod *corev1.Pod, cfg *config.Configuration) reason {
 	if slices.Contains(cfg.ExcludedNamespaces, pod.Namespace) {
 		return reasonExcludedNamespace
 	}
 	if v, ok := pod.Annotations[layout.AnnotationInject]; ok && strings.EqualFold(v, "false") {
 		return reasonOptOut
+	}
+	if pod.Labels[layout.LabelAdmission] == layout.AdmissionPolicy {
+		return reasonAdmittedByPolicy
 	}
 	return reasonNone
 }

@@ -208,6 +208,10 @@ const (
 	// ReasonRuntimeInjection: the chosen layout's runtime injects the driver
 	// and the configuration says to leave such pods alone.
 	ReasonRuntimeInjection = "runtime-injection"
+	// ReasonAdmittedByPolicy: the pod carries the label of the chart's
+	// MutatingAdmissionPolicy (layout.LabelAdmission), which the webhook's
+	// objectSelector leaves out.
+	ReasonAdmittedByPolicy = "admitted-by-policy"
 )
 
 // Input is everything the mutation decides from.

@@ -132,13 +132,15 @@ within the limits.
 
 {{/*
 gpu-injector.policy.condition: the pods the policy takes: the cheap terms, none of the
-annotations only gpu-injector writes (the webhook checks what they say), and resources and
-target names the policy can take.
+annotations only gpu-injector writes (the webhook checks what they say) unless the pod
+carries the policy's label, and resources and target names the policy can take. The
+webhook never sees a labelled pod, so the policy takes one again where a later plugin
+changed it (a container added) and writes its annotations afresh for the pod as it is.
 */}}
 {{- define "gpu-injector.policy.condition" -}}
 {{- $terms := list }}
 {{- range include "gpu-injector.policy.cheap" . | fromYamlArray }}{{ $terms = append $terms (printf "(%s)" .expression) }}{{ end }}
-{{- $terms = append $terms (printf "(%s)" (include "gpu-injector.policy.unmarked" .)) }}
+{{- $terms = append $terms (printf "(%s || %s)" (include "gpu-injector.policy.unmarked" .) (include "gpu-injector.policy.labelled" .)) }}
 {{- $terms = append $terms (printf "(%s)" (include "gpu-injector.policy.shape" (dict "root" .))) }}
 {{- join " && " $terms }}
 {{- end }}
@@ -161,18 +163,7 @@ for a key (webhook/inject: requiredPlugins).
 ({{ . }}.size() > 53 ? 'pod' : 'container.' + {{ . }})
 {{- end }}
 
-{{/*
-gpu-injector.policy.webhookCondition: the webhook's matchCondition that leaves out the
-pods the policy admits. Mutating policies run before mutating webhooks, so the webhook
-sees such a pod as the policy left it: the conditions hold, and its annotations are
-exactly the policy's. A pod written so by its author is one the webhook would not
-change either.
-*/}}
-{{- define "gpu-injector.policy.webhookCondition" -}}
-{{- $cheap := list }}
-{{- range include "gpu-injector.policy.cheap" . | fromYamlArray }}{{ $cheap = append $cheap (printf "(%s)" .expression) }}{{ end }}
-{{- $keys := printf "n.map(x, 'required-plugins.noderesource.dev/' + %s)" (include "gpu-injector.policy.pluginsKey" "x") }}
-{{- $admitted := printf "object.metadata.?annotations[?'gpu-injector.io/runtime-inject'].orValue('') == n.join(',') && object.metadata.?annotations[?'gpu-injector.io/injected'].orValue('') == %s && [%s].all(keys, object.metadata.annotations.all(k, !k.startsWith('required-plugins.noderesource.dev') || (object.metadata.annotations[k] == '[\"gpu-injector\"]' && k in keys)) && keys.all(k, k in object.metadata.annotations))" (include "gpu-injector.policy.record" (dict "names" "n")) $keys }}
-{{- $extra := printf " && (%s || %s)" (include "gpu-injector.policy.unmarked" .) $admitted }}
-{{- printf "!(%s && %s)" (join " && " $cheap) (include "gpu-injector.policy.shape" (dict "root" . "extra" $extra)) }}
+{{/* CEL true when the pod carries the policy's label (layout.LabelAdmission). */}}
+{{- define "gpu-injector.policy.labelled" -}}
+object.metadata.?labels[?'gpu-injector.io/admission'].orValue('') == 'policy'
 {{- end }}
