@@ -158,6 +158,11 @@ func (p *Plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *ap
 		}
 	}
 	if !listed {
+		// A marked pod's GPU container the marker does not name was added
+		// after gpu-injector's admission, by a later plugin.
+		if gpu, _ := gpuDevice(ctr); gpu {
+			log.Info("not injecting the driver: the runtime injection marker does not name this GPU container, which a plugin after gpu-injector's admission added", "marker", marker)
+		}
 		p.count(ResultNotListed)
 		return nil, nil, nil
 	}

@@ -132,15 +132,13 @@ within the limits.
 
 {{/*
 gpu-injector.policy.condition: the pods the policy takes: the cheap terms, none of the
-annotations only gpu-injector writes (the webhook checks what they say) unless the pod
-carries the policy's label, and resources and target names the policy can take. The
-webhook never sees a labelled pod, so the policy takes one again where a later plugin
-changed it (a container added) and writes its annotations afresh for the pod as it is.
+annotations only gpu-injector writes (the webhook checks what they say), and resources and
+target names the policy can take.
 */}}
 {{- define "gpu-injector.policy.condition" -}}
 {{- $terms := list }}
 {{- range include "gpu-injector.policy.cheap" . | fromYamlArray }}{{ $terms = append $terms (printf "(%s)" .expression) }}{{ end }}
-{{- $terms = append $terms (printf "(%s || %s)" (include "gpu-injector.policy.unmarked" .) (include "gpu-injector.policy.labelled" .)) }}
+{{- $terms = append $terms (printf "(%s)" (include "gpu-injector.policy.unmarked" .)) }}
 {{- $terms = append $terms (printf "(%s)" (include "gpu-injector.policy.shape" (dict "root" .))) }}
 {{- join " && " $terms }}
 {{- end }}
@@ -161,9 +159,4 @@ for a key (webhook/inject: requiredPlugins).
 */}}
 {{- define "gpu-injector.policy.pluginsKey" -}}
 ({{ . }}.size() > 53 ? 'pod' : 'container.' + {{ . }})
-{{- end }}
-
-{{/* CEL true when the pod carries the policy's label (layout.LabelAdmission). */}}
-{{- define "gpu-injector.policy.labelled" -}}
-object.metadata.?labels[?'gpu-injector.io/admission'].orValue('') == 'policy'
 {{- end }}
