@@ -81,7 +81,7 @@ func (h *Handler) readImages(ctx context.Context, pod *corev1.Pod) (map[string]*
 	for i, image := range images {
 		switch {
 		case errs[i] == nil:
-			out[image] = &inject.ImageConfig{Env: facts[i].Env, Labels: facts[i].Labels}
+			out[image] = facts[i].View(imageView).(*inject.ImageConfig)
 		case errors.Is(errs[i], imageconfig.ErrNotListed):
 			// Counted by the reads metric; a warning on every pod of an
 			// unlisted registry would teach users to ignore them.
@@ -90,6 +90,12 @@ func (h *Handler) readImages(ctx context.Context, pod *corev1.Pod) (map[string]*
 		}
 	}
 	return out, warnings
+}
+
+// imageView is the mutation's view of an image's facts, kept with them in
+// the reader's cache.
+func imageView(f *imageconfig.Facts) any {
+	return &inject.ImageConfig{Env: f.Env, Labels: f.Labels}
 }
 
 // imageWarning says what a pod lost when its image was not read.

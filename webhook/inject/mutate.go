@@ -68,6 +68,9 @@ type request struct {
 	images map[string]*ImageConfig
 	// cuda is what the pod's GPU containers require of the driver.
 	cuda cudaNeed
+	// cudaOnlyTerm: the pod had no required node affinity, and view's
+	// only term is the one planCUDA added.
+	cudaOnlyTerm bool
 
 	// exempt is why the pod is left alone before anything else of it is
 	// read (its namespace is excluded, or it opted out), reasonNone if not.
@@ -123,7 +126,11 @@ func newRequest(in Input, cfg *config.Configuration) request {
 	}
 	r.legacy = r.legacyMounts(r.view, r.targets, r.layouts, recorded)
 	r.need = r.requestedGPUResources(r.view)
-	r.affinity = newNodeAffinity(r.view)
+	if r.cudaOnlyTerm {
+		r.affinity = cudaAffinity(r.cuda.gt)
+	} else {
+		r.affinity = newNodeAffinity(r.view)
+	}
 	r.asIs = podView{pod: r.view}
 	return r
 }

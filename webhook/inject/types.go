@@ -242,6 +242,24 @@ type ImageConfig struct {
 	Env []string
 	// Labels are the configuration's labels.
 	Labels map[string]string
+
+	// need is what the image's own ENV requires of the driver's CUDA
+	// version, parsed on first use: the webhook keeps one ImageConfig per
+	// cached image, so each is parsed once, not on every admission.
+	needOnce sync.Once
+	need     imageNeed
+}
+
+// imageNeed is the Gt threshold of an image's NVIDIA_REQUIRE_CUDA and its
+// value, gt 0 when it requires nothing steerable.
+type imageNeed struct {
+	gt    int
+	value string
+}
+
+func (c *ImageConfig) cudaNeed() imageNeed {
+	c.needOnce.Do(func() { c.need.gt, c.need.value = envCUDANeed(c.Env) })
+	return c.need
 }
 
 // Getenv is the image's value of an environment variable, as a process
