@@ -64,8 +64,9 @@ type request struct {
 	// gpuResources and gpuClaims are Input.GPUResources and Input.GPUClaims.
 	gpuResources []string
 	gpuClaims    []string
-	// images are Input.Images.
+	// images are Input.Images; unread is Input.ImagesUnread.
 	images map[string]*ImageConfig
+	unread []layout.ImageUnread
 	// cuda is what the pod's GPU containers require of the driver.
 	cuda cudaNeed
 	// cudaOnlyTerm: the pod had no required node affinity, and view's
@@ -103,7 +104,7 @@ func newRequest(in Input, cfg *config.Configuration) request {
 		cfg: cfg, pod: in.Pod, view: in.Pod,
 		podSecurity: in.NamespaceLabels[labelPodSecurityEnforce],
 		layouts:     in.Layouts, wedged: in.Wedged, seed: in.Seed,
-		gpuResources: in.GPUResources, gpuClaims: in.GPUClaims, images: in.Images,
+		gpuResources: in.GPUResources, gpuClaims: in.GPUClaims, images: in.Images, unread: in.ImagesUnread,
 	}
 	if r.exempt = exemption(in.Pod, cfg); r.exempt != reasonNone {
 		return r

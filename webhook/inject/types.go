@@ -233,6 +233,11 @@ type Input struct {
 	// by the image as a container names it; an image missing here is
 	// unknown, and the pod is read alone, as when images are not read.
 	Images map[string]*ImageConfig
+	// ImagesUnread are the images whose configuration could not be read,
+	// with the registry's answer, in the order the pod names them: a pod
+	// injected carries them (layout.AnnotationImagesUnread), so that
+	// `gpu-injector status` can list it; none removes an earlier record.
+	ImagesUnread []layout.ImageUnread
 }
 
 // ImageConfig is what the mutation reads of an image's configuration, as
