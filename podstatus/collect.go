@@ -304,6 +304,8 @@ func asSubmitted(pod *corev1.Pod, rec *layout.Injected) *corev1.Pod {
 		}
 	}
 	delete(p.Labels, layout.LabelPinnedLayout)
+	delete(p.Annotations, layout.AnnotationImagesUnread)
+	delete(p.Labels, layout.LabelImagesUnread)
 	if p.Spec.NodeSelector[layout.LabelFingerprint] == rec.Fingerprint {
 		delete(p.Spec.NodeSelector, layout.LabelFingerprint)
 	}

@@ -206,12 +206,15 @@ func TestAsSubmittedUndoesTheInjection(t *testing.T) {
 	pod := injected("train", "gpu-1", plan)
 	pod.Spec.Volumes = append(pod.Spec.Volumes, corev1.Volume{Name: "data"})
 	pod.Spec.Containers[0].VolumeMounts = append(pod.Spec.Containers[0].VolumeMounts, corev1.VolumeMount{Name: "data", MountPath: "/data"})
+	pod.Annotations[layout.AnnotationImagesUnread] = `{"images":[{"image":"a","reason":"b"}]}`
+	pod.Labels = map[string]string{layout.LabelImagesUnread: layout.LabelImagesUnreadValue, "app": "train"}
 	rec, err := layout.ParseInjected(pod.Annotations[layout.AnnotationInjected])
 	if err != nil {
 		t.Fatal(err)
 	}
 	p := asSubmitted(pod, &rec)
-	if _, ok := p.Annotations[layout.AnnotationInjected]; ok || len(p.Spec.NodeSelector) != 0 || p.Spec.NodeName != "" ||
+	_, unread := p.Annotations[layout.AnnotationImagesUnread]
+	if _, ok := p.Annotations[layout.AnnotationInjected]; ok || unread || len(p.Labels) != 1 || len(p.Spec.NodeSelector) != 0 || p.Spec.NodeName != "" ||
 		len(p.Spec.Volumes) != 1 || p.Spec.Volumes[0].Name != "data" || len(p.Spec.Containers[0].VolumeMounts) != 1 {
 		t.Errorf("as submitted: %+v", p)
 	}
