@@ -20,7 +20,7 @@ type cudaNeed struct {
 	// gt is 0 when nothing is required, or nothing the label can steer.
 	gt int
 	// value is the requirement as written: the pod's annotation, or the
-	// NVIDIA_REQUIRE_CUDA of container's image (its own env over the
+	// NVIDIA_REQUIRE_CUDA of the container's image (its own env over the
 	// image's ENV). The words of what() are built only when a message
 	// needs them.
 	value, container, image string
