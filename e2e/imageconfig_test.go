@@ -140,6 +140,29 @@ func TestImageConfigAdmission(t *testing.T) {
 		if got := w.all(); !strings.Contains(got, `failed to read the configuration of image "`+down+`"`) || !strings.Contains(got, "connection refused") {
 			t.Errorf("warnings = %q, want one naming %s and the connection's refusal", got, down)
 		}
+
+		// Stored, the pod carries the record, and status lists it as the
+		// pod says: the image and the registry's answer, newest first.
+		created := createPod(t, ns, pod("registry-down", down))
+		rec, err := layout.DecodeImagesUnread(created.Annotations[layout.AnnotationImagesUnread])
+		if err != nil || created.Labels[layout.LabelImagesUnread] != layout.LabelImagesUnreadValue {
+			t.Fatalf("stored pod: record %v, label %q; want the record of %s, labelled", err, created.Labels[layout.LabelImagesUnread], down)
+		}
+		if len(rec.Images) != 1 || rec.Images[0].Image != down || !strings.Contains(rec.Images[0].Reason, "connection refused") {
+			t.Errorf("record %+v, want %s and the connection's refusal", rec, down)
+		}
+		r, _ := statusReport(t)
+		u := r.ImagesUnread
+		if u.Note != "" || u.Total < 1 || len(u.Pods) == 0 || u.Pods[0].Namespace != ns || u.Pods[0].Name != created.Name ||
+			len(u.Pods[0].Images) != 1 || u.Pods[0].Images[0].Image != down || !u.Pods[0].Admitted.Equal(created.CreationTimestamp.UTC()) {
+			t.Errorf("status -o json imagesUnread = %+v, want %s/%s first, with %s, admitted at its creation", u, ns, created.Name, down)
+		}
+		out, _, _ := gpuInjectorStatus(t, "--color", "never")
+		if !strings.Contains(out, "PODS ADMITTED WITHOUT THEIR IMAGES' CONFIGURATION") || !strings.Contains(out, ns+"/"+created.Name) || !strings.Contains(out, "connection refused") {
+			t.Errorf("status table does not list %s/%s:\n%s", ns, created.Name, out)
+		} else {
+			t.Logf("gpu-injector status:\n%s", out[strings.Index(out, "PODS ADMITTED"):])
+		}
 	})
 
 	t.Run("too new", func(t *testing.T) {

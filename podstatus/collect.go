@@ -91,6 +91,13 @@ func (r *Report) attention(format string, args ...any) {
 
 // readRecord reads what the webhook wrote on the pod.
 func readRecord(pod *corev1.Pod, r *Report) {
+	if v, ok := pod.Annotations[layout.AnnotationImagesUnread]; ok {
+		if rec, err := layout.DecodeImagesUnread(v); err == nil {
+			r.ImagesUnread = rec.Images
+		} else {
+			r.ImagesUnreadNote = layout.OneLine(err.Error(), 200)
+		}
+	}
 	if v, ok := pod.Annotations[layout.AnnotationRuntimeInject]; ok {
 		if names, err := layout.ParseRuntimeMarker(v); err == nil {
 			r.RuntimeMarker = names
@@ -297,6 +304,8 @@ func asSubmitted(pod *corev1.Pod, rec *layout.Injected) *corev1.Pod {
 		}
 	}
 	delete(p.Labels, layout.LabelPinnedLayout)
+	delete(p.Annotations, layout.AnnotationImagesUnread)
+	delete(p.Labels, layout.LabelImagesUnread)
 	if p.Spec.NodeSelector[layout.LabelFingerprint] == rec.Fingerprint {
 		delete(p.Spec.NodeSelector, layout.LabelFingerprint)
 	}

@@ -206,16 +206,59 @@ func TestAsSubmittedUndoesTheInjection(t *testing.T) {
 	pod := injected("train", "gpu-1", plan)
 	pod.Spec.Volumes = append(pod.Spec.Volumes, corev1.Volume{Name: "data"})
 	pod.Spec.Containers[0].VolumeMounts = append(pod.Spec.Containers[0].VolumeMounts, corev1.VolumeMount{Name: "data", MountPath: "/data"})
+	pod.Annotations[layout.AnnotationImagesUnread] = `{"images":[{"image":"a","reason":"b"}]}`
+	pod.Labels = map[string]string{layout.LabelImagesUnread: layout.LabelImagesUnreadValue, "app": "train"}
 	rec, err := layout.ParseInjected(pod.Annotations[layout.AnnotationInjected])
 	if err != nil {
 		t.Fatal(err)
 	}
 	p := asSubmitted(pod, &rec)
-	if _, ok := p.Annotations[layout.AnnotationInjected]; ok || len(p.Spec.NodeSelector) != 0 || p.Spec.NodeName != "" ||
+	_, unread := p.Annotations[layout.AnnotationImagesUnread]
+	if _, ok := p.Annotations[layout.AnnotationInjected]; ok || unread || len(p.Labels) != 1 || len(p.Spec.NodeSelector) != 0 || p.Spec.NodeName != "" ||
 		len(p.Spec.Volumes) != 1 || p.Spec.Volumes[0].Name != "data" || len(p.Spec.Containers[0].VolumeMounts) != 1 {
 		t.Errorf("as submitted: %+v", p)
 	}
 	if pod.Spec.NodeName != "gpu-1" || len(pod.Spec.Volumes) != 2 {
 		t.Error("the pod read was changed")
+	}
+}
+
+// TestStatusPodImagesUnread: the record of images admitted unread is shown
+// as the pod says; one that does not decode is said, not shown, and
+// neither needs attention.
+func TestStatusPodImagesUnread(t *testing.T) {
+	for name, tc := range map[string]struct {
+		record string
+		want   []string
+		note   bool
+	}{
+		"recorded": {record: layout.NewImagesUnread([]layout.ImageUnread{{Image: "registry.example:5000/team/app:v2", Reason: "dial tcp 10.0.0.9:5000: connect: connection refused"}}).String(),
+			want: []string{"IMAGES UNREAD", "registry.example:5000/team/app:v2: dial tcp 10.0.0.9:5000: connect: connection refused", "recreate it once the registry answers"}},
+		"forged": {record: `{"images":[{"image":"x","reason":"\u001b[2J"}]}`, note: true,
+			want: []string{"IMAGES UNREAD", "record ignored: failed to decode gpu-injector.io/images-unread"}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			pod := injected("train", "gpu-1", plan)
+			pod.Annotations[layout.AnnotationImagesUnread] = tc.record
+			r, err := collectPod(t, nil, "train", pod, gpuNode(t, "gpu-1", plan, nil))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if (r.ImagesUnreadNote != "") != tc.note || (len(r.ImagesUnread) == 0) != tc.note || len(r.Attention) != 0 {
+				t.Errorf("images unread %+v, note %q, attention %v", r.ImagesUnread, r.ImagesUnreadNote, r.Attention)
+			}
+			var out bytes.Buffer
+			if err := render(&out, r); err != nil {
+				t.Fatal(err)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(out.String(), w) {
+					t.Errorf("output lacks %q:\n%s", w, out.String())
+				}
+			}
+			if strings.Contains(out.String(), "\x1b") {
+				t.Errorf("a control character reached the output:\n%s", out.String())
+			}
+		})
 	}
 }

@@ -32,6 +32,12 @@ type Report struct {
 	// says why there is none or why it was not read.
 	Record     *layout.Injected `json:"record,omitempty"`
 	RecordNote string           `json:"recordNote,omitempty"`
+	// ImagesUnread are the images the webhook admitted the pod without
+	// reading, with the registry's answer, as the pod's
+	// gpu-injector.io/images-unread annotation says; ImagesUnreadNote says
+	// why a record there was not believed.
+	ImagesUnread     []layout.ImageUnread `json:"imagesUnread,omitempty"`
+	ImagesUnreadNote string               `json:"imagesUnreadNote,omitempty"`
 	// RuntimeMarker lists the containers marked for the NRI plugin.
 	RuntimeMarker []string `json:"runtimeMarker,omitempty"`
 	Delivery      string   `json:"delivery"`

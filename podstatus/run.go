@@ -139,6 +139,19 @@ func render(out io.Writer, r *Report) error {
 	if len(r.HostPaths) > 0 {
 		row("", "hostPath %s", strings.Join(r.HostPaths, ", "))
 	}
+	for i, im := range r.ImagesUnread {
+		label := ""
+		if i == 0 {
+			label = "IMAGES UNREAD"
+		}
+		row(label, "%s: %s", im.Image, dash(im.Reason))
+	}
+	switch {
+	case r.ImagesUnreadNote != "":
+		row("IMAGES UNREAD", "record ignored: %s", r.ImagesUnreadNote)
+	case len(r.ImagesUnread) > 0:
+		row("", "admitted without these images' configuration (LD_LIBRARY_PATH, CUDA need), as the pod's %s says; recreate it once the registry answers", layout.AnnotationImagesUnread)
+	}
 	if nl := r.NodeLayout; nl != nil {
 		has := "still has what the pod got"
 		if !nl.StillHas {

@@ -141,6 +141,7 @@ func (c *Collector) Collect(ctx context.Context) (*Report, error) {
 	if err := c.readEvents(ctx, now(), r); err != nil {
 		return nil, err
 	}
+	c.readImagesUnread(ctx, &r.ImagesUnread)
 	r.Webhook.DryRun = c.dryRun(ctx, r.Namespaces)
 
 	// What needs an operator, in the order the report prints it.

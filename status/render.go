@@ -264,6 +264,9 @@ func Render(out io.Writer, r *Report, o RenderOptions) error {
 		evs.write(w, o, "  ")
 	}
 
+	w.printf("\nPODS ADMITTED WITHOUT THEIR IMAGES' CONFIGURATION\n")
+	imagesUnreadLines(w, r.ImagesUnread, o)
+
 	w.printf("\n")
 	if len(r.Attention) == 0 {
 		at := &table{}

@@ -18,6 +18,9 @@ type Report struct {
 	Pools      PoolsStatus       `json:"pools"`
 	Namespaces []NamespaceStatus `json:"namespaces"`
 	Events     []EventStatus     `json:"layoutMismatchEvents"`
+	// ImagesUnread are the pods admitted without their images'
+	// configuration, as the pods say.
+	ImagesUnread ImagesUnreadStatus `json:"imagesUnread"`
 	// Attention lists, one line each, what needs an operator: the exit
 	// status is non-zero exactly when it is not empty.
 	Attention []string `json:"attention"`

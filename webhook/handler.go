@@ -117,16 +117,16 @@ func (h *Handler) admit(ctx context.Context, namespace string, uid types.UID, po
 			}
 		}
 	}
-	var imageWarnings []string
-	in.Images, imageWarnings = h.readImages(ctx, pod)
-	for _, w := range imageWarnings {
+	images := h.readImages(ctx, pod)
+	in.Images, in.ImagesUnread = images.configs, images.unread
+	for _, w := range images.warnings {
 		log.Info("admitting without an image's configuration", "detail", w)
 	}
 	res := inject.MutateContext(ctx, in, h.cfg)
 	for _, w := range draWarnings {
 		res.Warnings = append(res.Warnings, inject.WarnPrefix+w+"; the claim was not counted as a GPU claim")
 	}
-	res.Warnings = append(res.Warnings, imageWarnings...)
+	res.Warnings = append(res.Warnings, images.warnings...)
 
 	log = log.WithValues("decision", res.Decision, "reason", res.Reason)
 	if res.Layout != nil {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/gpu-injector/gpu-injector/config"
 	"github.com/gpu-injector/gpu-injector/internal/imageconfig"
+	"github.com/gpu-injector/gpu-injector/layout"
 	"github.com/gpu-injector/gpu-injector/webhook/inject"
 )
 
@@ -41,12 +42,22 @@ func (h *Handler) WithImages(r ImageReader, secrets imageconfig.SecretGetter) *H
 	return h
 }
 
+// podImages are what the registries said of a pod's images, and which
+// could not be read and why: the warnings for the user, the record for the
+// pod.
+type podImages struct {
+	configs  map[string]*inject.ImageConfig
+	warnings []string
+	unread   []layout.ImageUnread
+}
+
 // readImages reads the configuration of the pod's images, all at once
 // within the budget, and says which it could not read and why: a pod is
-// admitted as if its images were not read, only warned.
-func (h *Handler) readImages(ctx context.Context, pod *corev1.Pod) (map[string]*inject.ImageConfig, []string) {
+// admitted as if its images were not read, only warned, and carries the
+// record of them.
+func (h *Handler) readImages(ctx context.Context, pod *corev1.Pod) podImages {
 	if h.images == nil || !h.cfg.Images.ReadsImages(pod.Namespace) {
-		return nil, nil
+		return podImages{}
 	}
 	ctx, cancel := context.WithTimeout(ctx, h.cfg.Images.Budget.Duration)
 	defer cancel()
@@ -57,14 +68,13 @@ func (h *Handler) readImages(ctx context.Context, pod *corev1.Pod) (map[string]*
 		}
 	}
 	if len(images) == 0 {
-		return nil, nil
+		return podImages{}
 	}
 	var secrets imageconfig.SecretGetter
 	if h.cfg.Images.PullSecrets == config.PullSecretsRead {
 		secrets = h.secrets
 	}
 	creds := imageconfig.LazyPodCredentials(secrets, pod)
-	var warnings []string
 	facts := make([]*imageconfig.Facts, len(images))
 	errs := make([]error, len(images))
 	if len(images) == 1 {
@@ -77,19 +87,36 @@ func (h *Handler) readImages(ctx context.Context, pod *corev1.Pod) (map[string]*
 		}
 		wg.Wait()
 	}
-	out := make(map[string]*inject.ImageConfig, len(images))
+	out := podImages{configs: make(map[string]*inject.ImageConfig, len(images))}
 	for i, image := range images {
 		switch {
 		case errs[i] == nil:
-			out[image] = &inject.ImageConfig{Env: facts[i].Env, Labels: facts[i].Labels}
+			out.configs[image] = facts[i].View(imageView).(*inject.ImageConfig)
 		case errors.Is(errs[i], imageconfig.ErrNotListed):
 			// Counted by the reads metric; a warning on every pod of an
 			// unlisted registry would teach users to ignore them.
 		default:
-			warnings = append(warnings, inject.WarnPrefix+imageWarning(errs[i]))
+			out.warnings = append(out.warnings, inject.WarnPrefix+imageWarning(errs[i]))
+			out.unread = append(out.unread, layout.ImageUnread{Image: image, Reason: registryAnswer(errs[i])})
 		}
 	}
-	return out, warnings
+	return out
+}
+
+// registryAnswer is why an image was not read, without the image's name,
+// which the record holds beside it.
+func registryAnswer(err error) string {
+	var ie *imageconfig.Error
+	if errors.As(err, &ie) {
+		return ie.Err.Error()
+	}
+	return err.Error()
+}
+
+// imageView is the mutation's view of an image's facts, kept with them in
+// the reader's cache.
+func imageView(f *imageconfig.Facts) any {
+	return &inject.ImageConfig{Env: f.Env, Labels: f.Labels}
 }
 
 // imageWarning says what a pod lost when its image was not read.

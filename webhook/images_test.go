@@ -106,6 +106,21 @@ func TestHandlerReadsImages(t *testing.T) {
 	if !strings.Contains(all, host+"/app:v2") || !strings.Contains(all, "connection refused") || !strings.Contains(all, "admitted without the image's configuration") {
 		t.Errorf("warnings = %q, want one naming the image and the connection's refusal", warnings)
 	}
+	// The pod carries the record status lists: the image, and the
+	// registry's answer without the words the record says beside it.
+	rec, err := layout.DecodeImagesUnread(got.Annotations[layout.AnnotationImagesUnread])
+	if err != nil {
+		t.Fatalf("registry down: %v", err)
+	}
+	if len(rec.Images) != 1 || rec.Images[0].Image != host+"/app:v2" || !strings.Contains(rec.Images[0].Reason, "connection refused") ||
+		strings.Contains(rec.Images[0].Reason, "failed to read the configuration") || got.Labels[layout.LabelImagesUnread] != layout.LabelImagesUnreadValue {
+		t.Errorf("registry down: record %+v, label %q; want the image and the refusal, labelled", rec, got.Labels[layout.LabelImagesUnread])
+	}
+	// An image of a registry not listed is never contacted: nothing to record.
+	got, _ = admit("ml", "quay.example/app:v1")
+	if _, ok := got.Annotations[layout.AnnotationImagesUnread]; ok {
+		t.Errorf("registry not listed: recorded %s", got.Annotations[layout.AnnotationImagesUnread])
+	}
 }
 
 // BenchmarkHandlerCachedImage is what reading a cached image adds to one

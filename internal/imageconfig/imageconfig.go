@@ -38,6 +38,18 @@ type Facts struct {
 	Env []string
 	// Labels are the configuration's labels.
 	Labels map[string]string
+
+	viewOnce sync.Once
+	view     any
+}
+
+// View is what build makes of the facts, made on the first call only: the
+// facts are cached and shared by every admission that names the image, so
+// what admission derives from them (a parsed requirement) is derived once
+// per image, not per pod. Every caller passes the same build.
+func (f *Facts) View(build func(*Facts) any) any {
+	f.viewOnce.Do(func() { f.view = build(f) })
+	return f.view
 }
 
 // size is what the facts cost the cache, roughly: their strings and a

@@ -58,6 +58,9 @@ func (r *request) apply(d decision) Result {
 	default:
 		r.injectLayout(c, d)
 	}
+	if d.outcome == outcomeInject {
+		r.recordImagesUnread(c)
+	}
 	res := Result{Edits: c.edits, Patch: c.patch, Decision: DecisionSkipped, Reason: d.reason.String(), Warnings: c.warnings}
 	if c.changed() {
 		res.Decision = DecisionInjected
@@ -69,6 +72,32 @@ func (r *request) apply(d decision) Result {
 		}
 	}
 	return res
+}
+
+// recordImagesUnread writes on the pod the images admitted without their
+// configuration, or takes out a record of them that this admission does
+// not bear out: an earlier admission's, or one the pod's author wrote.
+func (r *request) recordImagesUnread(c *change) {
+	_, hasLabel := c.pod.Labels[layout.LabelImagesUnread]
+	have, hasRecord := c.pod.Annotations[layout.AnnotationImagesUnread]
+	if len(r.unread) == 0 {
+		if hasRecord {
+			c.do(removeAnnotation{key: layout.AnnotationImagesUnread})
+		}
+		if hasLabel {
+			c.do(removeLabel{key: layout.LabelImagesUnread})
+		}
+		if hasRecord || hasLabel {
+			c.warn("the pod's annotation and label %s were removed: only gpu-injector writes them, on a pod admitted without the configuration of an image it tried to read, and this admission missed none", layout.AnnotationImagesUnread)
+		}
+		return
+	}
+	if want := layout.NewImagesUnread(r.unread).String(); have != want {
+		c.do(setAnnotation{key: layout.AnnotationImagesUnread, value: want})
+	}
+	if c.pod.Labels[layout.LabelImagesUnread] != layout.LabelImagesUnreadValue {
+		c.do(setLabel{key: layout.LabelImagesUnread, value: layout.LabelImagesUnreadValue})
+	}
 }
 
 // takeOutStale takes out of a pod admitted without the driver the earlier

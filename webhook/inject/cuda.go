@@ -19,11 +19,22 @@ import (
 type cudaNeed struct {
 	// gt is 0 when nothing is required, or nothing the label can steer.
 	gt int
-	// what says who requires it: the container and its image's variable,
-	// or the pod's annotation.
-	what string
+	// value is the requirement as written: the pod's annotation, or the
+	// NVIDIA_REQUIRE_CUDA of the container's image (its own env over the
+	// image's ENV). The words of what() are built only when a message
+	// needs them.
+	value, container, image string
 	// fromAnnotation: the pod's annotation set it (or turned it off).
 	fromAnnotation bool
+}
+
+// what says who requires it: the container and its image's variable, or
+// the pod's annotation.
+func (n cudaNeed) what() string {
+	if n.fromAnnotation {
+		return fmt.Sprintf("the pod's annotation %s=%q", layout.AnnotationCUDARequirement, n.value)
+	}
+	return fmt.Sprintf("container %q: its image %s has %s=%q", n.container, n.image, cudareq.EnvRequireCUDA, truncate(n.value, 120))
 }
 
 // cudaAnnotationNone turns steering off for a pod.
@@ -40,7 +51,7 @@ func (r *request) cudaNeedOf(pod *corev1.Pod) (need cudaNeed, warnings []string)
 			return cudaNeed{fromAnnotation: true}, nil
 		}
 		if gt, ok := steerable(v); ok {
-			return cudaNeed{gt: gt, what: fmt.Sprintf("the pod's annotation %s=%q", layout.AnnotationCUDARequirement, v), fromAnnotation: true}, nil
+			return cudaNeed{gt: gt, value: v, fromAnnotation: true}, nil
 		}
 		warnings = append(warnings, fmt.Sprintf("the pod's annotation %s=%q is neither %q nor a requirement of the form cuda>=X.Y; the images' requirements are used", layout.AnnotationCUDARequirement, truncate(v, 80), cudaAnnotationNone))
 	}
@@ -60,24 +71,58 @@ func (r *request) imagesCUDANeed(pod *corev1.Pod) cudaNeed {
 		if img == nil || !r.wantsGPU(c) {
 			continue
 		}
-		env := make([]string, 0, len(c.Env)+len(img.Env))
-		for _, e := range c.Env {
-			if e.ValueFrom == nil {
-				env = append(env, e.Name+"="+e.Value)
-			}
-		}
-		// The first of a name counts: the container's own value over its image's.
-		vars, _ := cudareq.FromEnv(append(env, img.Env...))
-		for _, v := range vars {
-			if v.Name != cudareq.EnvRequireCUDA {
-				continue
-			}
-			if gt, ok := steerable(v.Value); ok && gt > need.gt {
-				need = cudaNeed{gt: gt, what: fmt.Sprintf("container %q: its image %s has %s=%q", c.Name, c.Image, v.Name, truncate(v.Value, 120))}
-			}
+		if gt, value := containerCUDANeed(c, img); gt > need.gt {
+			need = cudaNeed{gt: gt, value: value, container: c.Name, image: c.Image}
 		}
 	}
 	return need
+}
+
+// containerCUDANeed is the Gt threshold of the container's
+// NVIDIA_REQUIRE_CUDA and its value, 0 when it requires nothing steerable.
+// A container whose env names neither variable has its image's need,
+// parsed once per image.
+func containerCUDANeed(c *corev1.Container, img *ImageConfig) (int, string) {
+	if !setsCUDARequirement(c.Env) {
+		n := img.cudaNeed()
+		return n.gt, n.value
+	}
+	env := make([]string, 0, len(c.Env)+len(img.Env))
+	for _, e := range c.Env {
+		if e.ValueFrom == nil {
+			env = append(env, e.Name+"="+e.Value)
+		}
+	}
+	// The first of a name counts: the container's own value over its image's.
+	return envCUDANeed(append(env, img.Env...))
+}
+
+// setsCUDARequirement reports whether env names a variable that decides
+// the CUDA need: a value from a reference counts as unset, as the webhook
+// cannot read it.
+func setsCUDARequirement(env []corev1.EnvVar) bool {
+	for _, e := range env {
+		if e.ValueFrom == nil && (e.Name == cudareq.EnvRequireCUDA || e.Name == cudareq.EnvDisable) {
+			return true
+		}
+	}
+	return false
+}
+
+// envCUDANeed is the Gt threshold of an environment's NVIDIA_REQUIRE_CUDA
+// and its value, 0 when NVIDIA_DISABLE_REQUIRE turns it off or it is not
+// steerable.
+func envCUDANeed(env []string) (int, string) {
+	vars, _ := cudareq.FromEnv(env)
+	for _, v := range vars {
+		if v.Name != cudareq.EnvRequireCUDA {
+			continue
+		}
+		if gt, ok := steerable(v.Value); ok {
+			return gt, v.Value
+		}
+	}
+	return 0, ""
 }
 
 // steerable is the Gt threshold of a requirement whose first alternative is
@@ -123,11 +168,15 @@ func (r *request) planCUDA() {
 	}
 	view := r.view
 	if view == r.pod {
-		view = r.pod.DeepCopy()
+		// Only the affinity is edited: the rest of the pod is shared, read only.
+		cp := *r.pod
+		cp.Spec.Affinity = r.pod.Spec.Affinity.DeepCopy()
+		view = &cp
 	}
+	r.cudaOnlyTerm = !hasRequiredAffinity(view)
 	c := &change{editor: editor{pod: view, edits: r.fixes, patch: r.fixPatch}, warnings: r.fixWarnings}
 	c.do(requireNodeExpression{expr: cudaExpression(need.gt)})
-	c.warn("%s: required node affinity %s Gt %d added, so the pod runs only where the driver supports CUDA %s or newer", need.what, layout.LabelCUDADriverVersionNumber, need.gt, cudaAbove(need.gt))
+	c.warn("%s: required node affinity %s Gt %d added, so the pod runs only where the driver supports CUDA %s or newer", need.what(), layout.LabelCUDADriverVersionNumber, need.gt, cudaAbove(need.gt))
 	r.view, r.fixes, r.fixPatch, r.fixWarnings = c.pod, c.edits, c.patch, c.warnings
 }
 
@@ -156,6 +205,13 @@ func cudaPinned(pod *corev1.Pod, gt int) bool {
 		}
 	}
 	return true
+}
+
+// hasRequiredAffinity reports whether the pod has a required node
+// affinity, even one of no terms (which matches no node).
+func hasRequiredAffinity(pod *corev1.Pod) bool {
+	a := pod.Spec.Affinity
+	return a != nil && a.NodeAffinity != nil && a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution != nil
 }
 
 func requiredTerms(pod *corev1.Pod) []corev1.NodeSelectorTerm {
@@ -211,7 +267,7 @@ func (r *request) newestCUDA() string {
 // cudaDenial says why no node can run the pod, and how to override.
 func (r *request) cudaDenial() string {
 	return fmt.Sprintf("%s, which needs a driver supporting CUDA %s or newer; %s. Run it where a newer driver is installed, or, if the pod needs less than its image says, set the annotation %s to what it needs (cuda>=X.Y), or to %q to not steer it",
-		r.cuda.what, cudaAbove(r.cuda.gt), r.newestCUDA(), layout.AnnotationCUDARequirement, cudaAnnotationNone)
+		r.cuda.what(), cudaAbove(r.cuda.gt), r.newestCUDA(), layout.AnnotationCUDARequirement, cudaAnnotationNone)
 }
 
 // requireNodeExpression adds a match expression to every required
@@ -223,21 +279,22 @@ type requireNodeExpression struct {
 
 func (e requireNodeExpression) ops(pod *corev1.Pod, out []jsonpatch.Operation) []jsonpatch.Operation {
 	const base = "/spec/affinity"
-	term := map[string]any{"matchExpressions": []any{e.expr}}
-	required := map[string]any{"nodeSelectorTerms": []any{term}}
+	// The API's own types, which encode as the maps would, in fewer
+	// allocations; the patch's values are its own, never the pod's.
+	term := []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{e.expr}}}
 	a := pod.Spec.Affinity
 	switch {
 	case a == nil:
-		return append(out, jsonpatch.Operation{Operation: "add", Path: base, Value: map[string]any{"nodeAffinity": map[string]any{"requiredDuringSchedulingIgnoredDuringExecution": required}}})
+		return append(out, jsonpatch.Operation{Operation: "add", Path: base, Value: &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: term}}}})
 	case a.NodeAffinity == nil:
-		return append(out, jsonpatch.Operation{Operation: "add", Path: base + "/nodeAffinity", Value: map[string]any{"requiredDuringSchedulingIgnoredDuringExecution": required}})
+		return append(out, jsonpatch.Operation{Operation: "add", Path: base + "/nodeAffinity", Value: &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: term}}})
 	case a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution == nil:
-		return append(out, jsonpatch.Operation{Operation: "add", Path: base + "/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution", Value: required})
+		return append(out, jsonpatch.Operation{Operation: "add", Path: base + "/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution", Value: &corev1.NodeSelector{NodeSelectorTerms: term}})
 	}
 	terms := a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms
 	p := base + "/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms"
 	if len(terms) == 0 {
-		return append(out, jsonpatch.Operation{Operation: "add", Path: p, Value: []any{term}})
+		return append(out, jsonpatch.Operation{Operation: "add", Path: p, Value: term})
 	}
 	for i, t := range terms {
 		out = append(out, appendOp(p+"/"+strconv.Itoa(i)+"/matchExpressions", len(t.MatchExpressions), e.expr))

@@ -40,3 +40,27 @@ func Decide(in Input, cfg *config.Configuration) (outcome, reason, delivery stri
 	d := r.decide()
 	return d.outcome.String(), d.reason.String(), d.delivery.String()
 }
+
+// CUDAAffinityMatches matches a node with the shortcut planCUDA takes for a
+// pod that had no required affinity (fast), and with the node selector the
+// steered pod's affinity makes (general).
+func CUDAAffinityMatches(gt int, n *NodeInfo) (fast, general bool) {
+	pod := &corev1.Pod{}
+	requireNodeExpression{expr: cudaExpression(gt)}.apply(pod)
+	return cudaAffinity(gt).matches(n), newNodeAffinity(pod).matches(n)
+}
+
+// ContainerCUDANeed is the container's CUDA need as admission reads it
+// (fast: its image's parsed once where its env names no requirement
+// variable) and as its whole environment says (slow).
+func ContainerCUDANeed(c *corev1.Container, img *ImageConfig) (fast, slow int, fastValue, slowValue string) {
+	fast, fastValue = containerCUDANeed(c, img)
+	var env []string
+	for _, e := range c.Env {
+		if e.ValueFrom == nil {
+			env = append(env, e.Name+"="+e.Value)
+		}
+	}
+	slow, slowValue = envCUDANeed(append(env, img.Env...))
+	return fast, slow, fastValue, slowValue
+}

@@ -3,6 +3,7 @@ package inject
 import (
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -356,6 +357,17 @@ type nodeAffinity struct {
 	selector *nodeaffinity.LazyErrorNodeSelector
 	keys     []string
 	node     corev1.Node
+	// cudaGt, when selector is nil, is the one term the CUDA steering
+	// gave a pod that had no required affinity: the node's
+	// layout.LabelCUDADriverVersionNumber above it, compared as the
+	// selector compares Gt, without building a selector per pod.
+	cudaGt int64
+}
+
+// cudaAffinity is the required affinity of a pod whose only term is the
+// one the CUDA steering added (cudaExpression).
+func cudaAffinity(gt int) *nodeAffinity {
+	return &nodeAffinity{cudaGt: int64(gt)}
 }
 
 // newNodeAffinity is the pod's required node affinity; nil when it has none.
@@ -382,6 +394,11 @@ func newNodeAffinity(pod *corev1.Pod) *nodeAffinity {
 func (a *nodeAffinity) matches(n *NodeInfo) bool {
 	if a == nil {
 		return true
+	}
+	if a.selector == nil {
+		v, ok := n.Labels.Lookup(layout.LabelCUDADriverVersionNumber)
+		got, err := strconv.ParseInt(v, 10, 64)
+		return ok && err == nil && got > a.cudaGt
 	}
 	a.node.Name = n.Name
 	clear(a.node.Labels)

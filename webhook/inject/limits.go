@@ -76,6 +76,7 @@ func (r *request) patchEstimate(d decision) (ops, size int) {
 	for _, op := range r.fixPatch {
 		size += opOverhead + len(op.Path) + 64
 	}
+	ops, size = r.unreadEstimate(ops, size)
 	names := 0
 	for _, ref := range r.targets {
 		names += len(ref.get(r.view).Name) + 3
@@ -97,6 +98,20 @@ func (r *request) patchEstimate(d decision) (ops, size int) {
 		ops += len(r.targets)*(len(d.layout.Plan.Mounts)+1) + len(d.layout.Plan.Mounts) + 4
 	}
 	size += len(r.targets)*(mounts+opOverhead+pathLen+256) + names + 512
+	return ops, size
+}
+
+// unreadEstimate adds to an estimate the record of the images not read, or
+// its removal: its label and annotation, the record's JSON escaped once
+// more as a string of the patch.
+func (r *request) unreadEstimate(ops, size int) (int, int) {
+	const keys = 2 * (opOverhead + len("/metadata/annotations/") + len(layout.AnnotationImagesUnread) + 16)
+	switch {
+	case len(r.unread) > 0:
+		return ops + 2, size + keys + 2*len(layout.NewImagesUnread(r.unread).String())
+	case r.view.Annotations[layout.AnnotationImagesUnread] != "" || r.view.Labels[layout.LabelImagesUnread] != "":
+		return ops + 2, size + keys
+	}
 	return ops, size
 }
 

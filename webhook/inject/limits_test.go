@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/gpu-injector/gpu-injector/config"
+	"github.com/gpu-injector/gpu-injector/layout"
 	. "github.com/gpu-injector/gpu-injector/webhook/inject"
 	"github.com/gpu-injector/gpu-injector/webhook/internal/clustertest"
 	"github.com/gpu-injector/gpu-injector/webhook/internal/gputest"
@@ -71,11 +72,20 @@ func TestTooManyContainersAll(t *testing.T) {
 // whose patch would be one operation or one byte over them is denied, so the
 // estimate the decision checks is never below the patch it would build.
 func TestPatchLimits(t *testing.T) {
-	for _, n := range []int{1, 7, 128} {
-		t.Run(fmt.Sprint(n), func(t *testing.T) {
+	// The largest record of images not read: it counts too.
+	var unread []layout.ImageUnread
+	for i := range layout.MaxImagesUnread {
+		unread = append(unread, layout.ImageUnread{Image: fmt.Sprintf("r.example/%d/%s", i, strings.Repeat("a", 600)), Reason: strings.Repeat(`"\`, 200)})
+	}
+	for _, tc := range []struct {
+		n      int
+		unread []layout.ImageUnread
+	}{{1, nil}, {7, nil}, {128, nil}, {1, unread}} {
+		n := tc.n
+		t.Run(fmt.Sprint(n, " ", len(tc.unread)), func(t *testing.T) {
 			cfg := config.Default()
 			layouts := limitLayouts(cfg)
-			res := Mutate(Input{Pod: manyContainers(n), Layouts: layouts}, cfg)
+			res := Mutate(Input{Pod: manyContainers(n), Layouts: layouts, ImagesUnread: tc.unread}, cfg)
 			if res.Decision != DecisionInjected {
 				t.Fatalf("decision %s: %s", res.Decision, res.Reason)
 			}
@@ -88,7 +98,7 @@ func TestPatchLimits(t *testing.T) {
 				set(c)
 				pod := manyContainers(n)
 				before := pod.DeepCopy()
-				res := Mutate(Input{Pod: pod, Layouts: layouts}, c)
+				res := Mutate(Input{Pod: pod, Layouts: layouts, ImagesUnread: tc.unread}, c)
 				if res.Decision != DecisionDenied || !strings.Contains(res.Reason, "split it") {
 					t.Errorf("%s one below the patch (%d operations, %d bytes): decision %s: %s", name, ops, size, res.Decision, res.Reason)
 				}

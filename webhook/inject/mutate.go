@@ -64,10 +64,14 @@ type request struct {
 	// gpuResources and gpuClaims are Input.GPUResources and Input.GPUClaims.
 	gpuResources []string
 	gpuClaims    []string
-	// images are Input.Images.
+	// images are Input.Images; unread is Input.ImagesUnread.
 	images map[string]*ImageConfig
+	unread []layout.ImageUnread
 	// cuda is what the pod's GPU containers require of the driver.
 	cuda cudaNeed
+	// cudaOnlyTerm: the pod had no required node affinity, and view's
+	// only term is the one planCUDA added.
+	cudaOnlyTerm bool
 
 	// exempt is why the pod is left alone before anything else of it is
 	// read (its namespace is excluded, or it opted out), reasonNone if not.
@@ -100,7 +104,7 @@ func newRequest(in Input, cfg *config.Configuration) request {
 		cfg: cfg, pod: in.Pod, view: in.Pod,
 		podSecurity: in.NamespaceLabels[labelPodSecurityEnforce],
 		layouts:     in.Layouts, wedged: in.Wedged, seed: in.Seed,
-		gpuResources: in.GPUResources, gpuClaims: in.GPUClaims, images: in.Images,
+		gpuResources: in.GPUResources, gpuClaims: in.GPUClaims, images: in.Images, unread: in.ImagesUnread,
 	}
 	if r.exempt = exemption(in.Pod, cfg); r.exempt != reasonNone {
 		return r
@@ -123,7 +127,11 @@ func newRequest(in Input, cfg *config.Configuration) request {
 	}
 	r.legacy = r.legacyMounts(r.view, r.targets, r.layouts, recorded)
 	r.need = r.requestedGPUResources(r.view)
-	r.affinity = newNodeAffinity(r.view)
+	if r.cudaOnlyTerm {
+		r.affinity = cudaAffinity(r.cuda.gt)
+	} else {
+		r.affinity = newNodeAffinity(r.view)
+	}
 	r.asIs = podView{pod: r.view}
 	return r
 }

@@ -237,6 +237,11 @@ type Input struct {
 	// by the image as a container names it; an image missing here is
 	// unknown, and the pod is read alone, as when images are not read.
 	Images map[string]*ImageConfig
+	// ImagesUnread are the images whose configuration could not be read,
+	// with the registry's answer, in the order the pod names them: a pod
+	// injected carries them (layout.AnnotationImagesUnread), so that
+	// `gpu-injector status` can list it; none removes an earlier record.
+	ImagesUnread []layout.ImageUnread
 }
 
 // ImageConfig is what the mutation reads of an image's configuration, as
@@ -246,6 +251,24 @@ type ImageConfig struct {
 	Env []string
 	// Labels are the configuration's labels.
 	Labels map[string]string
+
+	// need is what the image's own ENV requires of the driver's CUDA
+	// version, parsed on first use: the webhook keeps one ImageConfig per
+	// cached image, so each is parsed once, not on every admission.
+	needOnce sync.Once
+	need     imageNeed
+}
+
+// imageNeed is the Gt threshold of an image's NVIDIA_REQUIRE_CUDA and its
+// value, gt 0 when it requires nothing steerable.
+type imageNeed struct {
+	gt    int
+	value string
+}
+
+func (c *ImageConfig) cudaNeed() imageNeed {
+	c.needOnce.Do(func() { c.need.gt, c.need.value = envCUDANeed(c.Env) })
+	return c.need
 }
 
 // Getenv is the image's value of an environment variable, as a process

@@ -109,6 +109,8 @@ failing for most pods the policy does not take, the most common first: a pod wit
   expression: {{ `object.spec.?resourceClaims.orValue([]).size() == 0` | toJson }}
 - name: no-cuda-requirement
   expression: {{ `!('gpu-injector.io/cuda-requirement' in object.metadata.?annotations.orValue({}))` | toJson }}
+- name: no-images-unread-record
+  expression: {{ `!('gpu-injector.io/images-unread' in object.metadata.?annotations.orValue({})) && !('gpu-injector.io/images-unread' in object.metadata.?labels.orValue({}))` | toJson }}
 {{- end }}
 
 {{/*

@@ -25,6 +25,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/gpu-injector/gpu-injector/config"
+	"github.com/gpu-injector/gpu-injector/layout"
 	"github.com/gpu-injector/gpu-injector/layout/pools"
 	"github.com/gpu-injector/gpu-injector/webhook/gpunodes"
 	"github.com/gpu-injector/gpu-injector/webhook/inject"
@@ -49,6 +50,17 @@ type Case struct {
 	// Images are what a registry says of images, from the case's
 	// ImageConfig documents ({kind: ImageConfig, image, env, labels}).
 	Images map[string]*inject.ImageConfig
+	// ImagesUnread are the images a registry did not answer for, from the
+	// case's ImageUnread documents ({kind: ImageUnread, image, reason}).
+	ImagesUnread []layout.ImageUnread
+}
+
+// imageUnreadDoc is a golden case's stand-in for a registry that did not
+// answer.
+type imageUnreadDoc struct {
+	Kind   string `json:"kind"`
+	Image  string `json:"image"`
+	Reason string `json:"reason"`
 }
 
 // imageConfigDoc is a golden case's stand-in for a registry's answer.
@@ -118,6 +130,12 @@ func loadCase(t *testing.T, dir, file string) Case {
 				gc.Images = map[string]*inject.ImageConfig{}
 			}
 			gc.Images[ic.Image] = &inject.ImageConfig{Env: ic.Env, Labels: ic.Labels}
+		case meta.Kind == "ImageUnread":
+			var iu imageUnreadDoc
+			if err := yaml.UnmarshalStrict(doc, &iu); err != nil {
+				t.Fatalf("failed to parse ImageUnread in %s: %v", file, err)
+			}
+			gc.ImagesUnread = append(gc.ImagesUnread, layout.ImageUnread{Image: iu.Image, Reason: iu.Reason})
 		case meta.Kind == "Pod":
 			gc.Pod = &corev1.Pod{}
 			if err := yaml.UnmarshalStrict(doc, gc.Pod); err != nil {
@@ -181,7 +199,7 @@ func (gc Case) Input(t *testing.T, pod *corev1.Pod) inject.Input {
 	t.Helper()
 	idx, d := gc.Sources(t)
 	claims, _ := d.GPUClaims(context.Background(), pod, pod.Namespace)
-	return inject.Input{Pod: pod, NamespaceLabels: gc.NamespaceLabels, Layouts: idx.Layouts(), Wedged: idx.Wedged(), GPUResources: d.GPUResources(), GPUClaims: claims, Images: gc.Images}
+	return inject.Input{Pod: pod, NamespaceLabels: gc.NamespaceLabels, Layouts: idx.Layouts(), Wedged: idx.Wedged(), GPUResources: d.GPUResources(), GPUClaims: claims, Images: gc.Images, ImagesUnread: gc.ImagesUnread}
 }
 
 // Sources are the case's node index and DRA objects.
