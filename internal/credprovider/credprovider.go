@@ -13,6 +13,7 @@ package credprovider
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -241,7 +242,9 @@ func (k *Keychain) ResolveContext(ctx context.Context, target authn.Resource) (a
 		auth, err := p.provide(ctx, image)
 		if err != nil {
 			execsTotal.WithLabelValues(p.name, resultError).Inc()
-			k.log.Info("credential provider gave no credentials", "provider", p.name, "image", image, "error", err.Error())
+			if !errors.Is(err, errRecentFailure) {
+				k.log.Info("credential provider gave no credentials", "provider", p.name, "image", image, "error", err.Error())
+			}
 			continue
 		}
 		ring.add(auth)
@@ -322,8 +325,12 @@ func (p *provider) recentFailure(image string) error {
 		delete(p.failed, image)
 		return nil
 	}
-	return fmt.Errorf("it failed less than %s ago; not run again yet", failureTTL)
+	return errRecentFailure
 }
+
+// errRecentFailure: the provider failed for the image less than failureTTL
+// ago, which was logged then.
+var errRecentFailure = fmt.Errorf("it failed less than %s ago; not run again yet", failureTTL)
 
 // store caches an answer under the key its cacheKeyType says, for its
 // cacheDuration (the provider's default when it gives none; never when 0).

@@ -370,8 +370,8 @@ func TestPluginFailures(t *testing.T) {
 				t.Errorf("errors counted %v, want 1", got)
 			}
 			resolve(t, k, "r.example.com/app")
-			if got := len(n.execs(t)); got != 1 {
-				t.Errorf("%d execs right after a failure, want 1", got)
+			if got := len(n.execs(t)); got != 1 || len(logged) != 1 {
+				t.Errorf("%d execs and %d log lines right after a failure, want 1 and 1", got, len(logged))
 			}
 			c.Add(failureTTL + time.Second)
 			resolve(t, k, "r.example.com/app")
