@@ -102,7 +102,7 @@ type fakeProvider struct {
 	env         map[string]string
 }
 
-func newFakeNode(t *testing.T, providers ...fakeProvider) *fakeNode {
+func newFakeNode(t testing.TB, providers ...fakeProvider) *fakeNode {
 	t.Helper()
 	self, err := os.Executable()
 	if err != nil {
@@ -173,10 +173,10 @@ func (c *clock) Add(d time.Duration) {
 	c.mu.Unlock()
 }
 
-func (n *fakeNode) load(t *testing.T, o Options) *Keychain {
+func (n *fakeNode) load(t testing.TB, o Options) *Keychain {
 	t.Helper()
 	o.Config, o.BinDir = n.config, n.binDir
-	o.Log = testr.New(t)
+	o.Log = testr.NewWithInterface(t, testr.Options{})
 	// Only the configuration's env: the test's own must not reach the plugin.
 	o.Environ = func() []string { return []string{"PATH=/usr/bin:/bin"} }
 	k, skipped, err := Load(o)
@@ -493,3 +493,24 @@ func (s *funcSink) Info(_ int, msg string, kv ...any)      { s.f(msg, kv...) }
 func (s *funcSink) Error(err error, msg string, kv ...any) { s.f(msg, append(kv, "error", err)...) }
 func (s *funcSink) WithValues(...any) logr.LogSink         { return s }
 func (s *funcSink) WithName(string) logr.LogSink           { return s }
+
+// BenchmarkResolveCached: what the keychain adds to a read whose plugin
+// answer is cached (a registry's token, for hours): match, look up, pick.
+func BenchmarkResolveCached(b *testing.B) {
+	n := newFakeNode(b, fakeProvider{name: "ecr", matchImages: []string{"*.dkr.ecr.*.amazonaws.com"},
+		env: map[string]string{"FAKE_CACHE_KEY_TYPE": "Registry", "FAKE_CACHE_DURATION": "12h", "FAKE_USER": "AWS", "FAKE_PASSWORD": "token"}})
+	k := n.load(b, Options{})
+	repo, err := name.NewRepository("123456789012.dkr.ecr.us-east-1.amazonaws.com/ml/train")
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := k.ResolveContext(context.Background(), repo); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if a, _ := k.ResolveContext(context.Background(), repo); a == authn.Anonymous {
+			b.Fatal("anonymous")
+		}
+	}
+}
