@@ -564,3 +564,66 @@ func TestOpenShiftHostRoot(t *testing.T) {
 		t.Errorf("host root mount by default off OpenShift = %+v, want recursively read-only", m)
 	}
 }
+
+// TestNodeCredentialProviders: the node's credential provider plugins are
+// mounted only when asked, read-only, at the paths the configuration names,
+// as a file and a folder (one folder where the file is in it, as on EKS);
+// without both paths, or on OpenShift, the chart refuses.
+func TestNodeCredentialProviders(t *testing.T) {
+	webhookVolumes := func(r rendered) ([]corev1.Volume, []corev1.VolumeMount) {
+		spec := r.podSpecs(t)["Deployment/gpu-injector-webhook"]
+		var vols []corev1.Volume
+		for _, v := range spec.Spec.Volumes {
+			if v.HostPath != nil {
+				vols = append(vols, v)
+			}
+		}
+		var mounts []corev1.VolumeMount
+		for _, m := range container(t, spec, "webhook").VolumeMounts {
+			if strings.HasPrefix(m.Name, "credential-provider") {
+				mounts = append(mounts, m)
+			}
+		}
+		return vols, mounts
+	}
+	if vols, mounts := webhookVolumes(render(t, kube136)); len(vols)+len(mounts) > 0 {
+		t.Errorf("default: hostPath volumes %+v, mounts %+v", vols, mounts)
+	}
+	for name, tc := range map[string]struct {
+		config, binDir string
+		want           map[string]corev1.HostPathType
+	}{
+		"GKE": {"/etc/srv/kubernetes/cri_auth_config.yaml", "/home/kubernetes/bin", map[string]corev1.HostPathType{
+			"/etc/srv/kubernetes/cri_auth_config.yaml": corev1.HostPathFile, "/home/kubernetes/bin": corev1.HostPathDirectory}},
+		"EKS": {"/etc/eks/image-credential-provider/config.json", "/etc/eks/image-credential-provider", map[string]corev1.HostPathType{
+			"/etc/eks/image-credential-provider": corev1.HostPathDirectory}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			vols, mounts := webhookVolumes(render(t, with(kube136, "webhook.nodeCredentialProviders.hostPath=true",
+				"config.images.credentialProviders.config="+tc.config, "config.images.credentialProviders.binDir="+tc.binDir)))
+			got := map[string]corev1.HostPathType{}
+			for _, v := range vols {
+				got[v.HostPath.Path] = *v.HostPath.Type
+			}
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("hostPath volumes %v, want %v", got, tc.want)
+			}
+			for _, m := range mounts {
+				if _, ok := tc.want[m.MountPath]; !ok || !m.ReadOnly {
+					t.Errorf("mount %+v: want read-only at one of %v", m, tc.want)
+				}
+			}
+			if len(mounts) != len(tc.want) {
+				t.Errorf("%d mounts, want %d", len(mounts), len(tc.want))
+			}
+		})
+	}
+	for name, set := range map[string][]string{
+		"no paths":  {"webhook.nodeCredentialProviders.hostPath=true"},
+		"OpenShift": {"webhook.nodeCredentialProviders.hostPath=true", "openshift.enabled=true", "config.images.credentialProviders.config=/c.yaml", "config.images.credentialProviders.binDir=/bin"},
+	} {
+		if out, err := helmTemplate(t, with(kube136, set...)); err == nil || !strings.Contains(err.Error(), "webhook.nodeCredentialProviders.hostPath") {
+			t.Errorf("%s: rendered (%d bytes) or refused for another reason: %v", name, len(out), err)
+		}
+	}
+}

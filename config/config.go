@@ -199,7 +199,30 @@ type Images struct {
 	// MaxEntries and MaxBytes bound the cache of images' configuration.
 	MaxEntries int   `json:"maxEntries"`
 	MaxBytes   int64 `json:"maxBytes"`
+	// CredentialProviders, when its Config is set, adds the credentials of
+	// the kubelet's image credential provider plugins (ECR's, Artifact
+	// Registry's, ACR's), after the pod's pull secrets, as the kubelet
+	// tries them.
+	CredentialProviders CredentialProviders `json:"credentialProviders,omitzero"`
 }
+
+// CredentialProviders are the kubelet's image credential provider plugins,
+// as the webhook's container sees them.
+type CredentialProviders struct {
+	// Config is the CredentialProviderConfig file (kubelet.config.k8s.io),
+	// the kubelet's --image-credential-provider-config; "" uses none.
+	Config string `json:"config,omitempty"`
+	// BinDir is the folder of the plugins' binaries, the kubelet's
+	// --image-credential-provider-bin-dir.
+	BinDir string `json:"binDir,omitempty"`
+	// Timeout bounds one run of a plugin. The run is part of a read, which
+	// goes on past the admission's budget and fills the caches for the
+	// next pod.
+	Timeout *metav1.Duration `json:"timeout,omitempty"`
+}
+
+// Enabled reports whether plugins give credentials.
+func (c CredentialProviders) Enabled() bool { return c.Config != "" }
 
 // Defaults of Images; docs/configuration.md says why.
 const (
@@ -207,6 +230,13 @@ const (
 	DefaultImageBudget     = time.Second
 	DefaultImageMaxEntries = 10000
 	DefaultImageMaxBytes   = 32 << 20
+	// DefaultCredentialProviderTimeout is ample for a plugin that asks its
+	// cloud's API for a token (ECR's GetAuthorizationToken, a metadata
+	// server), which it does once per cacheDuration (hours).
+	DefaultCredentialProviderTimeout = 5 * time.Second
+	// MaxCredentialProviderTimeout leaves a read, which gives up after 30 s,
+	// time for the registry once the plugin answered.
+	MaxCredentialProviderTimeout = 20 * time.Second
 )
 
 // ReadsImages reports whether the webhook reads the images of a pod of the
@@ -905,6 +935,9 @@ func (c *Configuration) setImageDefaults() {
 	if im.MaxBytes == 0 {
 		im.MaxBytes = DefaultImageMaxBytes
 	}
+	if cp := &im.CredentialProviders; cp.Enabled() && cp.Timeout == nil {
+		cp.Timeout = &metav1.Duration{Duration: DefaultCredentialProviderTimeout}
+	}
 }
 
 // maxImageBudget keeps a read well inside the API server's 30 s ceiling on
@@ -954,6 +987,25 @@ func (c *Configuration) validateImages() field.ErrorList {
 	}
 	if im.MaxBytes < 1 {
 		errs = append(errs, field.Invalid(ip.Child("maxBytes"), im.MaxBytes, "must be at least 1"))
+	}
+	return append(errs, validateCredentialProviders(ip.Child("credentialProviders"), im.CredentialProviders)...)
+}
+
+func validateCredentialProviders(p *field.Path, cp CredentialProviders) field.ErrorList {
+	var errs field.ErrorList
+	if !cp.Enabled() {
+		if cp.BinDir != "" || cp.Timeout != nil {
+			errs = append(errs, field.Required(p.Child("config"), "the CredentialProviderConfig file, with binDir or timeout set"))
+		}
+		return errs
+	}
+	for _, f := range []struct{ name, v string }{{"config", cp.Config}, {"binDir", cp.BinDir}} {
+		if !path.IsAbs(f.v) || path.Clean(f.v) != f.v {
+			errs = append(errs, field.Invalid(p.Child(f.name), f.v, "must be an absolute, clean path in the webhook's container"))
+		}
+	}
+	if cp.Timeout != nil && (cp.Timeout.Duration <= 0 || cp.Timeout.Duration > MaxCredentialProviderTimeout) {
+		errs = append(errs, field.Invalid(p.Child("timeout"), cp.Timeout.Duration.String(), fmt.Sprintf("must be above 0s and at most %s", MaxCredentialProviderTimeout)))
 	}
 	return errs
 }

@@ -72,7 +72,10 @@ func TestParseNamesEachBadField(t *testing.T) {
 		"images": {head + "images: {mode: Sometimes, pullSecrets: Maybe, registries: ['https://r.example', 'a/b'], insecureRegistries: [other:5000], namespaces: [Bad_NS], tagTTL: -1s, budget: 31s, maxEntries: -1, maxBytes: -1}\n",
 			[]string{"images.mode: Unsupported", "images.pullSecrets: Unsupported", "images.registries[0]", "images.registries[1]", "images.insecureRegistries[0]: Invalid value: \"other:5000\": must also be listed", "images.namespaces[0]", "images.tagTTL: Invalid", "images.budget: Invalid", "images.maxEntries", "images.maxBytes"}},
 		"images mode unquoted": {head + "images: {mode: On}\n", []string{`images.mode: Invalid value: "true": quote the value`}},
-		"pinning duration":     {head + "pinning: {rememberFor: three days}\n", []string{`invalid duration "three days"`}},
+		"credential providers": {head + "images: {credentialProviders: {config: etc/config.json, binDir: /opt/bin/, timeout: 21s}}\n",
+			[]string{"images.credentialProviders.config: Invalid", "images.credentialProviders.binDir: Invalid", "images.credentialProviders.timeout: Invalid"}},
+		"credential providers without config": {head + "images: {credentialProviders: {binDir: /opt/bin}}\n", []string{"images.credentialProviders.config: Required"}},
+		"pinning duration":                    {head + "pinning: {rememberFor: three days}\n", []string{`invalid duration "three days"`}},
 		"bad static layout": {head + `noLayout: {action: Static, staticLayout: s}
 staticLayouts:
 - name: s
@@ -280,5 +283,20 @@ func TestImagesReadsImages(t *testing.T) {
 	c.Images.Namespaces = []string{"ml"}
 	if c.Images.ReadsImages("default") || !c.Images.ReadsImages("ml") {
 		t.Errorf("namespaces [ml]: want only ml read")
+	}
+}
+
+// TestCredentialProvidersDefaults: off by default; with a config file the
+// plugin timeout defaults.
+func TestCredentialProvidersDefaults(t *testing.T) {
+	if c := Default(); c.Images.CredentialProviders.Enabled() {
+		t.Errorf("credential providers on by default: %+v", c.Images.CredentialProviders)
+	}
+	c, err := Parse([]byte("images: {credentialProviders: {config: /etc/eks/image-credential-provider/config.json, binDir: /etc/eks/image-credential-provider}}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cp := c.Images.CredentialProviders; !cp.Enabled() || cp.Timeout.Duration != DefaultCredentialProviderTimeout {
+		t.Errorf("credential providers = %+v, want on with the default timeout", cp)
 	}
 }

@@ -133,6 +133,7 @@ func TestSchemaChoicesAreValidates(t *testing.T) {
 	base.Images.Registries = []string{"localhost:5000"}
 	base.Images.InsecureRegistries = []string{"localhost:5000"}
 	base.Images.Namespaces = []string{"ml"}
+	base.Images.CredentialProviders = CredentialProviders{Config: "/etc/eks/image-credential-provider/config.json", BinDir: "/etc/eks/image-credential-provider"}
 	data, err := yaml.Marshal(base)
 	if err != nil {
 		t.Fatal(err)

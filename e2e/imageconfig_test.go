@@ -3,10 +3,14 @@
 package e2e
 
 import (
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"os"
+	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -275,4 +279,62 @@ func TestImageConfigAdmission(t *testing.T) {
 		t.Logf("first sight through the API server, %d images: p50 %v p99 %v max %v; unlisted registry (floor): p50 %v p99 %v max %v",
 			n, q(sight, 0.5), q(sight, 0.99), q(sight, 1), q(floor, 0.5), q(floor, 0.99), q(floor, 1))
 	})
+
+	// The node's credential provider plugin (a static program in a folder of
+	// the node, a CredentialProviderConfig beside it, both mounted by the
+	// chart from the node) gives the webhook the private registry's
+	// credentials: the pod names no Secret, and is read and pinned.
+	t.Run("node credential provider", func(t *testing.T) {
+		dir := filepath.Join(testEnv.Cluster.Dir, "credential-providers")
+		binDir := filepath.Join(dir, "bin")
+		if err := os.MkdirAll(binDir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := buildCredPlugin(ctx, filepath.Join(binDir, "e2e-credential-provider")); err != nil {
+			t.Fatal(err)
+		}
+		config := filepath.Join(dir, "config.yaml")
+		if err := os.WriteFile(config, []byte(fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1
+kind: CredentialProviderConfig
+providers:
+- name: e2e-credential-provider
+  apiVersion: credentialprovider.kubelet.k8s.io/v1
+  matchImages: [%q]
+  defaultCacheDuration: 1m
+  env:
+  - {name: E2E_REGISTRY_USER, value: %q}
+  - {name: E2E_REGISTRY_PASSWORD, value: %q}
+`, private.Host, user, password)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := testEnv.UpgradeChart(ctx, "config.images.mode=On",
+			"config.images.registries={"+listed+"}", "config.images.insecureRegistries={"+listed+"}",
+			"config.images.credentialProviders.config="+config, "config.images.credentialProviders.binDir="+binDir,
+			"webhook.nodeCredentialProviders.hostPath=true"); err != nil {
+			t.Fatal(err)
+		}
+		w := &warningRecorder{}
+		created, err := warningClient(t, w).CoreV1().Pods(ns).Create(ctx, pod("node-credentials", secret), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		if err != nil {
+			t.Fatalf("pod of a private image, no Secret, the node's plugin configured: %v", err)
+		}
+		if got := w.all(); strings.Contains(got, "failed to read") {
+			t.Errorf("warnings = %q, want the image read with the plugin's credentials", got)
+		}
+		if affinity := fmt.Sprint(created.Spec.Affinity); !strings.Contains(affinity, layout.LabelCUDADriverVersionNumber) {
+			t.Errorf("affinity = %s, want the CUDA term only the private image's configuration gives", affinity)
+		}
+	})
+}
+
+// buildCredPlugin builds e2e/credplugin, static, to out.
+func buildCredPlugin(ctx context.Context, out string) error {
+	_, file, _, _ := runtime.Caller(0)
+	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", out, ".")
+	cmd.Dir = filepath.Join(filepath.Dir(file), "credplugin")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("failed to build e2e/credplugin: %w: %s", err, strings.TrimSpace(string(b)))
+	}
+	return nil
 }

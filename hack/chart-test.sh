@@ -48,6 +48,7 @@ modes=(
   "OpenShift on its floor (4.20: Kubernetes 1.33)|--kube-version 1.33.13 --set openshift.enabled=true"
   "OpenShift, privileged probe, no NRI plugin|--kube-version 1.36.3 --set openshift.enabled=true --set nodeprobe.privileged=true --set runtimeInjection.enabled=false"
   "no helm test, no uninstall cleanup|--kube-version 1.36.3 --set tests.enabled=false --set cleanup.enabled=false"
+  "the node's credential provider plugins mounted|--kube-version 1.36.3 --set config.images.mode=On --set config.images.registries[0]=us-docker.pkg.dev --set webhook.nodeCredentialProviders.hostPath=true --set config.images.credentialProviders.config=/etc/srv/kubernetes/cri_auth_config.yaml --set config.images.credentialProviders.binDir=/home/kubernetes/bin"
 )
 for mode in "${modes[@]}"; do
   name="${mode%%|*}"
@@ -82,6 +83,7 @@ bad_values=(
   "--set config.hostPaths.extraAllowlist[0].path=/etc|hostPaths.extraAllowlist[0].path: Forbidden: it would allow the system folder /etc whole"
   "--set config.excludedNamespaces={Kube-System}|excludedNamespaces[0]: Invalid value: \"Kube-System\": a lowercase RFC 1123 label must consist of"
   "--set config.pinning.nodeLabels={gpu-injector.io/layout-fingerprint}|pinning.nodeLabels[0]: Forbidden: gpu-injector.io/ labels are set by the probe"
+  "--set config.images.credentialProviders.binDir=/home/kubernetes/bin|images.credentialProviders.config: Required value"
   "--set config.pinning.rememberFor=3days|failed to parse configuration: error unmarshaling JSON: while decoding JSON: time: unknown unit \"days\" in duration \"3days\""
 )
 for case in "${bad_values[@]}"; do

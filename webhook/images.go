@@ -7,11 +7,13 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/gpu-injector/gpu-injector/config"
+	"github.com/gpu-injector/gpu-injector/internal/credprovider"
 	"github.com/gpu-injector/gpu-injector/internal/imageconfig"
 	"github.com/gpu-injector/gpu-injector/layout"
 	"github.com/gpu-injector/gpu-injector/webhook/inject"
@@ -26,12 +28,29 @@ type ImageReader interface {
 	Read(ctx context.Context, image string, creds imageconfig.Credentials) (*imageconfig.Facts, error)
 }
 
-// NewImageReader is the reader images configures.
-func NewImageReader(im *config.Images) *imageconfig.Reader {
-	return imageconfig.New(imageconfig.Options{
+// NewImageReader is the reader images configures. Credential providers
+// that cannot be loaded are logged and left out: reads go on with the pods'
+// pull secrets alone, as every read failure is fail-soft.
+func NewImageReader(im *config.Images, log logr.Logger) *imageconfig.Reader {
+	o := imageconfig.Options{
 		Registries: im.Registries, Insecure: im.InsecureRegistries,
 		TagTTL: im.TagTTL.Duration, MaxEntries: im.MaxEntries, MaxBytes: im.MaxBytes,
-	})
+	}
+	if cp := im.CredentialProviders; cp.Enabled() {
+		kc, skipped, err := credprovider.Load(credprovider.Options{
+			Config: cp.Config, BinDir: cp.BinDir, Timeout: cp.Timeout.Duration, Log: log,
+		})
+		for _, s := range skipped {
+			log.Info("credential provider left out", "reason", s)
+		}
+		if err != nil {
+			log.Error(err, "failed to load the credential providers; images are read without them", "config", cp.Config, "binDir", cp.BinDir)
+		} else {
+			log.Info("credential providers loaded", "providers", kc.Providers())
+			o.NodeKeychain = kc
+		}
+	}
+	return imageconfig.New(o)
 }
 
 // WithImages makes the handler read the images of the pods of the

@@ -63,7 +63,7 @@ func TestHandlerReadsImages(t *testing.T) {
 	for _, n := range []string{"gpu-0", "gpu-1"} {
 		idx.Add(gputest.Node(n, p, 8, nil))
 	}
-	srv := httptest.NewServer(Serve(NewHandler(cfg, idx, staticNamespaces{"ml": {}, "other": {}}).WithImages(NewImageReader(&cfg.Images), nil)))
+	srv := httptest.NewServer(Serve(NewHandler(cfg, idx, staticNamespaces{"ml": {}, "other": {}}).WithImages(NewImageReader(&cfg.Images, logr.Discard()), nil)))
 	defer srv.Close()
 	libDir := cfg.ContainerPaths.LibraryDir
 
@@ -174,7 +174,7 @@ func BenchmarkHandlerCachedImage(b *testing.B) {
 		cfg.Images.Mode = c.mode
 		cfg.Images.Registries = []string{host}
 		cfg.Images.InsecureRegistries = []string{host}
-		h := NewHandler(cfg, idx(cfg), ns).WithImages(NewImageReader(&cfg.Images), nil)
+		h := NewHandler(cfg, idx(cfg), ns).WithImages(NewImageReader(&cfg.Images, logr.Discard()), nil)
 		b.Run(c.name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {

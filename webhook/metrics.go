@@ -4,6 +4,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
+	"github.com/gpu-injector/gpu-injector/internal/credprovider"
 	"github.com/gpu-injector/gpu-injector/internal/imageconfig"
 	"github.com/gpu-injector/gpu-injector/webhook/gpunodes"
 	"github.com/gpu-injector/gpu-injector/webhook/inject"
@@ -35,6 +36,7 @@ func init() {
 	metrics.Registry.MustRegister(podsInjected, podsSkipped, podsDenied, buildInfo)
 	metrics.Registry.MustRegister(gpunodes.Collectors()...)
 	metrics.Registry.MustRegister(imageconfig.Collectors()...)
+	metrics.Registry.MustRegister(credprovider.Collectors()...)
 	// Pre-create the label values so dashboards see zeros, not gaps.
 	for _, r := range []string{inject.ReasonNoGPU, inject.ReasonOptOut, inject.ReasonExcludedNamespace, inject.ReasonAlreadyInjected, inject.ReasonNoLayout, inject.ReasonRuntimeInjection, inject.ReasonAdmittedByPolicy} {
 		podsSkipped.WithLabelValues(r)

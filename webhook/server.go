@@ -251,7 +251,7 @@ func Run(ctx context.Context, o Options) error {
 		if cfg.Images.PullSecrets == config.PullSecretsRead {
 			secrets = apiSecrets{reader: mgr.GetAPIReader()}
 		}
-		handler.WithImages(NewImageReader(&cfg.Images), secrets)
+		handler.WithImages(NewImageReader(&cfg.Images, log.WithName("images")), secrets)
 	}
 	server.Register(Path, closeWhileDraining(&draining, bounded(Serve(handler), o.MaxInFlight, o.ReadTimeout)))
 	if err := mgr.Add(startAfter{ready: certsReady, server: server}); err != nil {

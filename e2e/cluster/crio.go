@@ -78,8 +78,9 @@ func (f crioFiles) etcContainersScript() string {
 }
 
 // write makes the folders and writes the files, for a CRI-O serving on
-// socket, with attach sockets under runDir.
-func (f crioFiles) write(runDir, socket, cniConfDir, registryHost string, b Binaries) error {
+// socket, with attach sockets under runDir, that pulls from registryHosts
+// over plain HTTP.
+func (f crioFiles) write(runDir, socket, cniConfDir string, registryHosts []string, b Binaries) error {
 	for _, d := range []string{f.configDir, filepath.Join(f.etc, "registries.conf.d"), filepath.Join(f.dir, "home"), filepath.Join(f.dir, "tmp"), filepath.Join(f.dir, "cdi"), filepath.Join(f.dir, "keys")} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return fmt.Errorf("failed to create %s: %w", d, err)
@@ -88,7 +89,7 @@ func (f crioFiles) write(runDir, socket, cniConfDir, registryHost string, b Bina
 	for path, content := range map[string]string{
 		f.config:     crioConfig(f.dir, runDir, socket, cniConfDir, b),
 		f.storage:    crioStorageConfig(f.dir),
-		f.registries: crioRegistriesConfig(registryHost),
+		f.registries: crioRegistriesConfig(registryHosts),
 		f.policy:     crioPolicy,
 	} {
 		if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
@@ -119,12 +120,15 @@ runroot = %q
 
 // crioRegistriesConfig is containers/image's registries.conf: no search
 // registries (every image the cluster runs is named in full) and, with the
-// cluster's registry, that registry over plain HTTP, as containerd's
-// hosts.toml says for the other runtimes.
-func crioRegistriesConfig(registryHost string) string {
+// cluster's registry, each of its hosts (loopback, and the bridge address
+// pods read it at) over plain HTTP, as containerd's hosts.toml files say
+// for the other runtimes.
+func crioRegistriesConfig(registryHosts []string) string {
 	s := "unqualified-search-registries = []\n"
-	if registryHost != "" {
-		s += fmt.Sprintf("\n[[registry]]\nlocation = %q\ninsecure = true\n", registryHost)
+	for _, host := range registryHosts {
+		if host != "" {
+			s += fmt.Sprintf("\n[[registry]]\nlocation = %q\ninsecure = true\n", host)
+		}
 	}
 	return s
 }
@@ -225,7 +229,9 @@ func (c *Cluster) startCRIO(ctx context.Context, inNS func(bin string, args ...s
 	if b.Runc, err = buildRuncCaps(ctx, filepath.Join(f.dir, "bin"), c.Binaries.Runc); err != nil {
 		return nil, err
 	}
-	if err := f.write(c.runDir, c.ContainerdSocket, cniConfDir, c.RegistryHost, b); err != nil {
+	// relayRegistry has set RegistryPodHost by now: CRI-O reads
+	// registries.conf once, at start.
+	if err := f.write(c.runDir, c.ContainerdSocket, cniConfDir, []string{c.RegistryHost, c.RegistryPodHost}, b); err != nil {
 		return nil, err
 	}
 	// An empty drop-in folder: the host's /etc/crio/crio.conf.d is not read.

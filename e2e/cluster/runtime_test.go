@@ -132,7 +132,7 @@ func TestCRIOConfig(t *testing.T) {
 	}
 	dir := t.TempDir()
 	f := newCRIOFiles(filepath.Join(dir, "crio"))
-	if err := f.write("/run/x", "/run/x/crio.sock", "/x/net.d", "127.0.0.1:5000", b); err != nil {
+	if err := f.write("/run/x", "/run/x/crio.sock", "/x/net.d", []string{"127.0.0.1:5000", "10.88.7.1:5000"}, b); err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(b.CRIO, "--config", f.config, "--config-dir", f.configDir, "config")

@@ -103,6 +103,10 @@ type Options struct {
 	// Platform picks the image of a multi-platform index; by default
 	// linux and this binary's architecture.
 	Platform *v1.Platform
+	// NodeKeychain, when set, is asked for credentials after the pod's
+	// (the kubelet's order: pull secrets, then the node's credential
+	// provider plugins), and is the same for every pod.
+	NodeKeychain authn.Keychain
 	// Transport is the HTTP transport; remote.DefaultTransport when nil.
 	Transport http.RoundTripper
 	// Now is the clock; time.Now when nil.
@@ -331,6 +335,9 @@ func (r *Reader) get(ctx context.Context, ref name.Reference, creds Credentials)
 	kc := creds.Keychain
 	if kc == nil {
 		kc = authn.NewMultiKeychain()
+	}
+	if r.opts.NodeKeychain != nil {
+		kc = authn.NewMultiKeychain(kc, r.opts.NodeKeychain)
 	}
 	desc, err := remote.Get(ref, remote.WithContext(ctx), remote.WithAuthFromKeychain(kc),
 		remote.WithTransport(r.transport), remote.WithPlatform(*r.opts.Platform))

@@ -375,3 +375,40 @@ func TestLazyPodCredentials(t *testing.T) {
 		t.Errorf("a pod without pull secrets: credentials %q, want anonymous", c.ID)
 	}
 }
+
+// staticKeychain gives the same credentials for every resource, and counts
+// the asks.
+type staticKeychain struct {
+	auth  authn.Authenticator
+	asked atomic.Int64
+}
+
+func (k *staticKeychain) Resolve(authn.Resource) (authn.Authenticator, error) {
+	k.asked.Add(1)
+	return k.auth, nil
+}
+
+// TestReadNodeKeychain: the node's keychain serves a pod without pull
+// secrets, and is asked only after the pod's own credentials gave none.
+func TestReadNodeKeychain(t *testing.T) {
+	tr := newTestRegistry(t, "alice", "s3cret")
+	tr.push(t, "private/app:v1", []string{"A=1"}, nil)
+	tr.push(t, "private/app:v2", []string{"A=2"}, nil)
+	node := &staticKeychain{auth: &authn.Basic{Username: "alice", Password: "s3cret"}}
+	r := tr.reader(Options{NodeKeychain: node})
+	if _, err := read(t, r, tr.host+"/private/app:v1", Anonymous, 5*time.Second); err != nil {
+		t.Fatalf("read with the node's credentials: %v", err)
+	}
+	if node.asked.Load() == 0 {
+		t.Error("the node's keychain was never asked")
+	}
+	asked := node.asked.Load()
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ml"}, Spec: corev1.PodSpec{ImagePullSecrets: []corev1.LocalObjectReference{{Name: "regcred"}}}}
+	creds, _ := PodCredentials(context.Background(), secretMap{"ml/regcred": dockerConfigSecret(tr.host, "alice", "s3cret")}, pod)
+	if _, err := read(t, r, tr.host+"/private/app:v2", creds, 5*time.Second); err != nil {
+		t.Fatalf("read with the pod's credentials: %v", err)
+	}
+	if node.asked.Load() != asked {
+		t.Error("the node's keychain was asked although the pod's pull secret had credentials")
+	}
+}
