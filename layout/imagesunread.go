@@ -1,8 +1,6 @@
 package layout
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
 	"strings"
 	"unicode"
@@ -63,13 +61,7 @@ func NewImagesUnread(images []ImageUnread) ImagesUnread {
 }
 
 // String encodes the record compactly and deterministically.
-func (u ImagesUnread) String() string {
-	var b bytes.Buffer
-	enc := json.NewEncoder(&b)
-	enc.SetEscapeHTML(false)
-	_ = enc.Encode(u)
-	return strings.TrimSpace(b.String())
-}
+func (u ImagesUnread) String() string { return compactJSON(u) }
 
 // DecodeImagesUnread reads an AnnotationImagesUnread value, which anyone
 // who writes the pod may have written: bounded, no field unknown or twice,

@@ -556,11 +556,15 @@ func ParseInjected(s string) (Injected, error) {
 }
 
 // String encodes the record compactly and deterministically.
-func (i Injected) String() string {
+func (i Injected) String() string { return compactJSON(i) }
+
+// compactJSON encodes a record of this package, which always encodes: one
+// line, with no HTML escaping, so that a value reads as written.
+func compactJSON(v any) string {
 	var b bytes.Buffer
 	enc := json.NewEncoder(&b)
 	enc.SetEscapeHTML(false)
-	_ = enc.Encode(i)
+	_ = enc.Encode(v)
 	return strings.TrimSpace(b.String())
 }
 

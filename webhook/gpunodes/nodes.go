@@ -17,8 +17,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unicode"
-	"unicode/utf8"
 	"unique"
 
 	"github.com/go-logr/logr"
@@ -414,18 +412,7 @@ func cleanReason(s string) string {
 	if s == "" {
 		return "no reason given"
 	}
-	var b strings.Builder
-	for _, r := range s {
-		if !unicode.IsPrint(r) {
-			r = ' '
-		}
-		if b.Len()+utf8.RuneLen(r) > maxReasonBytes {
-			b.WriteString("...")
-			break
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
+	return layout.OneLine(s, maxReasonBytes)
 }
 
 // admit checks a ready node's published layout, setting st.fingerprint or

@@ -242,8 +242,9 @@ func TestCleanReason(t *testing.T) {
 		"":                               "no reason given",
 		"DriverWedged: hung":             "DriverWedged: hung",
 		"line\nbreak\tand\x1b[31mcolour": "line break and [31mcolour",
-		long:                             strings.Repeat("x", maxReasonBytes) + "...",
-		strings.Repeat("é", 200):         strings.Repeat("é", maxReasonBytes/2) + "...",
+		// At most maxReasonBytes, the cut's "..." included, and never inside a character.
+		long:                     strings.Repeat("x", maxReasonBytes-3) + "...",
+		strings.Repeat("é", 200): strings.Repeat("é", (maxReasonBytes-3)/2) + "...",
 	} {
 		if got := cleanReason(in); got != want {
 			t.Errorf("cleanReason(%.40q) = %.60q, want %.60q", in, got, want)
