@@ -274,9 +274,14 @@ func (p *provider) provide(ctx context.Context, image string) (map[string]authn.
 	if err := p.recentFailure(image); err != nil {
 		return nil, err
 	}
-	v, err, _ := p.flights.Do(image, func() (any, error) {
+	// The run is shared by every caller that asks meanwhile, so the caller
+	// that started it does not own it: one giving up must neither kill the
+	// plugin for the others nor be remembered as the plugin's failure. The
+	// run is bounded by the provider's timeout alone, as the kubelet's.
+	runCtx := context.WithoutCancel(ctx)
+	ch := p.flights.DoChan(image, func() (any, error) {
 		start := p.now()
-		r, err := p.run(ctx, image)
+		r, err := p.run(runCtx, image)
 		execSeconds.WithLabelValues(p.name).Observe(p.now().Sub(start).Seconds())
 		if err != nil {
 			p.mu.Lock()
@@ -288,10 +293,15 @@ func (p *provider) provide(ctx context.Context, image string) (map[string]authn.
 		execsTotal.WithLabelValues(p.name, resultOK).Inc()
 		return p.store(image, r), nil
 	})
-	if err != nil {
-		return nil, err
+	select {
+	case res := <-ch:
+		if res.Err != nil {
+			return nil, res.Err
+		}
+		return res.Val.(map[string]authn.AuthConfig), nil
+	case <-ctx.Done():
+		return nil, fmt.Errorf("failed to wait for the plugin's answer: %w", context.Cause(ctx))
 	}
-	return v.(map[string]authn.AuthConfig), nil
 }
 
 // cached looks the image up as the kubelet does: by image, by registry,
@@ -307,6 +317,7 @@ func (p *provider) cached(image string) (map[string]authn.AuthConfig, bool) {
 		}
 		if now.After(e.expires) {
 			delete(p.cache, key)
+			cacheEntries.WithLabelValues(p.name).Set(float64(len(p.cache)))
 			continue
 		}
 		return e.auth, true
@@ -375,6 +386,7 @@ func (p *provider) pruneLocked() {
 	if len(p.cache) >= p.maxEntries {
 		clear(p.cache)
 	}
+	cacheEntries.WithLabelValues(p.name).Set(float64(len(p.cache)))
 	for k, until := range p.failed {
 		if !now.Before(until) {
 			delete(p.failed, k)

@@ -64,6 +64,8 @@ func fakePlugin() int {
 		return 1
 	case "slow":
 		time.Sleep(time.Minute)
+	case "delay":
+		time.Sleep(time.Second)
 	case "huge":
 		os.Stdout.Write([]byte(strings.Repeat(" ", 2*MaxResponseBytes)))
 		return 0
@@ -379,6 +381,55 @@ func TestPluginFailures(t *testing.T) {
 				t.Errorf("%d execs once the failure is forgotten, want 2", got)
 			}
 		})
+	}
+}
+
+// TestCacheGaugeFollowsExpiry: the cache entries gauge drops with the
+// answers that expire.
+func TestCacheGaugeFollowsExpiry(t *testing.T) {
+	env := map[string]string{"FAKE_CACHE_KEY_TYPE": "Image", "FAKE_CACHE_DURATION": "1m", "FAKE_USER": "u"}
+	n := newFakeNode(t, fakeProvider{name: "expiring", matchImages: []string{"r.example.com"}, env: env})
+	c := &clock{now: time.Unix(1e9, 0)}
+	k := n.load(t, Options{Now: c.Now})
+	resolve(t, k, "r.example.com/app")
+	gauge := func() float64 { return testutil.ToFloat64(cacheEntries.WithLabelValues("expiring")) }
+	if got := gauge(); got != 1 {
+		t.Fatalf("gauge %v with one answer cached, want 1", got)
+	}
+	c.Add(2 * time.Minute)
+	if _, ok := k.providers[0].cached("r.example.com/app"); ok {
+		t.Fatal("an expired answer served")
+	}
+	if got := gauge(); got != 0 {
+		t.Errorf("gauge %v once the answer expired, want 0", got)
+	}
+}
+
+// TestCallerGivesUp: a caller that stops waiting leaves the plugin's run
+// to the others: it is neither killed nor remembered as a failure, and
+// its answer serves the next caller.
+func TestCallerGivesUp(t *testing.T) {
+	env := map[string]string{"FAKE_MODE": "delay", "FAKE_CACHE_KEY_TYPE": "Registry", "FAKE_USER": "u", "FAKE_PASSWORD": "p"}
+	n := newFakeNode(t, fakeProvider{name: "cloud", matchImages: []string{"r.example.com"}, env: env})
+	k := n.load(t, Options{Timeout: 20 * time.Second})
+	repo, err := name.NewRepository("r.example.com/app")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	if a, err := k.ResolveContext(ctx, repo); err != nil || a != authn.Anonymous {
+		t.Errorf("a caller past its deadline got %v, %v; want anonymous", a, err)
+	}
+	if d := time.Since(start); d > 900*time.Millisecond {
+		t.Errorf("a caller past its deadline waited %s for the plugin", d)
+	}
+	if got := resolve(t, k, "r.example.com/app"); got != "u:p" {
+		t.Errorf("the next caller got %q, want the plugin's answer u:p", got)
+	}
+	if got := n.execs(t); len(got) != 1 {
+		t.Errorf("execs %q, want one shared by both callers", got)
 	}
 }
 
