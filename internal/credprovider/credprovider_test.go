@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -379,6 +380,53 @@ func TestPluginFailures(t *testing.T) {
 			resolve(t, k, "r.example.com/app")
 			if got := len(n.execs(t)); got != 2 {
 				t.Errorf("%d execs once the failure is forgotten, want 2", got)
+			}
+		})
+	}
+}
+
+// TestLoadConfigFolder: a configuration folder is read as the kubelet
+// reads one: its *.json, *.yaml and *.yml files in lexical order, their
+// providers merged, each named once across the files.
+func TestLoadConfigFolder(t *testing.T) {
+	n := newFakeNode(t, fakeProvider{name: "cloud", matchImages: []string{"r.example.com"}}, fakeProvider{name: "other", matchImages: []string{"o.example.com"}})
+	provider := func(name string) string {
+		return fmt.Sprintf(`{"apiVersion": "kubelet.config.k8s.io/v1", "kind": "CredentialProviderConfig", "providers": [{"name": %q, "apiVersion": "credentialprovider.kubelet.k8s.io/v1", "defaultCacheDuration": "1m", "matchImages": ["x.io"]}]}`, name)
+	}
+	write := func(dir string, files map[string]string) {
+		t.Helper()
+		for f, v := range files {
+			if err := os.WriteFile(filepath.Join(dir, f), []byte(v), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	dir := t.TempDir()
+	write(dir, map[string]string{"20-other.yaml": provider("other"), "10-cloud.json": provider("cloud"), "README.md": "not a configuration", "30-none.yml": "apiVersion: kubelet.config.k8s.io/v1\nkind: CredentialProviderConfig\n"})
+	if err := os.Mkdir(filepath.Join(dir, "40-folder.yaml"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	k, _, err := Load(Options{Config: dir, BinDir: n.binDir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := k.Providers(); !slices.Equal(got, []string{"cloud", "other"}) {
+		t.Errorf("providers %q, want cloud then other", got)
+	}
+	for name, tc := range map[string]struct {
+		files map[string]string
+		want  string
+	}{
+		"empty":        {map[string]string{"README.md": "x"}, "holds no"},
+		"twice":        {map[string]string{"a.yaml": provider("cloud"), "b.yaml": provider("cloud")}, "not unique"},
+		"no providers": {map[string]string{"a.yaml": "apiVersion: kubelet.config.k8s.io/v1\nkind: CredentialProviderConfig\n"}, "no providers"},
+		"bad file":     {map[string]string{"a.yaml": provider("cloud"), "b.yaml": "kind: ConfigMap\n"}, "b.yaml"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			write(dir, tc.files)
+			if _, _, err := Load(Options{Config: dir, BinDir: n.binDir}); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("err = %v, want %q", err, tc.want)
 			}
 		})
 	}
