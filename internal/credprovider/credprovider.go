@@ -255,7 +255,7 @@ func ParseConfig(data []byte) (*kubeletconfigv1.CredentialProviderConfig, error)
 func decodeConfig(data []byte) (*kubeletconfigv1.CredentialProviderConfig, error) {
 	var cfg kubeletconfigv1.CredentialProviderConfig
 	if err := yaml.UnmarshalStrict(data, &cfg); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("failed to decode: %w", err)
 	}
 	if !slices.Contains(configVersions, cfg.APIVersion) || cfg.Kind != "CredentialProviderConfig" {
 		return nil, fmt.Errorf("not a CredentialProviderConfig of %s: apiVersion %q, kind %q", strings.Join(configVersions, ", "), cfg.APIVersion, cfg.Kind)

@@ -108,9 +108,9 @@ func (p *provider) run(ctx context.Context, image string) (*Response, error) {
 		return nil, fmt.Errorf("no answer within %s", p.timeout)
 	case err != nil:
 		if msg := strings.TrimSpace(stderr.buf.String()); msg != "" {
-			return nil, fmt.Errorf("%w: %s", err, msg)
+			return nil, fmt.Errorf("failed to run the plugin: %w: %s", err, msg)
 		}
-		return nil, err
+		return nil, fmt.Errorf("failed to run the plugin: %w", err)
 	}
 	return ParseResponse(stdout.buf.Bytes(), p.apiVersion)
 }
