@@ -286,7 +286,7 @@ func validateConfig(cfg *kubeletconfigv1.CredentialProviderConfig) error {
 		}
 		seen[p.Name] = true
 		for _, m := range p.MatchImages {
-			if _, err := parseSchemeless(m); err != nil || m == "" {
+			if _, err := parseSchemeless(m); err != nil {
 				return fmt.Errorf("%s (%s): matchImages entry %q is not an image pattern", where, p.Name, m)
 			}
 		}

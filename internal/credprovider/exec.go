@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os/exec"
+	"slices"
 	"strings"
 	"time"
 
@@ -97,7 +98,8 @@ func (p *provider) run(ctx context.Context, image string) (*Response, error) {
 	stdout := &capped{max: MaxResponseBytes, overflow: cancel}
 	stderr := &capped{max: maxStderrBytes}
 	cmd := exec.CommandContext(ctx, p.path, p.args...)
-	cmd.Env = append(p.environ(), p.env...)
+	// A copy: Environ's slice may be shared by every run.
+	cmd.Env = slices.Concat(p.environ(), p.env)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = bytes.NewReader(req), stdout, stderr
 	cmd.WaitDelay = waitDelay
 	err = cmd.Run()
