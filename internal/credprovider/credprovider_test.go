@@ -9,8 +9,10 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -33,7 +35,15 @@ import (
 // say.
 const fakePluginEnv = "GPU_INJECTOR_FAKE_CREDENTIAL_PROVIDER"
 
+// fakeSleeperEnv makes the test binary a child a plugin started, which
+// sleeps a minute holding the plugin's stdout.
+const fakeSleeperEnv = "GPU_INJECTOR_FAKE_PLUGIN_CHILD"
+
 func TestMain(m *testing.M) {
+	if os.Getenv(fakeSleeperEnv) != "" {
+		time.Sleep(time.Minute)
+		os.Exit(0)
+	}
 	if os.Getenv(fakePluginEnv) != "" {
 		os.Exit(fakePlugin())
 	}
@@ -67,6 +77,23 @@ func fakePlugin() int {
 		time.Sleep(time.Minute)
 	case "delay":
 		time.Sleep(time.Second)
+	case "fork":
+		// A child that outlives the plugin unless stopped with it; its pid
+		// goes to FAKE_PIDFILE.
+		self, err := os.Executable()
+		if err != nil {
+			return 2
+		}
+		child := exec.Command(self)
+		child.Env = []string{fakeSleeperEnv + "=1"}
+		child.Stdout = os.Stdout
+		if err := child.Start(); err != nil {
+			return 2
+		}
+		if err := os.WriteFile(os.Getenv("FAKE_PIDFILE"), []byte(strconv.Itoa(child.Process.Pid)), 0o644); err != nil {
+			return 2
+		}
+		time.Sleep(time.Minute)
 	case "huge":
 		os.Stdout.Write([]byte(strings.Repeat(" ", 2*MaxResponseBytes)))
 		return 0

@@ -98,6 +98,7 @@ func (p *provider) run(ctx context.Context, image string) (*Response, error) {
 	stdout := &capped{max: MaxResponseBytes, overflow: cancel}
 	stderr := &capped{max: maxStderrBytes}
 	cmd := exec.CommandContext(ctx, p.path, p.args...)
+	stopGroup(cmd)
 	// A copy: Environ's slice may be shared by every run.
 	cmd.Env = slices.Concat(p.environ(), p.env)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = bytes.NewReader(req), stdout, stderr
