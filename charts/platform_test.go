@@ -597,6 +597,8 @@ func TestNodeCredentialProviders(t *testing.T) {
 			"/etc/srv/kubernetes/cri_auth_config.yaml": corev1.HostPathFile, "/home/kubernetes/bin": corev1.HostPathDirectory}},
 		"EKS": {"/etc/eks/image-credential-provider/config.json", "/etc/eks/image-credential-provider", map[string]corev1.HostPathType{
 			"/etc/eks/image-credential-provider": corev1.HostPathDirectory}},
+		"paths YAML would misread": {"/etc/a: b/c.json", "/opt/x #y", map[string]corev1.HostPathType{
+			"/etc/a: b/c.json": corev1.HostPathFile, "/opt/x #y": corev1.HostPathDirectory}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			vols, mounts := webhookVolumes(render(t, with(kube136, "webhook.nodeCredentialProviders.hostPath=true",

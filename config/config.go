@@ -1000,8 +1000,12 @@ func validateCredentialProviders(p *field.Path, cp CredentialProviders) field.Er
 		return errs
 	}
 	for _, f := range []struct{ name, v string }{{"config", cp.Config}, {"binDir", cp.BinDir}} {
-		if !path.IsAbs(f.v) || path.Clean(f.v) != f.v {
+		switch {
+		case !path.IsAbs(f.v) || path.Clean(f.v) != f.v:
 			errs = append(errs, field.Invalid(p.Child(f.name), f.v, "must be an absolute, clean path in the webhook's container"))
+		case f.v == "/":
+			// The chart mounts the node's path at the same path.
+			errs = append(errs, field.Invalid(p.Child(f.name), f.v, "must not be the root, which the chart would mount over the webhook's own"))
 		}
 	}
 	if cp.Timeout != nil && (cp.Timeout.Duration <= 0 || cp.Timeout.Duration > MaxCredentialProviderTimeout) {

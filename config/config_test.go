@@ -75,6 +75,7 @@ func TestParseNamesEachBadField(t *testing.T) {
 		"credential providers": {head + "images: {credentialProviders: {config: etc/config.json, binDir: /opt/bin/, timeout: 21s}}\n",
 			[]string{"images.credentialProviders.config: Invalid", "images.credentialProviders.binDir: Invalid", "images.credentialProviders.timeout: Invalid"}},
 		"credential providers without config": {head + "images: {credentialProviders: {binDir: /opt/bin}}\n", []string{"images.credentialProviders.config: Required"}},
+		"credential providers at the root":    {head + "images: {credentialProviders: {config: /etc/config.json, binDir: /}}\n", []string{"images.credentialProviders.binDir: Invalid"}},
 		"pinning duration":                    {head + "pinning: {rememberFor: three days}\n", []string{`invalid duration "three days"`}},
 		"bad static layout": {head + `noLayout: {action: Static, staticLayout: s}
 staticLayouts:

@@ -32,7 +32,11 @@ const (
 	// MaxUnreadReasonBytes cuts the registry's answer: its first words say
 	// what went wrong.
 	MaxUnreadReasonBytes = 256
-	maxImagesUnreadBytes = 16 << 10
+	// maxImagesUnreadBytes is the longest record NewImagesUnread writes:
+	// JSON escapes a quote or backslash in two bytes, every other printable
+	// character as it is. Well under the API server's 256 KiB for all of a
+	// pod's annotations.
+	maxImagesUnreadBytes = len(`{"images":[]}`) + MaxImagesUnread*(len(`{"image":"","reason":""},`)+2*MaxImageRefBytes+2*MaxUnreadReasonBytes)
 )
 
 // ImagesUnread is the value of AnnotationImagesUnread.

@@ -36,6 +36,25 @@ func TestImagesUnreadRoundTrip(t *testing.T) {
 	}
 }
 
+// TestImagesUnreadLongest: the longest record the webhook can write, every
+// image and reason at its bound and made of what JSON escapes, decodes.
+func TestImagesUnreadLongest(t *testing.T) {
+	images := make([]ImageUnread, MaxImagesUnread)
+	for i := range images {
+		images[i] = ImageUnread{Image: strings.Repeat(`"`, MaxImageRefBytes), Reason: strings.Repeat(`\`, MaxUnreadReasonBytes)}
+	}
+	v := NewImagesUnread(images).String()
+	if len(v) != maxImagesUnreadBytes-1 {
+		t.Errorf("the longest record takes %d bytes, want %d (the bound less the last comma)", len(v), maxImagesUnreadBytes-1)
+	}
+	if _, err := DecodeImagesUnread(v); err != nil {
+		t.Errorf("the longest record the webhook writes does not decode: %v", err)
+	}
+	if len(v) > 64<<10 {
+		t.Errorf("the record takes %d bytes of the pod's 256 KiB of annotations", len(v))
+	}
+}
+
 func TestDecodeImagesUnreadRefuses(t *testing.T) {
 	for name, v := range map[string]string{
 		"not json":       "{",

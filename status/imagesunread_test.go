@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -122,6 +123,44 @@ func TestImagesUnreadBounded(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "and 25 older pods (kubectl get pods -A -l gpu-injector.io/images-unread)") {
 		t.Errorf("table does not count the rest:\n%s", out.String())
+	}
+}
+
+// TestImagesUnreadPages: every page of the list is read, each of
+// unreadPage pods, following the API server's continue token.
+func TestImagesUnreadPages(t *testing.T) {
+	const n = 2*unreadPage + 7
+	pods := make([]corev1.Pod, n)
+	for i := range pods {
+		pods[i] = *unreadPod("ml", fmt.Sprintf("p-%04d", i), time.Duration(n-i)*time.Second, true, unreadRecord("r.example/app:v1", "refused"))
+	}
+	cs := fake.NewClientset(healthy()...)
+	var pages []string
+	cs.PrependReactor("list", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		o := a.(k8stesting.ListActionImpl).ListOptions
+		if o.LabelSelector != layout.LabelImagesUnread {
+			return false, nil, nil
+		}
+		from, _ := strconv.Atoi(o.Continue)
+		to := min(from+int(o.Limit), n)
+		pages = append(pages, fmt.Sprintf("%d-%d", from, to))
+		list := &corev1.PodList{Items: pods[from:to]}
+		if to < n {
+			list.Continue = strconv.Itoa(to)
+		}
+		return true, list, nil
+	})
+	c := &Collector{Client: cs, DryRun: &stubDryRun{pod: injectedPod("fp-gpu-a")}, Now: func() time.Time { return now }}
+	r, err := c.Collect(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("0-%d,%d-%d,%d-%d", unreadPage, unreadPage, 2*unreadPage, 2*unreadPage, n)
+	if got := strings.Join(pages, ","); got != want {
+		t.Errorf("pages read %s, want %s", got, want)
+	}
+	if u := r.ImagesUnread; u.Total != n || len(u.Pods) != maxUnreadPods || u.Pods[0].Name != fmt.Sprintf("p-%04d", n-1) {
+		t.Errorf("total %d, %d pods, newest %+v; want %d, %d, p-%04d", u.Total, len(u.Pods), u.Pods[0], n, maxUnreadPods, n-1)
 	}
 }
 

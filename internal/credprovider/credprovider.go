@@ -61,6 +61,8 @@ const (
 	// maxConfigBytes bounds the configuration file: a node's names a few
 	// providers.
 	maxConfigBytes = 1 << 20
+	// maxConfigFiles bounds the files of a configuration folder.
+	maxConfigFiles = 64
 	// failureTTL is how long a plugin's failure for an image is remembered:
 	// a broken plugin costs one exec per image per this long, not one per
 	// pod.
@@ -161,10 +163,64 @@ func Load(o Options) (*Keychain, []string, error) {
 	return k, skipped, nil
 }
 
-// readConfig reads and validates a CredentialProviderConfig, YAML or JSON,
-// as the kubelet does: strictly, every provider named once, with
-// matchImages, a defaultCacheDuration and an apiVersion it speaks.
+// readConfig reads and validates the kubelet's CredentialProviderConfig, as
+// the kubelet does: a file, YAML or JSON, or a folder whose *.json, *.yaml
+// and *.yml files are read in lexical order and their providers merged;
+// strictly, every provider named once, with matchImages, a
+// defaultCacheDuration and an apiVersion it speaks.
 func readConfig(path string) (*kubeletconfigv1.CredentialProviderConfig, error) {
+	info, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("failed to read the credential provider configuration: %w", err)
+	}
+	files := []string{path}
+	if info.IsDir() {
+		if files, err = configFiles(path); err != nil {
+			return nil, err
+		}
+	}
+	merged := &kubeletconfigv1.CredentialProviderConfig{}
+	for _, f := range files {
+		cfg, err := readConfigFile(f)
+		if err != nil {
+			return nil, err
+		}
+		merged.TypeMeta = cfg.TypeMeta
+		merged.Providers = append(merged.Providers, cfg.Providers...)
+	}
+	if err := validateConfig(merged); err != nil {
+		return nil, fmt.Errorf("failed to read the credential provider configuration %s: %w", path, err)
+	}
+	return merged, nil
+}
+
+// configFiles are the configuration files of a folder, as the kubelet
+// picks them.
+func configFiles(dir string) ([]string, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("failed to read the credential provider configuration folder %s: %w", dir, err)
+	}
+	var files []string
+	for _, e := range entries {
+		switch filepath.Ext(e.Name()) {
+		case ".json", ".yaml", ".yml":
+			if !e.IsDir() {
+				files = append(files, filepath.Join(dir, e.Name()))
+			}
+		}
+	}
+	switch {
+	case len(files) == 0:
+		return nil, fmt.Errorf("the credential provider configuration folder %s holds no *.json, *.yaml or *.yml file", dir)
+	case len(files) > maxConfigFiles:
+		return nil, fmt.Errorf("the credential provider configuration folder %s holds %d files, more than %d", dir, len(files), maxConfigFiles)
+	}
+	slices.Sort(files)
+	return files, nil
+}
+
+func readConfigFile(path string) (*kubeletconfigv1.CredentialProviderConfig, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("failed to read the credential provider configuration: %w", err)
@@ -177,7 +233,7 @@ func readConfig(path string) (*kubeletconfigv1.CredentialProviderConfig, error) 
 	if len(data) > maxConfigBytes {
 		return nil, fmt.Errorf("the credential provider configuration %s is larger than %d bytes", path, maxConfigBytes)
 	}
-	cfg, err := ParseConfig(data)
+	cfg, err := decodeConfig(data)
 	if err != nil {
 		return nil, fmt.Errorf("failed to read the credential provider configuration %s: %w", path, err)
 	}
@@ -186,41 +242,56 @@ func readConfig(path string) (*kubeletconfigv1.CredentialProviderConfig, error) 
 
 // ParseConfig decodes and validates a CredentialProviderConfig.
 func ParseConfig(data []byte) (*kubeletconfigv1.CredentialProviderConfig, error) {
+	cfg, err := decodeConfig(data)
+	if err != nil {
+		return nil, err
+	}
+	if err := validateConfig(cfg); err != nil {
+		return nil, err
+	}
+	return cfg, nil
+}
+
+func decodeConfig(data []byte) (*kubeletconfigv1.CredentialProviderConfig, error) {
 	var cfg kubeletconfigv1.CredentialProviderConfig
 	if err := yaml.UnmarshalStrict(data, &cfg); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("failed to decode: %w", err)
 	}
 	if !slices.Contains(configVersions, cfg.APIVersion) || cfg.Kind != "CredentialProviderConfig" {
 		return nil, fmt.Errorf("not a CredentialProviderConfig of %s: apiVersion %q, kind %q", strings.Join(configVersions, ", "), cfg.APIVersion, cfg.Kind)
 	}
+	return &cfg, nil
+}
+
+func validateConfig(cfg *kubeletconfigv1.CredentialProviderConfig) error {
 	if len(cfg.Providers) == 0 {
-		return nil, fmt.Errorf("no providers")
+		return fmt.Errorf("no providers")
 	}
 	seen := map[string]bool{}
 	for i, p := range cfg.Providers {
 		where := fmt.Sprintf("providers[%d]", i)
 		switch {
 		case p.Name == "" || p.Name == "." || p.Name == ".." || strings.ContainsAny(p.Name, `/\ `):
-			return nil, fmt.Errorf("%s: name %q is not a file name", where, p.Name)
+			return fmt.Errorf("%s: name %q is not a file name", where, p.Name)
 		case seen[p.Name]:
-			return nil, fmt.Errorf("%s: name %q is not unique", where, p.Name)
+			return fmt.Errorf("%s: name %q is not unique", where, p.Name)
 		case len(p.MatchImages) == 0:
-			return nil, fmt.Errorf("%s (%s): matchImages is required", where, p.Name)
+			return fmt.Errorf("%s (%s): matchImages is required", where, p.Name)
 		case p.DefaultCacheDuration == nil:
-			return nil, fmt.Errorf("%s (%s): defaultCacheDuration is required", where, p.Name)
+			return fmt.Errorf("%s (%s): defaultCacheDuration is required", where, p.Name)
 		case p.DefaultCacheDuration.Duration < 0:
-			return nil, fmt.Errorf("%s (%s): defaultCacheDuration must not be negative", where, p.Name)
+			return fmt.Errorf("%s (%s): defaultCacheDuration must not be negative", where, p.Name)
 		case !slices.Contains(requestVersions, p.APIVersion):
-			return nil, fmt.Errorf("%s (%s): apiVersion %q is not one of %s", where, p.Name, p.APIVersion, strings.Join(requestVersions, ", "))
+			return fmt.Errorf("%s (%s): apiVersion %q is not one of %s", where, p.Name, p.APIVersion, strings.Join(requestVersions, ", "))
 		}
 		seen[p.Name] = true
 		for _, m := range p.MatchImages {
-			if _, err := parseSchemeless(m); err != nil || m == "" {
-				return nil, fmt.Errorf("%s (%s): matchImages entry %q is not an image pattern", where, p.Name, m)
+			if _, err := parseSchemeless(m); err != nil {
+				return fmt.Errorf("%s (%s): matchImages entry %q is not an image pattern", where, p.Name, m)
 			}
 		}
 	}
-	return &cfg, nil
+	return nil
 }
 
 // Resolve implements authn.Keychain.
@@ -274,9 +345,14 @@ func (p *provider) provide(ctx context.Context, image string) (map[string]authn.
 	if err := p.recentFailure(image); err != nil {
 		return nil, err
 	}
-	v, err, _ := p.flights.Do(image, func() (any, error) {
+	// The run is shared by every caller that asks meanwhile, so the caller
+	// that started it does not own it: one giving up must neither kill the
+	// plugin for the others nor be remembered as the plugin's failure. The
+	// run is bounded by the provider's timeout alone, as the kubelet's.
+	runCtx := context.WithoutCancel(ctx)
+	ch := p.flights.DoChan(image, func() (any, error) {
 		start := p.now()
-		r, err := p.run(ctx, image)
+		r, err := p.run(runCtx, image)
 		execSeconds.WithLabelValues(p.name).Observe(p.now().Sub(start).Seconds())
 		if err != nil {
 			p.mu.Lock()
@@ -288,10 +364,15 @@ func (p *provider) provide(ctx context.Context, image string) (map[string]authn.
 		execsTotal.WithLabelValues(p.name, resultOK).Inc()
 		return p.store(image, r), nil
 	})
-	if err != nil {
-		return nil, err
+	select {
+	case res := <-ch:
+		if res.Err != nil {
+			return nil, res.Err
+		}
+		return res.Val.(map[string]authn.AuthConfig), nil
+	case <-ctx.Done():
+		return nil, fmt.Errorf("failed to wait for the plugin's answer: %w", context.Cause(ctx))
 	}
-	return v.(map[string]authn.AuthConfig), nil
 }
 
 // cached looks the image up as the kubelet does: by image, by registry,
@@ -307,6 +388,7 @@ func (p *provider) cached(image string) (map[string]authn.AuthConfig, bool) {
 		}
 		if now.After(e.expires) {
 			delete(p.cache, key)
+			cacheEntries.WithLabelValues(p.name).Set(float64(len(p.cache)))
 			continue
 		}
 		return e.auth, true
@@ -375,6 +457,7 @@ func (p *provider) pruneLocked() {
 	if len(p.cache) >= p.maxEntries {
 		clear(p.cache)
 	}
+	cacheEntries.WithLabelValues(p.name).Set(float64(len(p.cache)))
 	for k, until := range p.failed {
 		if !now.Before(until) {
 			delete(p.failed, k)

@@ -9,7 +9,10 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -32,7 +35,15 @@ import (
 // say.
 const fakePluginEnv = "GPU_INJECTOR_FAKE_CREDENTIAL_PROVIDER"
 
+// fakeSleeperEnv makes the test binary a child a plugin started, which
+// sleeps a minute holding the plugin's stdout.
+const fakeSleeperEnv = "GPU_INJECTOR_FAKE_PLUGIN_CHILD"
+
 func TestMain(m *testing.M) {
+	if os.Getenv(fakeSleeperEnv) != "" {
+		time.Sleep(time.Minute)
+		os.Exit(0)
+	}
 	if os.Getenv(fakePluginEnv) != "" {
 		os.Exit(fakePlugin())
 	}
@@ -63,6 +74,25 @@ func fakePlugin() int {
 		fmt.Fprintln(os.Stderr, "no credentials for you")
 		return 1
 	case "slow":
+		time.Sleep(time.Minute)
+	case "delay":
+		time.Sleep(time.Second)
+	case "fork":
+		// A child that outlives the plugin unless stopped with it; its pid
+		// goes to FAKE_PIDFILE.
+		self, err := os.Executable()
+		if err != nil {
+			return 2
+		}
+		child := exec.Command(self)
+		child.Env = []string{fakeSleeperEnv + "=1"}
+		child.Stdout = os.Stdout
+		if err := child.Start(); err != nil {
+			return 2
+		}
+		if err := os.WriteFile(os.Getenv("FAKE_PIDFILE"), []byte(strconv.Itoa(child.Process.Pid)), 0o644); err != nil {
+			return 2
+		}
 		time.Sleep(time.Minute)
 	case "huge":
 		os.Stdout.Write([]byte(strings.Repeat(" ", 2*MaxResponseBytes)))
@@ -379,6 +409,102 @@ func TestPluginFailures(t *testing.T) {
 				t.Errorf("%d execs once the failure is forgotten, want 2", got)
 			}
 		})
+	}
+}
+
+// TestLoadConfigFolder: a configuration folder is read as the kubelet
+// reads one: its *.json, *.yaml and *.yml files in lexical order, their
+// providers merged, each named once across the files.
+func TestLoadConfigFolder(t *testing.T) {
+	n := newFakeNode(t, fakeProvider{name: "cloud", matchImages: []string{"r.example.com"}}, fakeProvider{name: "other", matchImages: []string{"o.example.com"}})
+	provider := func(name string) string {
+		return fmt.Sprintf(`{"apiVersion": "kubelet.config.k8s.io/v1", "kind": "CredentialProviderConfig", "providers": [{"name": %q, "apiVersion": "credentialprovider.kubelet.k8s.io/v1", "defaultCacheDuration": "1m", "matchImages": ["x.io"]}]}`, name)
+	}
+	write := func(dir string, files map[string]string) {
+		t.Helper()
+		for f, v := range files {
+			if err := os.WriteFile(filepath.Join(dir, f), []byte(v), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	dir := t.TempDir()
+	write(dir, map[string]string{"20-other.yaml": provider("other"), "10-cloud.json": provider("cloud"), "README.md": "not a configuration", "30-none.yml": "apiVersion: kubelet.config.k8s.io/v1\nkind: CredentialProviderConfig\n"})
+	if err := os.Mkdir(filepath.Join(dir, "40-folder.yaml"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	k, _, err := Load(Options{Config: dir, BinDir: n.binDir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := k.Providers(); !slices.Equal(got, []string{"cloud", "other"}) {
+		t.Errorf("providers %q, want cloud then other", got)
+	}
+	for name, tc := range map[string]struct {
+		files map[string]string
+		want  string
+	}{
+		"empty":        {map[string]string{"README.md": "x"}, "holds no"},
+		"twice":        {map[string]string{"a.yaml": provider("cloud"), "b.yaml": provider("cloud")}, "not unique"},
+		"no providers": {map[string]string{"a.yaml": "apiVersion: kubelet.config.k8s.io/v1\nkind: CredentialProviderConfig\n"}, "no providers"},
+		"bad file":     {map[string]string{"a.yaml": provider("cloud"), "b.yaml": "kind: ConfigMap\n"}, "b.yaml"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			write(dir, tc.files)
+			if _, _, err := Load(Options{Config: dir, BinDir: n.binDir}); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("err = %v, want %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestCacheGaugeFollowsExpiry: the cache entries gauge drops with the
+// answers that expire.
+func TestCacheGaugeFollowsExpiry(t *testing.T) {
+	env := map[string]string{"FAKE_CACHE_KEY_TYPE": "Image", "FAKE_CACHE_DURATION": "1m", "FAKE_USER": "u"}
+	n := newFakeNode(t, fakeProvider{name: "expiring", matchImages: []string{"r.example.com"}, env: env})
+	c := &clock{now: time.Unix(1e9, 0)}
+	k := n.load(t, Options{Now: c.Now})
+	resolve(t, k, "r.example.com/app")
+	gauge := func() float64 { return testutil.ToFloat64(cacheEntries.WithLabelValues("expiring")) }
+	if got := gauge(); got != 1 {
+		t.Fatalf("gauge %v with one answer cached, want 1", got)
+	}
+	c.Add(2 * time.Minute)
+	if _, ok := k.providers[0].cached("r.example.com/app"); ok {
+		t.Fatal("an expired answer served")
+	}
+	if got := gauge(); got != 0 {
+		t.Errorf("gauge %v once the answer expired, want 0", got)
+	}
+}
+
+// TestCallerGivesUp: a caller that stops waiting leaves the plugin's run
+// to the others: it is neither killed nor remembered as a failure, and
+// its answer serves the next caller.
+func TestCallerGivesUp(t *testing.T) {
+	env := map[string]string{"FAKE_MODE": "delay", "FAKE_CACHE_KEY_TYPE": "Registry", "FAKE_USER": "u", "FAKE_PASSWORD": "p"}
+	n := newFakeNode(t, fakeProvider{name: "cloud", matchImages: []string{"r.example.com"}, env: env})
+	k := n.load(t, Options{Timeout: 20 * time.Second})
+	repo, err := name.NewRepository("r.example.com/app")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	if a, err := k.ResolveContext(ctx, repo); err != nil || a != authn.Anonymous {
+		t.Errorf("a caller past its deadline got %v, %v; want anonymous", a, err)
+	}
+	if d := time.Since(start); d > 900*time.Millisecond {
+		t.Errorf("a caller past its deadline waited %s for the plugin", d)
+	}
+	if got := resolve(t, k, "r.example.com/app"); got != "u:p" {
+		t.Errorf("the next caller got %q, want the plugin's answer u:p", got)
+	}
+	if got := n.execs(t); len(got) != 1 {
+		t.Errorf("execs %q, want one shared by both callers", got)
 	}
 }
 

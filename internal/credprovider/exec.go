@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os/exec"
+	"slices"
 	"strings"
 	"time"
 
@@ -97,7 +98,9 @@ func (p *provider) run(ctx context.Context, image string) (*Response, error) {
 	stdout := &capped{max: MaxResponseBytes, overflow: cancel}
 	stderr := &capped{max: maxStderrBytes}
 	cmd := exec.CommandContext(ctx, p.path, p.args...)
-	cmd.Env = append(p.environ(), p.env...)
+	stopGroup(cmd)
+	// A copy: Environ's slice may be shared by every run.
+	cmd.Env = slices.Concat(p.environ(), p.env)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = bytes.NewReader(req), stdout, stderr
 	cmd.WaitDelay = waitDelay
 	err = cmd.Run()
@@ -108,9 +111,9 @@ func (p *provider) run(ctx context.Context, image string) (*Response, error) {
 		return nil, fmt.Errorf("no answer within %s", p.timeout)
 	case err != nil:
 		if msg := strings.TrimSpace(stderr.buf.String()); msg != "" {
-			return nil, fmt.Errorf("%w: %s", err, msg)
+			return nil, fmt.Errorf("failed to run the plugin: %w: %s", err, msg)
 		}
-		return nil, err
+		return nil, fmt.Errorf("failed to run the plugin: %w", err)
 	}
 	return ParseResponse(stdout.buf.Bytes(), p.apiVersion)
 }
