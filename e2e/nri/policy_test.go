@@ -213,6 +213,9 @@ func servesPolicy(t *testing.T) bool {
 func TestAdmissionPolicyNotServed(t *testing.T) {
 	waitPluginReady(t)
 	ctx := context.Background()
+	if v, err := client().Discovery().ServerVersion(); err == nil {
+		t.Logf("API server %s", v.GitVersion)
+	}
 	if servesPolicy(t) {
 		t.Cleanup(func() {
 			start := time.Now()
