@@ -524,8 +524,24 @@ func TestPolicyEdges(t *testing.T) {
 	}
 }
 
+// clusterAdmissionAPIs is admissionregistration.k8s.io/v1 as helm install, upgrade and
+// template --validate list it from an API server (action.GetVersionSet: the
+// group/version, then group/version/Kind of every resource served): the webhook and
+// validating-policy kinds every supported release serves, and kinds.
+func clusterAdmissionAPIs(kinds ...string) []string {
+	const gv = "admissionregistration.k8s.io/v1"
+	apis := []string{gv}
+	for _, k := range append([]string{"MutatingWebhookConfiguration", "ValidatingWebhookConfiguration", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}, kinds...) {
+		apis = append(apis, gv+"/"+k)
+	}
+	return apis
+}
+
 // TestAdmissionPolicyRender: where the chart renders the policy and the webhook's
-// condition on it, by admission.policy, the cluster's version and the configuration.
+// condition on it, by admission.policy, the cluster's version, the kinds it lists and
+// the configuration. Where helm lists the cluster's kinds, a 1.36 or later API server
+// that leaves the kind out (the MutatingAdmissionPolicy feature gate off,
+// --runtime-config, --emulated-version) gets no policy it would refuse.
 func TestAdmissionPolicyRender(t *testing.T) {
 	runtimeDelivery := "config.driverDelivery=Runtime"
 	kube137 := renderOpts{kubeVersion: "1.37.2"}
@@ -538,6 +554,9 @@ func TestAdmissionPolicyRender(t *testing.T) {
 		"auto, runtime delivery on 1.36":          {opts: with(kube136, runtimeDelivery), want: true},
 		"auto, runtime delivery on 1.35":          {opts: with(renderOpts{kubeVersion: "1.35.4"}, runtimeDelivery)},
 		"auto, the API listed by the cluster":     {opts: renderOpts{kubeVersion: "1.35.4", apiVersions: []string{"admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"}, set: []string{runtimeDelivery}}, want: true},
+		"auto, a 1.37 cluster that serves it":     {opts: renderOpts{kubeVersion: "1.37.2", apiVersions: clusterAdmissionAPIs("MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding"), set: []string{runtimeDelivery}}, want: true},
+		"auto, a 1.37 cluster that does not":      {opts: renderOpts{kubeVersion: "1.37.2", apiVersions: clusterAdmissionAPIs(), set: []string{runtimeDelivery}}},
+		"auto, a 1.35 cluster that does not":      {opts: renderOpts{kubeVersion: "1.35.4", apiVersions: clusterAdmissionAPIs(), set: []string{runtimeDelivery}}},
 		"auto, PreferRuntime (the default)":       {opts: kube137},
 		"auto, HostPath":                          {opts: with(kube137, "config.driverDelivery=HostPath")},
 		"auto, image-aware admission":             {opts: with(kube137, runtimeDelivery, "config.images.mode=On"), refused: "config"},

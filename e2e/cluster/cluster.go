@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -430,7 +431,7 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 	}
 	args = append(args, c.opts.APIServerFlags...)
 	c.apiArgs = args
-	if err := c.startAPIServer(ctx); err != nil {
+	if err := c.startAPIServer(ctx, args); err != nil {
 		return err
 	}
 
@@ -467,8 +468,8 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 	return nil
 }
 
-func (c *Cluster) startAPIServer(ctx context.Context) error {
-	apiserver, err := c.start("kube-apiserver", c.Binaries.APIServer, c.apiArgs)
+func (c *Cluster) startAPIServer(ctx context.Context, args []string) error {
+	apiserver, err := c.start("kube-apiserver", c.Binaries.APIServer, args)
 	if err != nil {
 		return err
 	}
@@ -484,10 +485,13 @@ func (c *Cluster) startAPIServer(ctx context.Context) error {
 }
 
 // RestartAPIServer stops kube-apiserver (SIGTERM, as a rolling control-plane
-// upgrade does), waits down for the given pause, starts it again with the same
-// flags and waits for /readyz. Everything else keeps running and must
-// reconnect by itself.
-func (c *Cluster) RestartAPIServer(ctx context.Context, down time.Duration) error {
+// upgrade does), waits down for the given pause, starts it again with the
+// flags it started with, and flags after them (a later flag wins), and waits
+// for /readyz. The flags are for this start only: a restart without them
+// brings the API server back as it was, as a control plane reconfigured and
+// then rolled back would. Everything else keeps running and must reconnect by
+// itself.
+func (c *Cluster) RestartAPIServer(ctx context.Context, down time.Duration, flags ...string) error {
 	p := c.proc("kube-apiserver")
 	if p == nil {
 		return errors.New("failed to restart kube-apiserver: not running")
@@ -501,7 +505,7 @@ func (c *Cluster) RestartAPIServer(ctx context.Context, down time.Duration) erro
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	return c.startAPIServer(ctx)
+	return c.startAPIServer(ctx, append(slices.Clip(c.apiArgs), flags...))
 }
 
 func (c *Cluster) startNode(ctx context.Context) error {

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -74,6 +75,15 @@ func runsWithDriver(t *testing.T, ns string, p *corev1.Pod) {
 	assertSawDriver(t, log, testEnv.KubeletNode().DriverVersion)
 }
 
+// upgrade runs helm upgrade of the release with the suite's values and sets; none: back
+// to the installed values.
+func upgrade(t *testing.T, sets ...string) {
+	t.Helper()
+	if err := testEnv.UpgradeChart(context.Background(), sets...); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func legacyPod(name string) *corev1.Pod {
 	p := cudaPod(name)
 	p.Spec.Containers[0].Resources.Limits = corev1.ResourceList{legacyGPU: p.Spec.Containers[0].Resources.Limits[gpu]}
@@ -95,12 +105,6 @@ func plainPod(name string) *corev1.Pod {
 // not serve the policy), the webhook does both, with the same result.
 func TestAdmissionPolicy(t *testing.T) {
 	waitPluginReady(t)
-	upgrade := func(t *testing.T, sets ...string) {
-		t.Helper()
-		if err := testEnv.UpgradeChart(context.Background(), sets...); err != nil {
-			t.Fatal(err)
-		}
-	}
 	t.Cleanup(func() { upgrade(t) })
 	upgrade(t, "config.driverDelivery=Runtime")
 	if _, err := client().AdmissionregistrationV1().MutatingAdmissionPolicies().Get(context.Background(), policyName, metav1.GetOptions{}); err != nil {
@@ -182,4 +186,110 @@ func TestAdmissionPolicy(t *testing.T) {
 			t.Errorf("the webhook was called %v times for a pod without a GPU", calls)
 		}
 	})
+}
+
+// notServedFlags make a 1.36 or later API server one that does not serve
+// MutatingAdmissionPolicy, as 1.33 to 1.35 do not by default: the kinds out of
+// admissionregistration.k8s.io/v1 (so out of discovery, which helm reads), and the
+// admission plugin off with them, as its feature gate is there. The kinds out with the
+// plugin on leave the plugin's informers unsynced, and the API server refuses every
+// write ("not yet ready to handle request"). /version still says the binary's release.
+// The last flag is for the restart back: with it the API server stops in 2 s, where it
+// otherwise waits for its clients' open connections up to the request timeout (60 s) and
+// the launcher kills it after 30.
+var notServedFlags = []string{
+	"--feature-gates=MutatingAdmissionPolicy=false",
+	"--runtime-config=admissionregistration.k8s.io/v1/mutatingadmissionpolicies=false,admissionregistration.k8s.io/v1/mutatingadmissionpolicybindings=false",
+	"--shutdown-send-retry-after=true",
+}
+
+// servesPolicy reports whether the API server lists admissionregistration.k8s.io/v1
+// MutatingAdmissionPolicy in discovery.
+func servesPolicy(t *testing.T) bool {
+	t.Helper()
+	rl, err := client().Discovery().ServerResourcesForGroupVersion("admissionregistration.k8s.io/v1")
+	if err != nil {
+		t.Fatalf("failed to discover admissionregistration.k8s.io/v1: %v", err)
+	}
+	for _, r := range rl.APIResources {
+		if r.Kind == "MutatingAdmissionPolicy" {
+			return true
+		}
+	}
+	return false
+}
+
+// TestAdmissionPolicyNotServed: where the API server does not serve
+// MutatingAdmissionPolicy (1.33 to 1.35; on a later release, the API server restarted
+// without it, its /version unchanged), helm upgrade with runtime delivery and
+// admission.policy auto renders no policy and no webhook condition on it, and the
+// webhook gives a modern and a legacy GPU pod their change; both run with the node's
+// driver.
+func TestAdmissionPolicyNotServed(t *testing.T) {
+	waitPluginReady(t)
+	ctx := context.Background()
+	if v, err := client().Discovery().ServerVersion(); err == nil {
+		t.Logf("API server %s", v.GitVersion)
+	}
+	if servesPolicy(t) {
+		t.Cleanup(func() {
+			start := time.Now()
+			if err := testEnv.Cluster.RestartAPIServer(ctx, 0); err != nil {
+				t.Errorf("failed to bring the API server back with the policy: %v", err)
+			} else if !servesPolicy(t) {
+				t.Errorf("the API server restarted as it was serves no MutatingAdmissionPolicy")
+			}
+			t.Logf("the API server restarted as it was in %s", time.Since(start).Round(time.Millisecond))
+		})
+		start := time.Now()
+		if err := testEnv.Cluster.RestartAPIServer(ctx, 0, notServedFlags...); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("the API server restarted without MutatingAdmissionPolicy in %s", time.Since(start).Round(time.Millisecond))
+		if servesPolicy(t) {
+			t.Fatalf("the API server restarted with %v still serves MutatingAdmissionPolicy", notServedFlags)
+		}
+	}
+	t.Cleanup(func() {
+		start := time.Now()
+		upgrade(t)
+		t.Logf("helm upgrade back to the suite's values in %s", time.Since(start).Round(time.Millisecond))
+	})
+	start := time.Now()
+	upgrade(t, "config.driverDelivery=Runtime")
+	t.Logf("helm upgrade with runtime delivery, rolled out, in %s", time.Since(start).Round(time.Millisecond))
+
+	manifest, err := testEnv.HelmCommand(ctx, "get", "manifest", env.Release, "--namespace", env.Namespace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(manifest, "kind: MutatingAdmissionPolicy") {
+		t.Errorf("the release holds a MutatingAdmissionPolicy the API server does not serve")
+	}
+	mwc, err := client().AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, env.Release, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("failed to read the webhook configuration: %v", err)
+	}
+	for _, wh := range mwc.Webhooks {
+		if wh.ObjectSelector != nil && len(wh.ObjectSelector.MatchExpressions)+len(wh.ObjectSelector.MatchLabels) > 0 {
+			t.Errorf("webhook %s leaves out the pods of a policy that is not there: objectSelector %v", wh.Name, wh.ObjectSelector)
+		}
+	}
+
+	ns := namespace(t, "restricted")
+	p, calls := createCounting(t, ns, cudaPod("modern"), false)
+	if calls < 1 {
+		t.Errorf("the webhook was not called for a modern GPU pod")
+	}
+	assertRuntimeInjected(t, p, "cuda")
+	runsWithDriver(t, ns, p)
+	l, calls := createCounting(t, ns, legacyPod("legacy"), false)
+	if calls < 1 {
+		t.Errorf("the webhook was not called for a pod with a legacy limit")
+	}
+	assertRuntimeInjected(t, l, "cuda")
+	if _, ok := l.Spec.Containers[0].Resources.Limits[legacyGPU]; ok {
+		t.Errorf("the legacy limit was not renamed: %v", l.Spec.Containers[0].Resources.Limits)
+	}
+	runsWithDriver(t, ns, l)
 }

@@ -53,11 +53,26 @@ bytes a container.
 {{- end }}
 
 {{/*
+gpu-injector.policy.served: "true" where the API server serves admissionregistration.k8s.io/v1
+MutatingAdmissionPolicy. helm install, upgrade and template --validate list every kind the
+cluster serves (group/version/Kind), MutatingWebhookConfiguration among them: the kind's
+presence decides there, whatever the version says (a 1.36 or later API server may leave it
+out: --runtime-config, the MutatingAdmissionPolicy feature gate, --emulated-version). helm
+template without a cluster lists group/versions only (and what --api-versions adds): the
+version decides there, as 1.36 and later serve the kind by default.
+*/}}
+{{- define "gpu-injector.policy.served" -}}
+{{- $apis := .Capabilities.APIVersions }}
+{{- if $apis.Has "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy" -}}
+true
+{{- else if and (not ($apis.Has "admissionregistration.k8s.io/v1/MutatingWebhookConfiguration")) (semverCompare ">=1.36-0" .Capabilities.KubeVersion.Version) -}}
+true
+{{- end }}
+{{- end }}
+
+{{/*
 gpu-injector.policy.enabled: "true" where the chart renders the policy. auto: where the
-cluster serves it (helm install reads the cluster's API versions; helm template without
-a cluster knows few of them, so the version decides there as well: 1.36 serves
-admissionregistration.k8s.io/v1 MutatingAdmissionPolicy by default) and the
-configuration allows it.
+API server serves it (gpu-injector.policy.served) and the configuration allows it.
 */}}
 {{- define "gpu-injector.policy.enabled" -}}
 {{- $mode := (.Values.admission | default dict).policy | default "auto" }}
@@ -65,7 +80,7 @@ configuration allows it.
 {{- if eq $mode "on" }}
 {{- if $why }}{{ fail (printf "admission.policy=on, but %s: the webhook's answer is not a function of the pod alone; set admission.policy=auto or off" $why) }}{{ end -}}
 true
-{{- else if and (eq $mode "auto") (not $why) (or (.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy") (semverCompare ">=1.36-0" .Capabilities.KubeVersion.Version)) -}}
+{{- else if and (eq $mode "auto") (not $why) (include "gpu-injector.policy.served" .) -}}
 true
 {{- end }}
 {{- end }}
