@@ -275,20 +275,7 @@ spec:
 			if len(wh.MatchConditions) == 0 {
 				t.Fatalf("no matchConditions rendered")
 			}
-			accessors := make([]plugincel.ExpressionAccessor, len(wh.MatchConditions))
-			for i := range wh.MatchConditions {
-				accessors[i] = (*matchconditions.MatchCondition)(&wh.MatchConditions[i])
-			}
-			for vname, v := range celVersions {
-				compiler := plugincel.NewCompiler(environment.MustBaseEnvSet(v))
-				for _, a := range accessors {
-					if res := compiler.CompileCELExpression(a, celDecls, environment.NewExpressions); res.Error != nil {
-						t.Fatalf("%s: the API server would refuse matchCondition %q: %v", vname, a.GetExpression(), res.Error)
-					}
-				}
-			}
-			compiler := plugincel.NewConditionCompiler(environment.MustBaseEnvSet(environment.DefaultCompatibilityVersion()))
-			matcher := matchconditions.NewMatcher(compiler.CompileCondition(accessors, celDecls, environment.StoredExpressions), wh.FailurePolicy, "webhook", "admit", wh.Name)
+			matcher := webhookMatcher(t, wh, celVersions)
 			for name, tc := range tests {
 				t.Run(name, func(t *testing.T) {
 					want, ok := tc.want[rname]

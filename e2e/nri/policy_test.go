@@ -84,6 +84,21 @@ func upgrade(t *testing.T, sets ...string) {
 	}
 }
 
+// webhookTakesLegacy creates a pod with a legacy limit, and checks that the webhook was
+// called for it, renamed the limit and marked it for the NRI plugin.
+func webhookTakesLegacy(t *testing.T, ns, name string, dryRun bool) *corev1.Pod {
+	t.Helper()
+	l, calls := createCounting(t, ns, legacyPod(name), dryRun)
+	if calls < 1 {
+		t.Errorf("the webhook was not called for a pod with a legacy limit")
+	}
+	assertRuntimeInjected(t, l, "cuda")
+	if _, ok := l.Spec.Containers[0].Resources.Limits[legacyGPU]; ok {
+		t.Errorf("the legacy limit was not renamed: %v", l.Spec.Containers[0].Resources.Limits)
+	}
+	return l
+}
+
 func legacyPod(name string) *corev1.Pod {
 	p := cudaPod(name)
 	p.Spec.Containers[0].Resources.Limits = corev1.ResourceList{legacyGPU: p.Spec.Containers[0].Resources.Limits[gpu]}
@@ -132,15 +147,7 @@ func TestAdmissionPolicy(t *testing.T) {
 		}
 		runsWithDriver(t, ns, p)
 
-		l, calls := createCounting(t, ns, legacyPod("legacy"), false)
-		if calls < 1 {
-			t.Errorf("the webhook was not called for a pod with a legacy limit")
-		}
-		assertRuntimeInjected(t, l, "cuda")
-		if _, ok := l.Spec.Containers[0].Resources.Limits[legacyGPU]; ok {
-			t.Errorf("the legacy limit was not renamed: %v", l.Spec.Containers[0].Resources.Limits)
-		}
-		runsWithDriver(t, ns, l)
+		runsWithDriver(t, ns, webhookTakesLegacy(t, ns, "legacy", false))
 
 		if _, calls := createCounting(t, ns, plainPod("web"), true); calls != 0 {
 			t.Errorf("the webhook was called %v times for a pod without a GPU", calls)
@@ -177,11 +184,7 @@ func TestAdmissionPolicy(t *testing.T) {
 		}
 		assertRuntimeInjected(t, p, "cuda")
 		runsWithDriver(t, ns, p)
-		l, calls := createCounting(t, ns, legacyPod("legacy-off"), true)
-		if calls < 1 {
-			t.Errorf("the webhook was not called for a pod with a legacy limit")
-		}
-		assertRuntimeInjected(t, l, "cuda")
+		webhookTakesLegacy(t, ns, "legacy-off", true)
 		if _, calls := createCounting(t, ns, plainPod("web-off"), true); calls != 0 {
 			t.Errorf("the webhook was called %v times for a pod without a GPU", calls)
 		}
@@ -283,13 +286,5 @@ func TestAdmissionPolicyNotServed(t *testing.T) {
 	}
 	assertRuntimeInjected(t, p, "cuda")
 	runsWithDriver(t, ns, p)
-	l, calls := createCounting(t, ns, legacyPod("legacy"), false)
-	if calls < 1 {
-		t.Errorf("the webhook was not called for a pod with a legacy limit")
-	}
-	assertRuntimeInjected(t, l, "cuda")
-	if _, ok := l.Spec.Containers[0].Resources.Limits[legacyGPU]; ok {
-		t.Errorf("the legacy limit was not renamed: %v", l.Spec.Containers[0].Resources.Limits)
-	}
-	runsWithDriver(t, ns, l)
+	runsWithDriver(t, ns, webhookTakesLegacy(t, ns, "legacy", false))
 }

@@ -67,6 +67,16 @@ func readKeyRef(ref string) ([]byte, error) {
 	return b, nil
 }
 
+// signerFromRef reads and decrypts the private key a cosign key reference
+// names.
+func signerFromRef(ref string, password []byte) (signature.SignerVerifier, error) {
+	priv, err := readKeyRef(ref)
+	if err != nil {
+		return nil, err
+	}
+	return loadSigner(priv, password)
+}
+
 // loadSigner decrypts a cosign private key, as cosign's LoadPrivateKey does.
 func loadSigner(privatePEM, password []byte) (signature.SignerVerifier, error) {
 	p, _ := pem.Decode(privatePEM)

@@ -105,11 +105,7 @@ func writeKeyPair(prefix string, password []byte) error {
 }
 
 func printPublicKey(ref string, password []byte) error {
-	priv, err := readKeyRef(ref)
-	if err != nil {
-		return err
-	}
-	sv, err := loadSigner(priv, password)
+	sv, err := signerFromRef(ref, password)
 	if err != nil {
 		return err
 	}
@@ -122,11 +118,7 @@ func printPublicKey(ref string, password []byte) error {
 }
 
 func signFiles(ref string, password []byte, files []string) error {
-	priv, err := readKeyRef(ref)
-	if err != nil {
-		return err
-	}
-	sv, err := loadSigner(priv, password)
+	sv, err := signerFromRef(ref, password)
 	if err != nil {
 		return err
 	}
@@ -147,11 +139,7 @@ func signFiles(ref string, password []byte, files []string) error {
 }
 
 func signImage(ctx context.Context, ref string, password []byte, repo name.Repository, tarFile string, push bool) error {
-	priv, err := readKeyRef(ref)
-	if err != nil {
-		return err
-	}
-	sv, err := loadSigner(priv, password)
+	sv, err := signerFromRef(ref, password)
 	if err != nil {
 		return err
 	}
