@@ -12,7 +12,9 @@ import (
 
 	"github.com/fsnotify/fsnotify"
 	"github.com/go-logr/logr"
+	"k8s.io/utils/clock"
 
+	"github.com/gpu-injector/gpu-injector/internal/wallclock"
 	"github.com/gpu-injector/gpu-injector/nodeprobe/hostroot"
 )
 
@@ -63,6 +65,7 @@ type driverWatch struct {
 	// bounds the wait from the first change; settle is when the second probe
 	// of a burst comes; minGap is the least time between two probes.
 	quiet, maxWait, settle, minGap time.Duration
+	clock                          clock.Clock
 
 	w       *fsnotify.Watcher
 	watched map[string]bool
@@ -70,7 +73,8 @@ type driverWatch struct {
 
 func newDriverWatch(root string, log logr.Logger, probe func()) *driverWatch {
 	return &driverWatch{root: root, log: log, probe: probe,
-		quiet: time.Second, maxWait: 3 * time.Second, settle: 5 * time.Second, minGap: 2 * time.Second}
+		quiet: time.Second, maxWait: 3 * time.Second, settle: 5 * time.Second, minGap: 2 * time.Second,
+		clock: wallclock.Real()}
 }
 
 // arm follows every folder of driverWatchDirs, or its deepest existing
@@ -145,18 +149,18 @@ func (dw *driverWatch) run(ctx context.Context) error {
 	dw.w, dw.watched = w, map[string]bool{}
 	dw.log.V(1).Info("driver watch started", "folders", dw.arm())
 
-	timer := time.NewTimer(time.Hour)
+	timer := dw.clock.NewTimer(time.Hour)
 	timer.Stop()
 	defer timer.Stop()
 	var first, last, lastProbe time.Time
 	settling := false
 	changed := func() {
-		now := time.Now()
+		now := dw.clock.Now()
 		if first.IsZero() {
 			first = now
 		}
 		last, settling = now, false
-		timer.Reset(time.Until(minTime(now.Add(dw.quiet), first.Add(dw.maxWait))))
+		timer.Reset(minTime(now.Add(dw.quiet), first.Add(dw.maxWait)).Sub(now))
 	}
 	for {
 		select {
@@ -175,16 +179,17 @@ func (dw *driverWatch) run(ctx context.Context) error {
 			}
 			dw.rearm(ev)
 			changed()
-		case now := <-timer.C:
+		case <-timer.C():
+			now := dw.clock.Now()
 			if !lastProbe.IsZero() && now.Sub(lastProbe) < dw.minGap {
-				timer.Reset(time.Until(lastProbe.Add(dw.minGap)))
+				timer.Reset(lastProbe.Add(dw.minGap).Sub(now))
 				continue
 			}
 			dw.probe()
 			lastProbe, first = now, time.Time{}
 			if !settling {
 				settling = true
-				timer.Reset(time.Until(last.Add(dw.settle)))
+				timer.Reset(last.Add(dw.settle).Sub(now))
 			} else {
 				settling = false
 			}

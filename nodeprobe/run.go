@@ -26,9 +26,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/clock"
 	"sigs.k8s.io/yaml"
 
 	"github.com/gpu-injector/gpu-injector/internal/nodeagent"
+	"github.com/gpu-injector/gpu-injector/internal/wallclock"
 	"github.com/gpu-injector/gpu-injector/layout"
 )
 
@@ -169,8 +171,8 @@ type daemon struct {
 	log     logr.Logger
 	metrics *metrics
 	ready   atomic.Bool
-	// now is the clock of the liveness check; nil means time.Now.
-	now func() time.Time
+	// clock is the liveness check's; nil means the real one.
+	clock clock.PassiveClock
 	// started and lastProbe are UnixNano times for /healthz; 0 means never.
 	started, lastProbe atomic.Int64
 
@@ -257,7 +259,7 @@ func (d *daemon) run(ctx context.Context) error {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
-	d.started.Store(d.clock().UnixNano())
+	d.started.Store(d.now().UnixNano())
 	log := d.log.WithValues("node", d.opts.NodeName)
 	log.Info("node probe started", "hostRoot", d.probe.HostRoot, "interval", d.opts.Interval.String(), "nvmlTimeout", d.probe.NVMLWatch.timeout().String(), "stateDir", d.opts.StateDir)
 	if d.opts.StateDir != "" {
@@ -332,10 +334,10 @@ func (d *daemon) watchDriver(ctx context.Context, log logr.Logger) {
 // finished probe, ready or error state alike: the agent did its job.
 func (d *daemon) once(ctx context.Context, log logr.Logger) error {
 	// Finished, whatever the outcome: only a probe that never returns is a hang.
-	defer func() { d.lastProbe.Store(d.clock().UnixNano()) }()
-	start := time.Now()
+	defer func() { d.lastProbe.Store(d.now().UnixNano()) }()
+	start := d.now()
 	res, err := Probe(d.probe)
-	d.metrics.duration.Observe(time.Since(start).Seconds())
+	d.metrics.duration.Observe(d.now().Sub(start).Seconds())
 	d.writeState(log, &res, err)
 	if err != nil {
 		return err
@@ -391,12 +393,7 @@ func (d *daemon) healthMux() http.Handler {
 	return mux
 }
 
-func (d *daemon) clock() time.Time {
-	if d.now != nil {
-		return d.now()
-	}
-	return time.Now()
-}
+func (d *daemon) now() time.Time { return wallclock.Or(d.clock).Now() }
 
 // hangLimit is how long the agent may go without finishing a probe: three
 // intervals, and never less than an interval plus the NVML limit plus two
@@ -421,6 +418,6 @@ func (d *daemon) hung() (age, limit time.Duration, hung bool) {
 	if d.probe.NVMLWatch != nil {
 		timeout = d.probe.NVMLWatch.timeout()
 	}
-	age, limit = d.clock().Sub(time.Unix(0, since)), hangLimit(d.opts.Interval, timeout)
+	age, limit = d.now().Sub(time.Unix(0, since)), hangLimit(d.opts.Interval, timeout)
 	return age, limit, age > limit
 }

@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	clocktesting "k8s.io/utils/clock/testing"
+
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -218,14 +220,14 @@ func TestDaemonHealthzFailsWhenAProbeHangs(t *testing.T) {
 		return false, nil, nil
 	})
 	base := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	var offset atomic.Int64
+	fake := clocktesting.NewFakePassiveClock(base)
 	d := &daemon{
 		opts:    &Options{NodeName: "gpu-1", Interval: time.Minute, HealthAddr: "0", MetricsAddr: "0"},
 		probe:   ProbeOptions{HostRoot: root, OpenNVML: openWith(fakeNVML(l.DriverVersion, 13000, h100))},
 		client:  c,
 		log:     nodeagent.NewLogger(io.Discard, 0),
 		metrics: newMetrics(),
-		now:     func() time.Time { return base.Add(time.Duration(offset.Load())) },
+		clock:   fake,
 	}
 	health := httptest.NewServer(d.healthMux())
 	defer health.Close()
@@ -251,7 +253,7 @@ func TestDaemonHealthzFailsWhenAProbeHangs(t *testing.T) {
 	<-entered
 	limit := hangLimit(time.Minute, DefaultNVMLTimeout)
 	for at, want := range map[time.Duration]int{time.Minute: 200, limit: 200, limit + time.Second: 503} {
-		offset.Store(int64(at))
+		fake.SetTime(base.Add(at))
 		if code, body := get("/healthz"); code != want {
 			t.Errorf("healthz %s into a hung probe = %d %q, want %d", at, code, body, want)
 		}

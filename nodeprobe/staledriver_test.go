@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	clocktesting "k8s.io/utils/clock/testing"
+
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
@@ -19,6 +21,8 @@ func TestDaemonPublishesTheStaleDriverRecord(t *testing.T) {
 	root, _ := buildRoot(t, "usr-local-nvidia")
 	dir := t.TempDir()
 	c := fake.NewSimpleClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-1"}})
+	// Heartbeats are judged on the daemon's clock, which stands still.
+	clk := clocktesting.NewFakePassiveClock(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
 	d := &daemon{
 		opts:       &Options{NodeName: "gpu-1", Interval: time.Hour, HealthAddr: "0", MetricsAddr: "0", StateDir: dir},
 		probe:      ProbeOptions{HostRoot: root, OpenNVML: noNVML},
@@ -26,6 +30,7 @@ func TestDaemonPublishesTheStaleDriverRecord(t *testing.T) {
 		log:        nodeagent.NewLogger(io.Discard, 0),
 		metrics:    newMetrics(),
 		pluginPoll: 10 * time.Millisecond,
+		clock:      clk,
 	}
 	annotation := func() (layout.StaleDriver, bool) {
 		t.Helper()
@@ -64,13 +69,13 @@ func TestDaemonPublishesTheStaleDriverRecord(t *testing.T) {
 	waitFor("the first probe", d.ready.Load)
 
 	stale := &layout.StaleDriver{Containers: 2, StaleContainers: 1, StalePods: 1, Pods: []string{"ml/train"}}
-	write(stale, time.Now().UTC())
+	write(stale, clk.Now().UTC())
 	waitFor("the stale pod on the node", func() bool { s, ok := annotation(); return ok && s.StalePods == 1 && s.Pods[0] == "ml/train" })
 
-	write(&layout.StaleDriver{Containers: 1}, time.Now().UTC())
+	write(&layout.StaleDriver{Containers: 1}, clk.Now().UTC())
 	waitFor("the restarted pod gone from the node", func() bool { s, ok := annotation(); return ok && s.StalePods == 0 && s.Containers == 1 })
 
 	// A plugin that stopped says nothing true any longer.
-	write(stale, time.Now().UTC().Add(-statedir.HeartbeatTimeout-time.Second))
+	write(stale, clk.Now().UTC().Add(-statedir.HeartbeatTimeout-time.Second))
 	waitFor("the annotation to go with the plugin", func() bool { _, ok := annotation(); return !ok })
 }

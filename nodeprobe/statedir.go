@@ -56,7 +56,7 @@ func (d *daemon) pluginRegistered(log logr.Logger) bool {
 		log.Error(err, "failed to read the nri plugin's state", "stateDir", d.opts.StateDir)
 		return false
 	}
-	up := p.Registered(d.clock())
+	up := p.Registered(d.now())
 	d.noteStaleDriver(log, p, up)
 	return up
 }

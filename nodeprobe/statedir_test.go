@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	clocktesting "k8s.io/utils/clock/testing"
+
 	dto "github.com/prometheus/client_model/go"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -75,6 +77,8 @@ func TestDaemonPublishesThePluginLabel(t *testing.T) {
 	dir := t.TempDir()
 	c := fake.NewSimpleClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-1",
 		Labels: map[string]string{layout.LabelNRIPlugin: "v0", "kubernetes.io/hostname": "gpu-1"}}})
+	// Heartbeats are judged on the daemon's clock, which stands still.
+	clk := clocktesting.NewFakePassiveClock(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
 	d := &daemon{
 		opts:       &Options{NodeName: "gpu-1", Interval: time.Hour, HealthAddr: "0", MetricsAddr: "0", StateDir: dir},
 		probe:      ProbeOptions{HostRoot: root, OpenNVML: noNVML},
@@ -82,6 +86,7 @@ func TestDaemonPublishesThePluginLabel(t *testing.T) {
 		log:        nodeagent.NewLogger(io.Discard, 0),
 		metrics:    newMetrics(),
 		pluginPoll: 10 * time.Millisecond,
+		clock:      clk,
 	}
 	label := func() (string, bool) {
 		n, err := c.CoreV1().Nodes().Get(context.Background(), "gpu-1", metav1.GetOptions{})
@@ -123,7 +128,7 @@ func TestDaemonPublishesThePluginLabel(t *testing.T) {
 	waitFor("the first probe", func() bool { _, ok := label(); return d.ready.Load() && !ok })
 	before := probes()
 
-	now := time.Now().UTC()
+	now := clk.Now().UTC()
 	writePlugin(statedir.Plugin{Protocol: layout.NRIProtocol, RuntimeName: "containerd", RuntimeVersion: "v2.1.4", RegisteredAt: now, Heartbeat: now})
 	waitFor("the label", func() bool { v, _ := label(); return v == layout.NRIProtocol })
 
@@ -131,7 +136,7 @@ func TestDaemonPublishesThePluginLabel(t *testing.T) {
 	writePlugin(statedir.Plugin{Protocol: layout.NRIProtocol, RegisteredAt: now, Heartbeat: now.Add(-statedir.HeartbeatTimeout - time.Second)})
 	waitFor("a stale heartbeat to remove the label", func() bool { _, ok := label(); return !ok })
 
-	writePlugin(statedir.Plugin{Protocol: layout.NRIProtocol, RegisteredAt: now, Heartbeat: time.Now().UTC()})
+	writePlugin(statedir.Plugin{Protocol: layout.NRIProtocol, RegisteredAt: now, Heartbeat: clk.Now().UTC()})
 	waitFor("the label again", func() bool { _, ok := label(); return ok })
 
 	// The plugin stopped: its file is gone.
@@ -146,7 +151,7 @@ func TestDaemonPublishesThePluginLabel(t *testing.T) {
 	}
 
 	// The probe stops while the plugin is registered: the label goes with it.
-	writePlugin(statedir.Plugin{Protocol: layout.NRIProtocol, RegisteredAt: now, Heartbeat: time.Now().UTC()})
+	writePlugin(statedir.Plugin{Protocol: layout.NRIProtocol, RegisteredAt: now, Heartbeat: clk.Now().UTC()})
 	waitFor("the label before the stop", func() bool { _, ok := label(); return ok })
 	stopDaemon()
 	if _, ok := label(); ok {
@@ -154,7 +159,7 @@ func TestDaemonPublishesThePluginLabel(t *testing.T) {
 	}
 
 	// A plugin of another marker protocol serves pods this webhook does not mark.
-	writePlugin(statedir.Plugin{Protocol: "v9", Heartbeat: time.Now().UTC()})
+	writePlugin(statedir.Plugin{Protocol: "v9", Heartbeat: clk.Now().UTC()})
 	before = probes()
 	stopDaemon = startDaemonStoppable(t, d)
 	waitFor("the probe after the restart", func() bool { return probes() > before })

@@ -5,6 +5,10 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"k8s.io/utils/clock"
+
+	"github.com/gpu-injector/gpu-injector/internal/wallclock"
 )
 
 // DefaultNVMLTimeout bounds one reading of NVML, from nvmlInit to
@@ -31,6 +35,8 @@ type NVMLWatch struct {
 	// reading that was reported stuck returns at last: the driver answers
 	// again, and the agent probes at once rather than at its next interval.
 	Returned func()
+	// Clock stamps the call a stuck reading names; nil means the real one.
+	Clock clock.PassiveClock
 
 	mu    sync.Mutex
 	stuck *nvmlReading
@@ -39,7 +45,8 @@ type NVMLWatch struct {
 // nvmlReading is one run of open and ReadNVML on its goroutine.
 type nvmlReading struct {
 	// call is the NVML call in progress, for the message that names it.
-	call atomic.Pointer[nvmlCall]
+	call  atomic.Pointer[nvmlCall]
+	clock clock.PassiveClock
 	// done receives the outcome once; buffered, so the goroutine never
 	// blocks on a reader that gave up.
 	done chan nvmlOutcome
@@ -58,7 +65,7 @@ type nvmlOutcome struct {
 }
 
 func (r *nvmlReading) step(name string) {
-	r.call.Store(&nvmlCall{name: name, at: time.Now()})
+	r.call.Store(&nvmlCall{name: name, at: r.clock.Now()})
 }
 
 func (w *NVMLWatch) timeout() time.Duration {
@@ -79,7 +86,7 @@ func (w *NVMLWatch) Read(open func() (NVML, error)) (NVMLResult, error) {
 		w.mu.Unlock()
 		return r.result(w.timeout()), nil
 	}
-	r := &nvmlReading{done: make(chan nvmlOutcome, 1)}
+	r := &nvmlReading{done: make(chan nvmlOutcome, 1), clock: wallclock.Or(w.Clock)}
 	r.step("loading the NVML library")
 	w.mu.Unlock()
 

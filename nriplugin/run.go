@@ -20,8 +20,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/utils/clock"
 
 	"github.com/gpu-injector/gpu-injector/internal/nodeagent"
+	"github.com/gpu-injector/gpu-injector/internal/wallclock"
 	"github.com/gpu-injector/gpu-injector/layout"
 	"github.com/gpu-injector/gpu-injector/layout/statedir"
 	"github.com/gpu-injector/gpu-injector/nriplugin/stale"
@@ -135,8 +137,8 @@ type server struct {
 	// stale scans the node's GPU containers for deleted driver libraries;
 	// nil when off.
 	stale *staleScanner
-	// now is the heartbeat's clock; nil means time.Now.
-	now func() time.Time
+	// clock is the heartbeat's; nil means the real one.
+	clock clock.PassiveClock
 
 	registered atomic.Bool
 	// mu orders the writes and the removal of the plugin file, which the
@@ -145,12 +147,7 @@ type server struct {
 	record *statedir.Plugin
 }
 
-func (s *server) clock() time.Time {
-	if s.now != nil {
-		return s.now()
-	}
-	return time.Now()
-}
+func (s *server) now() time.Time { return wallclock.Or(s.clock).Now() }
 
 func (s *server) run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
@@ -182,7 +179,7 @@ func (s *server) run(ctx context.Context) error {
 	backoff := minBackoff
 	lastErr := ""
 	for {
-		start := time.Now()
+		start := s.now()
 		err := s.connectOnce(ctx)
 		if ctx.Err() != nil {
 			return nil
@@ -193,7 +190,7 @@ func (s *server) run(ctx context.Context) error {
 		default:
 		}
 		// A connection that lasted is a runtime that restarted: come back fast.
-		if time.Since(start) > maxBackoff {
+		if s.now().Sub(start) > maxBackoff {
 			backoff = minBackoff
 		}
 		msg := "connection to the runtime closed"
@@ -305,7 +302,7 @@ func (h *handler) CreateContainer(ctx context.Context, pod *api.PodSandbox, ctr 
 func (s *server) register(runtime, version string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	now := s.clock().UTC()
+	now := s.now().UTC()
 	s.record = &statedir.Plugin{Protocol: layout.NRIProtocol, RuntimeName: runtime, RuntimeVersion: version, RegisteredAt: now, Heartbeat: now}
 	if err := statedir.WritePlugin(s.opts.StateDir, *s.record); err != nil {
 		// Not fatal: the node keeps no label, so pods get hostPath volumes;
@@ -379,7 +376,7 @@ func (s *server) beat() {
 	if s.record == nil {
 		return
 	}
-	s.record.Heartbeat = s.clock().UTC()
+	s.record.Heartbeat = s.now().UTC()
 	if err := statedir.WritePlugin(s.opts.StateDir, *s.record); err != nil {
 		s.log.Error(err, "failed to refresh the plugin's heartbeat")
 	}

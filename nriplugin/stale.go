@@ -11,7 +11,9 @@ import (
 	"github.com/containerd/nri/pkg/api"
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/utils/clock"
 
+	"github.com/gpu-injector/gpu-injector/internal/wallclock"
 	"github.com/gpu-injector/gpu-injector/layout"
 	"github.com/gpu-injector/gpu-injector/nriplugin/stale"
 )
@@ -31,7 +33,7 @@ const maxTracked = 4096
 type staleScanner struct {
 	proc stale.Proc
 	log  logr.Logger
-	now  func() time.Time
+	now  clock.PassiveClock
 
 	mu   sync.Mutex
 	ctrs map[string]*runningGPU
@@ -69,12 +71,7 @@ func newStaleGauges(reg prometheus.Registerer) staleGauges {
 	return g
 }
 
-func (s *staleScanner) clock() time.Time {
-	if s.now != nil {
-		return s.now()
-	}
-	return time.Now()
-}
+func (s *staleScanner) clock() time.Time { return wallclock.Or(s.now).Now() }
 
 // track follows a container if it is a running GPU container: one with an
 // NVIDIA GPU device (gpuDevice), whatever delivered its driver.

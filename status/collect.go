@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/gpu-injector/gpu-injector/config"
+	"github.com/gpu-injector/gpu-injector/internal/wallclock"
 	"github.com/gpu-injector/gpu-injector/layout"
 	"github.com/gpu-injector/gpu-injector/layout/pools"
 )
@@ -59,7 +60,7 @@ type Collector struct {
 	// DryRunNamespace is where the GPU pod is tried; empty picks an opted-in
 	// namespace.
 	DryRunNamespace string
-	// Now is the clock; nil means time.Now.
+	// Now is the clock; nil means the real one.
 	Now func() time.Time
 	// RetryEvery is how often a dry run refused for a missing ServiceAccount
 	// is tried again; zero means 500 ms.
@@ -76,7 +77,7 @@ func (c *Collector) retryEvery() time.Duration {
 // Collect reads everything the report shows. An error means the cluster could
 // not be read; what needs attention is in Report.Attention.
 func (c *Collector) Collect(ctx context.Context) (*Report, error) {
-	now := time.Now
+	now := wallclock.Real().Now
 	if c.Now != nil {
 		now = c.Now
 	}

@@ -19,6 +19,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/yaml"
+
+	"github.com/gpu-injector/gpu-injector/internal/wallclock"
 )
 
 // Exit statuses of `gpu-injector status`.
@@ -147,7 +149,7 @@ func write(w io.Writer, r *Report, o Options) error {
 	}
 	term := terminalOf(w)
 	color := o.Color == "always" || (o.Color == "auto" && term.isTerminal && !noColor())
-	if err := Render(w, r, RenderOptions{Color: color, Width: term.width, Now: time.Now()}); err != nil {
+	if err := Render(w, r, RenderOptions{Color: color, Width: term.width, Now: wallclock.Real().Now()}); err != nil {
 		return fmt.Errorf("failed to write the report: %w", err)
 	}
 	return nil

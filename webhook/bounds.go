@@ -45,6 +45,7 @@ func bounded(next http.Handler, maxInFlight int, readTimeout time.Duration) http
 		// read); the body must follow. Not every writer supports deadlines
 		// (a test's recorder), which leaves the request unbounded in time
 		// only there.
+		// wallclock: a connection deadline is an instant of the real clock.
 		_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(readTimeout))
 		select {
 		case slots <- struct{}{}:

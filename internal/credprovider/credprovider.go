@@ -31,6 +31,8 @@ import (
 	kubeletconfigv1 "k8s.io/kubelet/config/v1"
 	credentialproviderv1 "k8s.io/kubelet/pkg/apis/credentialprovider/v1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/gpu-injector/gpu-injector/internal/wallclock"
 )
 
 // Options configure a Keychain.
@@ -48,7 +50,7 @@ type Options struct {
 	// Environ is the environment a plugin starts with, before the
 	// configuration's env; os.Environ when nil.
 	Environ func() []string
-	// Now is the clock; time.Now when nil.
+	// Now is the clock; the real one when nil.
 	Now func() time.Time
 	// Log says why a plugin gave no credentials.
 	Log logr.Logger
@@ -136,7 +138,7 @@ func Load(o Options) (*Keychain, []string, error) {
 		o.Environ = os.Environ
 	}
 	if o.Now == nil {
-		o.Now = time.Now
+		o.Now = wallclock.Real().Now
 	}
 	k := &Keychain{log: o.Log}
 	var skipped []string

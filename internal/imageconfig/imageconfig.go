@@ -28,6 +28,8 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"golang.org/x/sync/singleflight"
+
+	"github.com/gpu-injector/gpu-injector/internal/wallclock"
 )
 
 // Facts is what admission reads of an image's configuration.
@@ -109,7 +111,7 @@ type Options struct {
 	NodeKeychain authn.Keychain
 	// Transport is the HTTP transport; remote.DefaultTransport when nil.
 	Transport http.RoundTripper
-	// Now is the clock; time.Now when nil.
+	// Now is the clock; the real one when nil.
 	Now func() time.Time
 }
 
@@ -177,7 +179,7 @@ func New(o Options) *Reader {
 	}
 	r.transport = limitedTransport{next: r.transport}
 	if r.now == nil {
-		r.now = time.Now
+		r.now = wallclock.Real().Now
 	}
 	if r.opts.Platform == nil {
 		r.opts.Platform = &v1.Platform{OS: "linux", Architecture: runtime.GOARCH}

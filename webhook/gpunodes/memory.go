@@ -15,10 +15,12 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
 	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/gpu-injector/gpu-injector/config"
+	"github.com/gpu-injector/gpu-injector/internal/wallclock"
 	"github.com/gpu-injector/gpu-injector/layout"
 	"github.com/gpu-injector/gpu-injector/layout/pools"
 )
@@ -81,12 +83,13 @@ type Memory struct {
 	log       logr.Logger
 	// Interval is how often the writer compares the pools with the memory.
 	Interval time.Duration
-	now      func() time.Time
+	// Clock ages the stored pools; the real clock unless set.
+	Clock clock.PassiveClock
 }
 
 // NewMemory returns the memory of ConfigMap namespace/name.
 func NewMemory(cfg *config.Configuration, idx *Index, c client.Client, namespace, name string, log logr.Logger) *Memory {
-	return &Memory{cfg: cfg, idx: idx, client: c, namespace: namespace, name: name, log: log, Interval: 30 * time.Second, now: time.Now}
+	return &Memory{cfg: cfg, idx: idx, client: c, namespace: namespace, name: name, log: log, Interval: 30 * time.Second, Clock: wallclock.Real()}
 }
 
 // MemoryCacheByObject restricts the ConfigMap informer to the memory's one object,
@@ -126,7 +129,7 @@ func (m *Memory) Watch(ctx context.Context, c cache.Cache) error {
 }
 
 func (m *Memory) load(data map[string]string) {
-	mem, errs := pools.DecodeMemory(data, m.cfg, m.now())
+	mem, errs := pools.DecodeMemory(data, m.cfg, m.Clock.Now())
 	for _, err := range errs {
 		layoutsRejected.WithLabelValues(RejectMemory).Inc()
 		m.log.Info("ignoring a remembered pool layout", "configMap", m.namespace+"/"+m.name, "error", err.Error())
@@ -168,7 +171,7 @@ func (m *Memory) Sync(ctx context.Context) error {
 		// A partial node list would look like pools at zero.
 		return nil
 	}
-	now := m.now()
+	now := m.Clock.Now()
 	cm := &corev1.ConfigMap{}
 	err := m.client.Get(ctx, types.NamespacedName{Namespace: m.namespace, Name: m.name}, cm)
 	exists := err == nil

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	clocktesting "k8s.io/utils/clock/testing"
+
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -115,7 +117,9 @@ func FuzzPoolMemory(f *testing.F) {
 		}
 
 		// A pod for the pool at zero is served from memory.
+		// The index ages the memory on the clock it was decoded at.
 		idx := NewIndex(cfg, logr.Discard())
+		idx.SetClock(clocktesting.NewFakePassiveClock(now))
 		idx.SetMemory(mem)
 		layouts := idx.Layouts()
 		for _, l := range layouts {

@@ -30,8 +30,10 @@ import (
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/utils/clock"
 
 	"github.com/gpu-injector/gpu-injector/config"
+	"github.com/gpu-injector/gpu-injector/internal/wallclock"
 	"github.com/gpu-injector/gpu-injector/layout"
 	"github.com/gpu-injector/gpu-injector/layout/pools"
 	"github.com/gpu-injector/gpu-injector/webhook/inject"
@@ -52,7 +54,7 @@ type Index struct {
 	pools     map[string]*poolState
 	memory    map[string]pools.Memory
 	poolViews map[string]poolView
-	now       func() time.Time
+	clock     clock.PassiveClock
 	// draGPUs are the GPUs that DRA ResourceSlices publish per node, which a
 	// Node's allocatable does not list (SetDRAGPUs).
 	draGPUs map[string]int64
@@ -123,7 +125,7 @@ func NewIndex(cfg *config.Configuration, log logr.Logger) *Index {
 		nodes:   map[string]*nodeState{},
 		layouts: map[string]*layoutState{},
 		pools:   map[string]*poolState{},
-		now:     time.Now,
+		clock:   wallclock.Real(),
 		draGPUs: map[string]int64{},
 		wedged:  map[string]*inject.WedgedNode{},
 	}
@@ -134,9 +136,8 @@ func NewIndex(cfg *config.Configuration, log logr.Logger) *Index {
 	return idx
 }
 
-// SetClock replaces the clock that remembered pools are aged against, for
-// tests that read a pool's memory at a fixed time.
-func (idx *Index) SetClock(now func() time.Time) { idx.now = now }
+// SetClock replaces the clock that remembered pools are aged against.
+func (idx *Index) SetClock(c clock.PassiveClock) { idx.clock = c }
 
 // Wedged returns the ready, schedulable nodes whose driver is wedged, sorted
 // by name. The slice is shared and must not be changed.
@@ -145,9 +146,9 @@ func (idx *Index) Wedged() []*inject.WedgedNode { return *idx.wedgedSnap.Load() 
 // Layouts returns the current candidate layouts, sorted by fingerprint. The
 // slice and everything it points to are shared and must not be changed.
 func (idx *Index) Layouts() []*inject.Layout {
-	if exp := idx.expires.Load(); exp != 0 && idx.now().UnixNano() >= exp {
+	if exp := idx.expires.Load(); exp != 0 && idx.clock.Now().UnixNano() >= exp {
 		idx.mu.Lock()
-		if exp := idx.expires.Load(); exp != 0 && idx.now().UnixNano() >= exp {
+		if exp := idx.expires.Load(); exp != 0 && idx.clock.Now().UnixNano() >= exp {
 			idx.publish(nil)
 		}
 		idx.mu.Unlock()
@@ -522,7 +523,7 @@ func (idx *Index) publish(changed []string) {
 	var expires int64
 	if idx.cfg.Pinning.ByPool() {
 		var next time.Time
-		snap, next = idx.withPools(snap, idx.now())
+		snap, next = idx.withPools(snap, idx.clock.Now())
 		if !next.IsZero() {
 			expires = next.UnixNano()
 		}

@@ -13,6 +13,8 @@ import (
 	"time"
 	"unsafe"
 
+	clocktesting "k8s.io/utils/clock/testing"
+
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -1063,7 +1065,9 @@ func TestChooseByRequestedResource(t *testing.T) {
 	cfg = config.Default()
 	cfg.Pinning.NodeLabels = []string{"pool"}
 	idx = NewIndex(cfg, logr.Discard())
-	idx.SetMemory([]pools.Memory{{Pool: "pool=mig", Labels: map[string]string{"pool": "mig"}, NodeLabels: map[string]string{"pool": "mig"}, Plan: migPlan, LastSeen: time.Now()}})
+	seen := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	idx.SetClock(clocktesting.NewFakePassiveClock(seen.Add(time.Hour)))
+	idx.SetMemory([]pools.Memory{{Pool: "pool=mig", Labels: map[string]string{"pool": "mig"}, NodeLabels: map[string]string{"pool": "mig"}, Plan: migPlan, LastSeen: seen}})
 	res := inject.Mutate(inject.Input{Pod: gputest.Pod("nvidia.com/mig-1g.10gb", func(p *corev1.Pod) { p.Namespace = "ml" }), Layouts: idx.Layouts()}, cfg)
 	if res.Decision != inject.DecisionInjected || res.Layout.Remembered == nil {
 		t.Errorf("remembered MIG pool: got %s: %s", res.Decision, res.Reason)

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	clocktesting "k8s.io/utils/clock/testing"
+
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -132,7 +134,8 @@ func TestIndexRememberedPools(t *testing.T) {
 	plan := gputest.Plan("535.104.05")
 	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	idx := NewIndex(cfg, logr.Discard())
-	idx.now = func() time.Time { return now }
+	clk := clocktesting.NewFakePassiveClock(now)
+	idx.SetClock(clk)
 	idx.Update(gputest.Node("a1", plan, 4, inPool("a")))
 	idx.Update(gputest.Node("a2", plan, 4, func(n *corev1.Node) {
 		inPool("a")(n)
@@ -186,6 +189,7 @@ func TestIndexRememberedPools(t *testing.T) {
 
 	// Two days later the memory has expired: the next reader sees it gone.
 	now = now.Add(48 * time.Hour)
+	clk.SetTime(now)
 	for _, l := range idx.Layouts() {
 		if l.Remembered != nil {
 			t.Fatalf("expired memory still offered: %+v", l)
@@ -202,7 +206,8 @@ func TestIndexPoolsOfOneLayout(t *testing.T) {
 	plan, other := gputest.Plan("535.104.05"), gputest.Plan("580.65.06")
 	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	idx := NewIndex(cfg, logr.Discard())
-	idx.now = func() time.Time { return now }
+	clk := clocktesting.NewFakePassiveClock(now)
+	idx.SetClock(clk)
 	idx.Update(gputest.Node("od1", plan, 4, inPool("on-demand")))
 	mem := func(pool string, p layout.Plan, seen time.Time) pools.Memory {
 		labels := map[string]string{poolLabel: pool}
@@ -229,6 +234,7 @@ func TestIndexPoolsOfOneLayout(t *testing.T) {
 	}
 	// spot-2 expires first: the pin forgets it, on the next reader's view.
 	now = now.Add(46*time.Hour + time.Minute)
+	clk.SetTime(now)
 	ls = byPool(idx.Layouts())
 	if l := ls["karpenter.sh/nodepool=on-demand karpenter.sh/nodepool=spot/"+plan.Fingerprint()]; l == nil {
 		t.Fatalf("after spot-2 expired: layouts %v", keysOf(ls))
@@ -318,7 +324,8 @@ func TestMemorySync(t *testing.T) {
 	}
 	c := fake.NewClientBuilder().Build()
 	m := NewMemory(cfg, idx, c, "gpu-injector", "gpu-injector-pools", logr.Discard())
-	m.now = func() time.Time { return now }
+	clk := clocktesting.NewFakePassiveClock(now)
+	m.Clock = clk
 	ctx := context.Background()
 	get := func() *corev1.ConfigMap {
 		cm := &corev1.ConfigMap{}
@@ -337,6 +344,7 @@ func TestMemorySync(t *testing.T) {
 	}
 	// Steady: no write.
 	now = now.Add(time.Minute)
+	clk.SetTime(now)
 	if err := m.Sync(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -346,6 +354,7 @@ func TestMemorySync(t *testing.T) {
 	// The pool leaves: its entry stays until it expires, then goes.
 	idx.Delete("a1")
 	now = now.Add(cfg.Pinning.Remember() - 2*time.Minute)
+	clk.SetTime(now)
 	if err := m.Sync(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -353,6 +362,7 @@ func TestMemorySync(t *testing.T) {
 		t.Fatal("a pool at zero was forgotten before rememberFor")
 	}
 	now = now.Add(2 * time.Minute)
+	clk.SetTime(now)
 	if err := m.Sync(ctx); err != nil {
 		t.Fatal(err)
 	}

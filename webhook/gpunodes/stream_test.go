@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	clocktesting "k8s.io/utils/clock/testing"
+
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -114,7 +116,7 @@ func TestStreamedListLikeWholeNodes(t *testing.T) {
 			streamed, whole := NewIndex(cfg, logr.Discard()), NewIndex(cfg, logr.Discard())
 			now := time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC)
 			for _, idx := range []*Index{streamed, whole} {
-				idx.SetClock(func() time.Time { return now })
+				idx.SetClock(clocktesting.NewFakePassiveClock(now))
 				idx.SetDRAGPUs("gpu-00004", 2)
 			}
 

@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	clocktesting "k8s.io/utils/clock/testing"
+
 	jsonpatchv5 "github.com/evanphx/json-patch/v5"
 	"github.com/go-logr/logr"
 	"gomodules.xyz/jsonpatch/v2"
@@ -206,7 +208,7 @@ func (gc Case) Input(t *testing.T, pod *corev1.Pod) inject.Input {
 func (gc Case) Sources(t *testing.T) (*gpunodes.Index, *gpunodes.DRA) {
 	t.Helper()
 	idx := gpunodes.NewIndex(gc.Config, logr.Discard())
-	idx.SetClock(func() time.Time { return Now })
+	idx.SetClock(clocktesting.NewFakePassiveClock(Now))
 	if gc.Memory != nil {
 		mem, errs := pools.DecodeMemory(gc.Memory, gc.Config, Now)
 		if len(errs) > 0 {
