@@ -655,8 +655,23 @@ func TestRender(t *testing.T) {
 				}
 			},
 		},
-		"no second mount of /run/nvidia where the host's root is not shared": {
-			opts: with(kube136, "nodeprobe.driverRootPropagation=false"),
+		"driverRootPropagation: /run/nvidia again, read-only with HostToContainer": {
+			opts: with(kube136, "nodeprobe.driverRootPropagation=true"),
+			check: func(t *testing.T, r rendered) {
+				ds := mustGet[appsv1.DaemonSet](t, r, "DaemonSet", probeSA)
+				c := container(t, ds.Spec.Template, "nodeprobe")
+				checkVolume(t, ds.Spec.Template, c, "host-run-nvidia", "/host/run/nvidia", func(v corev1.Volume) bool {
+					return v.HostPath != nil && v.HostPath.Path == "/run/nvidia" && ptrValue(v.HostPath.Type) == corev1.HostPathDirectoryOrCreate
+				})
+				for _, m := range c.VolumeMounts {
+					if m.Name == "host-run-nvidia" && (!m.ReadOnly || m.RecursiveReadOnly != nil || ptrValue(m.MountPropagation) != corev1.MountPropagationHostToContainer) {
+						t.Errorf("/run/nvidia mount = %+v, want read-only, HostToContainer", m)
+					}
+				}
+			},
+		},
+		"no propagation by default: the probe starts where the host's root is private": {
+			opts: with(kube136),
 			check: func(t *testing.T, r rendered) {
 				ds := mustGet[appsv1.DaemonSet](t, r, "DaemonSet", probeSA)
 				for _, v := range ds.Spec.Template.Spec.Volumes {
@@ -854,14 +869,12 @@ func checkNodeprobe(t *testing.T, r rendered) {
 	if m := hostRootMount(t, r); !m.ReadOnly || ptrValue(m.RecursiveReadOnly) != corev1.RecursiveReadOnlyIfPossible || m.MountPropagation != nil {
 		t.Errorf("host root mount = %+v, want read-only, recursiveReadOnly IfPossible, no propagation", m)
 	}
-	// The GPU operator's driver root, mounted after the probe started, shows up
-	// through /run/nvidia mounted again with propagation, and read-only.
-	checkVolume(t, ds.Spec.Template, c, "host-run-nvidia", "/host/run/nvidia", func(v corev1.Volume) bool {
-		return v.HostPath != nil && v.HostPath.Path == "/run/nvidia" && ptrValue(v.HostPath.Type) == corev1.HostPathDirectoryOrCreate
-	})
+	// No mount propagates by default (the runtime refuses a propagated mount where
+	// the host's / is private): a later driver mount is found by the probe's
+	// comparison of mount tables, and driverRootPropagation opts into the watch.
 	for _, m := range c.VolumeMounts {
-		if m.Name == "host-run-nvidia" && (!m.ReadOnly || m.RecursiveReadOnly != nil || ptrValue(m.MountPropagation) != corev1.MountPropagationHostToContainer) {
-			t.Errorf("/run/nvidia mount = %+v, want read-only, HostToContainer", m)
+		if m.MountPropagation != nil || m.Name == "host-run-nvidia" {
+			t.Errorf("probe mount %+v by default, want none with propagation", m)
 		}
 	}
 }

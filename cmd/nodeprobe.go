@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"time"
 
 	"k8s.io/client-go/kubernetes"
@@ -45,6 +46,7 @@ func parseNodeProbeFlags(args []string, stderr io.Writer) (*nodeProbeFlags, erro
 	fs.StringVar(&o.MetricsAddr, "metrics-bind-address", ":8083", "address of /metrics; 0 disables")
 	fs.IntVar(&f.verbosity, "v", 0, "log verbosity; 1 logs every probe's notes")
 	fs.DurationVar(&f.nvmlTimeout, "nvml-timeout", nodeprobe.DefaultNVMLTimeout, "longest wait for NVML (nvmlInit to nvmlShutdown) before the node is marked wedged")
+	fs.StringVar(&o.HostMountTable, "host-mount-table", nodeprobe.DefaultHostMountTable, "the host's mount table, under --host-root: the probe compares the host's driver mounts ("+strings.Join(nodeprobe.DriverMountRoots, ", ")+") with its own copy of them, and restarts when a driver mount came or went that its container cannot see")
 	fs.StringVar(&o.StateDir, "state-dir", "", "folder shared with the NRI plugin: the probe writes layout.json there after every probe, and publishes the "+layout.LabelNRIPlugin+" label while the plugin's nri-plugin.json there says it is registered; empty is off")
 	fs.BoolVar(&o.Probe.IgnoreRuntimeInjection, "ignore-runtime-injection", false, "plan mounts even where the container runtime or the device plugin injects the driver itself (NVIDIA toolkit as the default runtime, CDI specs, GKE's device plugin)")
 	if err := parse(fs, args); err != nil {

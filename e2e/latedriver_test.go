@@ -90,3 +90,66 @@ func TestDriverArrivesLater(t *testing.T) {
 		t.Errorf("pod pinned to %s, node publishes %s", p.Spec.NodeSelector[layout.LabelFingerprint], got.Labels[layout.LabelFingerprint])
 	}
 }
+
+// driverMountLimit is how soon the probe's container sees a driver mounted
+// on the host after it started, where its copy of the host's mounts does not
+// follow the host's: the probe's 10 s comparison, then the kubelet's restart.
+const driverMountLimit = 60 * time.Second
+
+// TestDriverMountArrivesLater: the chart's defaults on a node whose root is a
+// private mount, as this machine's is when it is itself a container, and as a
+// node that boots without systemd has it. The probe started there (the
+// suite's install would have failed otherwise); a mount then arrives at
+// /run/nvidia/driver in the node's mount namespace, as the GPU operator's
+// driver container mounts its root, which the probe's container cannot see
+// without propagation. The probe restarts its container once to see it, says
+// so on the Node (driver-mounts=restart), and restarts once more when the
+// mount goes, so it never serves from a stale copy.
+func TestDriverMountArrivesLater(t *testing.T) {
+	kn := testEnv.KubeletNode()
+	ctx := testContext(t)
+	n, err := client().CoreV1().Nodes().Get(ctx, kn.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := n.Labels[layout.LabelDriverMounts]; got != layout.DriverMountsRestart {
+		t.Errorf("label %s = %q on a node whose / is private, want %q", layout.LabelDriverMounts, got, layout.DriverMountsRestart)
+	}
+	restarts := kn.ProbeRestarts()
+	const mount = "mkdir -p /run/nvidia/driver && mount -t tmpfs -o size=1m,mode=0755 gpu-injector-e2e /run/nvidia/driver"
+	if _, err := testEnv.Cluster.InNodeNamespace(ctx, "/bin/sh", "-c", mount); err != nil {
+		t.Fatal(err)
+	}
+	mounted := true
+	t.Cleanup(func() {
+		if mounted {
+			_, _ = testEnv.Cluster.InNodeNamespace(context.Background(), "/bin/sh", "-c", "umount /run/nvidia/driver")
+		}
+		_, _ = testEnv.Cluster.InNodeNamespace(context.Background(), "/bin/sh", "-c", "rmdir /run/nvidia/driver /run/nvidia")
+		if _, err := testEnv.WaitProbed(context.Background()); err != nil {
+			t.Errorf("nodes not ready again after the test: %v", err)
+		}
+	})
+	start := time.Now()
+	waitFor(t, driverMountLimit, "the probe to restart for the new driver mount", func(context.Context) (bool, error) {
+		return kn.ProbeRestarts() > restarts, nil
+	})
+	t.Logf("driver mount seen: the probe restarted %s later", time.Since(start).Round(100*time.Millisecond))
+	if _, err := testEnv.WaitProbed(ctx); err != nil {
+		t.Fatalf("the node is not ready after the probe's restart: %v", err)
+	}
+	// Its new copy has the mount: no further restart.
+	after := kn.ProbeRestarts()
+	time.Sleep(25 * time.Second)
+	if got := kn.ProbeRestarts(); got != after {
+		t.Fatalf("the probe restarted %d more times with the mount in its copy: a loop", got-after)
+	}
+
+	if _, err := testEnv.Cluster.InNodeNamespace(ctx, "/bin/sh", "-c", "umount /run/nvidia/driver"); err != nil {
+		t.Fatal(err)
+	}
+	mounted = false
+	waitFor(t, driverMountLimit, "the probe to restart once the driver mount went", func(context.Context) (bool, error) {
+		return kn.ProbeRestarts() > after, nil
+	})
+}

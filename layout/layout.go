@@ -120,6 +120,17 @@ const (
 	// creation. Its value is the marker protocol the plugin serves
 	// (NRIProtocol); absent means no plugin, or one that is not registered.
 	LabelNRIPlugin = Prefix + "nri-plugin"
+
+	// LabelDriverMounts on a Node says how a driver that its host mounts
+	// after the probe started (the GPU operator's driver container at
+	// /run/nvidia/driver) reaches the probe: DriverMountsPropagated, the
+	// probe's copy of the host's mounts follows the host's, and the driver
+	// watch sees it at once; DriverMountsRestart, the probe compares the
+	// host's mount table with its own and restarts its container when they
+	// differ, within about 10 seconds and the kubelet's restart.
+	LabelDriverMounts      = Prefix + "driver-mounts"
+	DriverMountsPropagated = "propagated"
+	DriverMountsRestart    = "restart"
 	// NRIProtocol is the version of AnnotationRuntimeInject this code reads
 	// and writes.
 	NRIProtocol = "v1"

@@ -178,7 +178,7 @@ var owned = map[string]bool{
 	layout.LabelComputeCapability: true, layout.LabelMIGEnabled: true,
 	AnnotationVersionSource: true, AnnotationNVMLState: true,
 	layout.LabelNRIPlugin: true, layout.LabelCUDADriverVersionNumber: true,
-	layout.AnnotationStaleDriver: true,
+	layout.AnnotationStaleDriver: true, layout.LabelDriverMounts: true,
 }
 
 // ours returns the entries of m that the probe owns.

@@ -53,6 +53,11 @@ type Options struct {
 	// StateDir is the folder shared with the NRI plugin (package
 	// layout/statedir); empty is off.
 	StateDir string
+	// HostMountTable is the host's mount table, relative to the host's root
+	// (DefaultHostMountTable when empty), which the probe compares with its
+	// own copy of the host's driver mounts every MountPoll (10 s when 0).
+	HostMountTable string
+	MountPoll      time.Duration
 	// Probe are the options of every probe.
 	Probe ProbeOptions
 	// Client writes the Node.
@@ -195,6 +200,9 @@ type daemon struct {
 	relabel    chan struct{}
 	lastPub    *Published
 	pluginPoll time.Duration
+	// mountsPropagate: the container's copy of the host's driver mounts
+	// follows the host's (watchMounts).
+	mountsPropagate atomic.Bool
 	// staleDriver is the plugin's stale driver record as the Node's
 	// annotation value; "" when it has none (staledriver.go).
 	staleDriver atomic.Value
@@ -249,7 +257,7 @@ func (d *daemon) run(ctx context.Context) error {
 	// The driver answering again is news the node should carry at once,
 	// not at the next interval.
 	d.probe.NVMLWatch.Returned = d.wakeUp
-	errc := make(chan error, 2)
+	errc := make(chan error, 3)
 	if err := nodeagent.Serve(ctx, d.opts.HealthAddr, d.healthMux(), errc); err != nil {
 		return err
 	}
@@ -270,6 +278,7 @@ func (d *daemon) run(ctx context.Context) error {
 		d.driverChanged = make(chan struct{}, 1)
 	}
 	go d.watchDriver(ctx, log)
+	go d.watchMounts(ctx, log, errc)
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {
@@ -356,7 +365,7 @@ func (d *daemon) once(ctx context.Context, log logr.Logger) error {
 		return err
 	}
 	d.lastPub = &pub
-	pub = d.withPlugin(pub)
+	pub = d.withMounts(d.withPlugin(pub))
 	wrote, err := Publish(ctx, d.client, d.opts.NodeName, pub)
 	// Counted and said even when the condition after the labels failed.
 	if wrote {

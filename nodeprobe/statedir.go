@@ -126,7 +126,7 @@ func (d *daemon) republish(ctx context.Context, log logr.Logger) error {
 		// The first probe publishes the label with everything else.
 		return nil
 	}
-	pub := d.withPlugin(*d.lastPub)
+	pub := d.withMounts(d.withPlugin(*d.lastPub))
 	wrote, err := Publish(ctx, d.client, d.opts.NodeName, pub)
 	if wrote {
 		d.metrics.writes.Inc()

@@ -346,7 +346,7 @@ func (c *Collector) readNodes(ctx context.Context, cfg *config.Configuration, r 
 		ns := NodeStatus{Name: n.Name, State: state, GPUs: gpus, Unschedulable: n.Spec.Unschedulable,
 			Reason:        n.Annotations[layout.AnnotationStateReason],
 			DriverVersion: n.Labels[layout.LabelDriverVersion], Fingerprint: n.Labels[layout.LabelFingerprint],
-			NRIPlugin: n.Labels[layout.LabelNRIPlugin]}
+			NRIPlugin: n.Labels[layout.LabelNRIPlugin], DriverMounts: n.Labels[layout.LabelDriverMounts]}
 		if hasLayout {
 			if plan, err := layout.Decode(n.Annotations[layout.AnnotationLayout]); err == nil {
 				ns.Runtime = plan.RuntimeInjection

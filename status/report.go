@@ -100,6 +100,10 @@ type NodeStatus struct {
 	// the driver at container creation, which Pod Security's baseline and
 	// restricted levels allow (no hostPath in the pod).
 	NRIPlugin string `json:"nriPlugin,omitempty"`
+	// DriverMounts is the gpu-injector.io/driver-mounts label: how a driver
+	// mounted on the host after the probe started reaches it (propagated:
+	// at once; restart: the probe restarts its container to see it).
+	DriverMounts string `json:"driverMounts,omitempty"`
 	// Runtime is the layout's runtimeInjection (toolkit, cdi, device-plugin):
 	// the node's own runtime or device plugin injects, so pods get no hostPath.
 	Runtime       string `json:"runtime,omitempty"`

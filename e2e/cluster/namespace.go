@@ -7,6 +7,17 @@ import (
 	"os/exec"
 )
 
+// NodeMountTable is the mount table of the node's mount namespace, as a
+// path under the host's root: what the probe compares its own copy of the
+// host's driver mounts with (nodeprobe --host-mount-table). On a real node
+// that is init's, /proc/1/mountinfo; here the node's namespace is not init's.
+func (c *Cluster) NodeMountTable() string {
+	if holder := c.proc("namespace"); holder != nil {
+		return fmt.Sprintf("/proc/%d/mountinfo", holder.pid())
+	}
+	return "/proc/1/mountinfo"
+}
+
 // InNodeNamespace runs a program in the mount namespace that containerd, its
 // shims and the kubelet share, and returns its combined output. A test mounts
 // there what the node's containers are to see: the host's mounts reach that

@@ -150,45 +150,15 @@ func (e *Env) HelmCommand(ctx context.Context, args ...string) (string, error) {
 // helm's --wait nor rolls out a new configuration.
 const probeOnGPUNodes = `nodeprobe.nodeSelector.nvidia\.com/gpu\.present=true`
 
-// privateRoot is set where this machine's / is a private mount (a machine
-// that is itself a container): the runtime refuses the HostToContainer
-// mount of /run/nvidia there (`path "/run/nvidia" is mounted on "/" but it
-// is not a shared or slave mount`), as it would on such a node. The
-// stand-in driver is files, not a mount, which the probe's watch sees
-// without propagation.
-const privateRoot = "nodeprobe.driverRootPropagation=false"
-
-// rootShared reports whether this machine's / is a shared or slave mount,
-// as mount propagation into a container needs.
-func rootShared() bool {
-	data, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return false
-	}
-	for _, line := range strings.Split(string(data), "\n") {
-		fields := strings.Fields(line)
-		if len(fields) < 7 || fields[4] != "/" {
-			continue
-		}
-		// Optional fields, up to the "-" separator, carry the propagation.
-		for _, f := range fields[6:] {
-			if f == "-" {
-				break
-			}
-			if strings.HasPrefix(f, "shared:") || strings.HasPrefix(f, "master:") {
-				return true
-			}
-		}
-		return false
-	}
-	return false
-}
-
 // helmArgs are the --set flags of HelmValues and sets.
 func (e *Env) helmArgs(sets ...string) []string {
+	// The chart's defaults start the probe whatever the propagation of the
+	// host's mounts (this machine's / is private where it is itself a
+	// container, as a node that boots without systemd has it). The one
+	// difference from a node: the node's mount namespace is not init's.
 	args := []string{"--set-string", probeOnGPUNodes}
-	if !rootShared() {
-		args = append(args, "--set", privateRoot)
+	if e.Cluster != nil {
+		args = append(args, "--set-string", "nodeprobe.extraArgs[0]=--host-mount-table="+e.Cluster.NodeMountTable())
 	}
 	for _, s := range append(e.HelmValues(), sets...) {
 		args = append(args, "--set", s)
