@@ -315,11 +315,15 @@ func forceReadOnly(ch *change, injected []string) {
 		c := ref.get(pod)
 		for i := range c.VolumeMounts {
 			vm := &c.VolumeMounts[i]
-			if !slices.Contains(injected, vm.Name) || vm.ReadOnly {
+			if !slices.Contains(injected, vm.Name) || recursivelyReadOnly(vm) {
 				continue
 			}
+			if vm.ReadOnly {
+				ch.warn("%s %q mounts the injected volume %q read-only at %s, but not what is mounted below it; made it recursively read-only", kind, c.Name, vm.Name, vm.MountPath)
+			} else {
+				ch.warn("%s %q mounts the injected volume %q read-write at %s; made it recursively read-only", kind, c.Name, vm.Name, vm.MountPath)
+			}
 			ch.do(readOnlyMount{container: ref, index: i})
-			ch.warn("%s %q mounts the injected volume %q read-write at %s; made it read-only", kind, c.Name, vm.Name, vm.MountPath)
 		}
 	}
 	for i := range pod.Spec.InitContainers {
@@ -331,6 +335,14 @@ func forceReadOnly(ch *change, injected []string) {
 	for i := range pod.Spec.EphemeralContainers {
 		fix("ephemeral container", containerRef{ephemeralContainers, i})
 	}
+}
+
+// recursivelyReadOnly reports whether a mount is read-only down to what is
+// mounted below its host path, as readOnlyUse mounts an injected volume:
+// readOnly alone leaves a submount of the host's driver folder writable.
+func recursivelyReadOnly(vm *corev1.VolumeMount) bool {
+	r := vm.RecursiveReadOnly
+	return vm.ReadOnly && r != nil && (*r == corev1.RecursiveReadOnlyIfPossible || *r == corev1.RecursiveReadOnlyEnabled)
 }
 
 func hostPathVolume(mt layout.Mount) corev1.Volume {
