@@ -19,7 +19,7 @@ import (
 const ephemeralPolicy = "gpu-injector-ephemeral-containers"
 
 // TestEphemeralContainersPolicy: an ephemeral container may mount an injected
-// driver volume only read-only; other volumes and other pods are not its
+// driver volume only recursively read-only, as the webhook mounts it; other volumes and other pods are not its
 // business.
 func TestEphemeralContainersPolicy(t *testing.T) {
 	vap := mustGet[admissionregistrationv1.ValidatingAdmissionPolicy](t, render(t, kube136), "ValidatingAdmissionPolicy", ephemeralPolicy)
@@ -47,9 +47,13 @@ spec:
 		mount  string
 		denied bool
 	}{
-		"driver volume read-write":   {mount: "    - {name: gpu-injector-0b56974fbfa82afc3217fbd5, mountPath: /host-driver}\n", denied: true},
-		"driver volume read-only":    {mount: "    - {name: gpu-injector-0b56974fbfa82afc3217fbd5, mountPath: /host-driver, readOnly: true}\n"},
-		"a user's volume read-write": {mount: "    - {name: gpu-injector-scratch, mountPath: /scratch}\n"},
+		"driver volume read-write":                 {mount: "    - {name: gpu-injector-0b56974fbfa82afc3217fbd5, mountPath: /host-driver}\n", denied: true},
+		"driver volume read-only, not recursively": {mount: "    - {name: gpu-injector-0b56974fbfa82afc3217fbd5, mountPath: /host-driver, readOnly: true}\n", denied: true},
+		"driver volume recursiveReadOnly Disabled": {mount: "    - {name: gpu-injector-0b56974fbfa82afc3217fbd5, mountPath: /host-driver, readOnly: true, recursiveReadOnly: Disabled}\n", denied: true},
+		"driver volume recursiveReadOnly alone":    {mount: "    - {name: gpu-injector-0b56974fbfa82afc3217fbd5, mountPath: /host-driver, recursiveReadOnly: Enabled}\n", denied: true},
+		"driver volume recursively read-only":      {mount: "    - {name: gpu-injector-0b56974fbfa82afc3217fbd5, mountPath: /host-driver, readOnly: true, recursiveReadOnly: IfPossible}\n"},
+		"driver volume read-only, Enabled":         {mount: "    - {name: gpu-injector-0b56974fbfa82afc3217fbd5, mountPath: /host-driver, readOnly: true, recursiveReadOnly: Enabled}\n"},
+		"a user's volume read-write":               {mount: "    - {name: gpu-injector-scratch, mountPath: /scratch}\n"},
 	}
 	gvk := schema.GroupVersionKind{Version: "v1", Kind: "Pod"}
 	gvr := schema.GroupVersionResource{Version: "v1", Resource: "pods"}

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 // AnnotationStaleDriver is the node's GPU containers that still map a driver
@@ -70,7 +72,9 @@ func DecodeStaleDriver(v string) (StaleDriver, error) {
 	}
 	for _, p := range s.Pods {
 		ns, name, ok := strings.Cut(p, "/")
-		if !ok || ns == "" || name == "" || len(ns) > 253 || len(name) > 253 || strings.ContainsAny(name, "/ \t\n") {
+		// The API server's own rules for the two: no control character, no
+		// space, nothing a terminal would take for a command.
+		if !ok || len(validation.IsDNS1123Label(ns)) > 0 || len(validation.IsDNS1123Subdomain(name)) > 0 {
 			return StaleDriver{}, fmt.Errorf("failed to decode %s: %q is no namespace/name", AnnotationStaleDriver, Truncate(p, 64))
 		}
 	}

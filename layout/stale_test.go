@@ -25,14 +25,18 @@ func TestStaleDriverRoundTrip(t *testing.T) {
 
 func TestDecodeStaleDriverRefuses(t *testing.T) {
 	for name, v := range map[string]string{
-		"not json":      "{",
-		"unknown field": `{"containers":1,"x":1}`,
-		"negative":      `{"containers":-1}`,
-		"more pods":     `{"stalePods":1,"pods":["a/b","a/c"]}`,
-		"no namespace":  `{"stalePods":1,"pods":["b"]}`,
-		"slash in name": `{"stalePods":1,"pods":["a/b/c"]}`,
-		"too large":     `{"pods":["` + strings.Repeat("a", maxStaleDriverBytes) + `"]}`,
-		"too many pods": `{"stalePods":30,"pods":[` + strings.Repeat(`"a/b",`, 21) + `"a/b"]}`,
+		"not json":                 "{",
+		"unknown field":            `{"containers":1,"x":1}`,
+		"negative":                 `{"containers":-1}`,
+		"more pods":                `{"stalePods":1,"pods":["a/b","a/c"]}`,
+		"no namespace":             `{"stalePods":1,"pods":["b"]}`,
+		"slash in name":            `{"stalePods":1,"pods":["a/b/c"]}`,
+		"too large":                `{"pods":["` + strings.Repeat("a", maxStaleDriverBytes) + `"]}`,
+		"too many pods":            `{"stalePods":30,"pods":[` + strings.Repeat(`"a/b",`, 21) + `"a/b"]}`,
+		"an escape in a name":      `{"stalePods":1,"pods":["ml/train\u001b]0;owned\u0007"]}`,
+		"a carriage return":        `{"stalePods":1,"pods":["ml\r/train"]}`,
+		"a control char, no space": `{"stalePods":1,"pods":["ml/tr\u0085ain"]}`,
+		"a capital":                `{"stalePods":1,"pods":["ML/train"]}`,
 	} {
 		if _, err := DecodeStaleDriver(v); err == nil {
 			t.Errorf("%s: %s decoded", name, v)
@@ -53,6 +57,11 @@ func FuzzDecodeStaleDriver(f *testing.F) {
 		}
 		if len(s.Pods) > MaxStalePods || len(s.Pods) > s.StalePods {
 			t.Fatalf("decoded %d pods of %d", len(s.Pods), s.StalePods)
+		}
+		for _, p := range s.Pods {
+			if Printable(p) != p || strings.ContainsAny(p, " \t") {
+				t.Fatalf("decoded pod %q, not printable on one line", p)
+			}
 		}
 		enc, err := EncodeStaleDriver(s)
 		if err != nil {

@@ -112,12 +112,14 @@ func (r Result) Wedged() bool {
 	return r.Condition == ConditionDriverWedged || r.Condition == ConditionGPULost
 }
 
-// Reason is the state-reason annotation value of a failed probe.
+// Reason is the state-reason annotation value of a failed probe, in what
+// layout.DecodeStateReason reads: a message may quote the host's file names.
 func (r Result) Reason() string {
-	if r.Message == "" {
-		return string(r.Condition)
+	reason := string(r.Condition)
+	if r.Message != "" {
+		reason += ": " + r.Message
 	}
-	return string(r.Condition) + ": " + r.Message
+	return layout.OneLine(reason, layout.MaxStateReasonBytes)
 }
 
 // ErrNVMLReload is returned by an OpenNVML that refuses to load a second,

@@ -260,7 +260,11 @@ func libraryPath(env, libs []string, mode string) (value string, ok bool) {
 // (cudareq). The error completes a sentence that names the container, and
 // says what would let it run.
 func checkRequirements(env []string, plan *layout.Plan) (result string, err error) {
-	vars, _ := cudareq.FromEnv(env)
+	vars, _, err := cudareq.FromEnv(env)
+	if err != nil {
+		return ResultCUDAInvalid, fmt.Errorf("has more requirements of the driver than gpu-injector checks (%w); keep at most %d of them, or set %s=true to skip the check",
+			err, cudareq.MaxVars, cudareq.EnvDisable)
+	}
 	node := cudareq.Node{Driver: plan.DriverVersion, CUDA: plan.CUDADriverVersion}
 	cuda := plan.CUDADriverVersion
 	if cuda == "" {

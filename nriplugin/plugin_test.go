@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/containerd/nri/pkg/api"
 	"github.com/go-logr/logr"
@@ -507,4 +508,68 @@ func cudaRequirement(cuda string, branches ...int) string {
 		}
 	}
 	return strings.Join(parts, " ")
+}
+
+// manyRequirements is a container environment of n variables, every one a
+// distinct NVIDIA_REQUIRE_* that the node satisfies: what a pod's author can
+// write to make each of the node's container creations wait on this one.
+func manyRequirements(n int) []string {
+	env := make([]string, n)
+	for i := range env {
+		env[i] = fmt.Sprintf("NVIDIA_REQUIRE_X%d=cuda>=1.0", i)
+	}
+	return env
+}
+
+// TestCreateContainerManyRequirements: a container of 100,000 distinct
+// NVIDIA_REQUIRE_* variables is refused well within NRI's 2 s timeout for a
+// plugin, which would otherwise drop the plugin and stall every container
+// creation on the node; with the check off it is injected as fast.
+func TestCreateContainerManyRequirements(t *testing.T) {
+	plan := folderPlan("580.159.04")
+	plan.CUDADriverVersion = "13.0"
+	for name, tc := range map[string]struct {
+		env    []string
+		result string
+	}{
+		"checked":  {manyRequirements(100_000), ResultCUDAInvalid},
+		"disabled": {append(manyRequirements(100_000), "NVIDIA_DISABLE_REQUIRE=true"), ResultInjected},
+	} {
+		t.Run(name, func(t *testing.T) {
+			p, c := newPlugin(t, &plan)
+			ctr := gpuContainer("main")
+			ctr.Env = tc.env
+			start := time.Now()
+			_, _, err := p.CreateContainer(context.Background(), pod("main"), ctr)
+			took := time.Since(start)
+			t.Logf("handled in %s: %v", took, err)
+			if took > time.Second {
+				t.Errorf("took %s, want well under NRI's 2 s", took)
+			}
+			if !reflect.DeepEqual(c, counts{tc.result: 1}) {
+				t.Errorf("counted %v, want %s once", c, tc.result)
+			}
+			if (err != nil) != (tc.result != ResultInjected) {
+				t.Errorf("CreateContainer = %v", err)
+			}
+			if err != nil && !strings.Contains(err.Error(), "at most 64") {
+				t.Errorf("the refusal does not say how many are allowed: %v", err)
+			}
+		})
+	}
+}
+
+// BenchmarkCreateContainerManyRequirements is a container of 100,000
+// NVIDIA_REQUIRE_* variables, against NRI's 2 s timeout for a plugin.
+func BenchmarkCreateContainerManyRequirements(b *testing.B) {
+	plan := folderPlan("580.159.04")
+	plan.CUDADriverVersion = "13.0"
+	p, _ := newPlugin(b, &plan)
+	p.Count = nil
+	ctr := gpuContainer("main")
+	ctr.Env = manyRequirements(100_000)
+	b.ReportAllocs()
+	for b.Loop() {
+		_, _, _ = p.CreateContainer(context.Background(), pod("main"), ctr)
+	}
 }

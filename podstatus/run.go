@@ -114,7 +114,8 @@ func Write(w io.Writer, r *Report, output string) error {
 func render(out io.Writer, r *Report) error {
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	row := func(label, format string, args ...any) {
-		fmt.Fprintf(tw, "%s\t%s\n", label, fmt.Sprintf(format, args...))
+		// Values quote what nodes and pods wrote.
+		fmt.Fprintf(tw, "%s\t%s\n", label, layout.Printable(fmt.Sprintf(format, args...)))
 	}
 	where := r.Phase
 	if r.Node != "" {
@@ -208,7 +209,7 @@ func render(out io.Writer, r *Report) error {
 	}
 	fmt.Fprintln(out, "\nNEEDS ATTENTION (docs/troubleshooting.md)")
 	for _, a := range r.Attention {
-		if _, err := fmt.Fprintf(out, "  -  %s\n", a); err != nil {
+		if _, err := fmt.Fprintf(out, "  -  %s\n", layout.Printable(a)); err != nil {
 			return err
 		}
 	}

@@ -344,7 +344,7 @@ func (c *Collector) readNodes(ctx context.Context, cfg *config.Configuration, r 
 			continue
 		}
 		ns := NodeStatus{Name: n.Name, State: state, GPUs: gpus, Unschedulable: n.Spec.Unschedulable,
-			Reason:        n.Annotations[layout.AnnotationStateReason],
+			Reason:        stateReason(n.Annotations),
 			DriverVersion: n.Labels[layout.LabelDriverVersion], Fingerprint: n.Labels[layout.LabelFingerprint],
 			NRIPlugin: n.Labels[layout.LabelNRIPlugin], DriverMounts: n.Labels[layout.LabelDriverMounts]}
 		if hasLayout {
@@ -353,6 +353,7 @@ func (c *Collector) readNodes(ctx context.Context, cfg *config.Configuration, r 
 			}
 		}
 		readStaleDriver(&ns, n.Annotations)
+		c.confirmStalePods(ctx, &ns)
 		r.Nodes = append(r.Nodes, ns)
 	}
 	sort.Slice(r.Nodes, func(i, j int) bool { return r.Nodes[i].Name < r.Nodes[j].Name })
@@ -576,4 +577,54 @@ func (c *Collector) Config(ctx context.Context) (*config.Configuration, string, 
 	}
 	cfg, note := c.readConfig(ctx, ns, configMap)
 	return cfg, ns, note, nil
+}
+
+// stateReason is the node's state-reason annotation, or why it is not shown.
+func stateReason(annotations map[string]string) string {
+	v, ok := annotations[layout.AnnotationStateReason]
+	if !ok {
+		return ""
+	}
+	reason, err := layout.DecodeStateReason(v)
+	if err != nil {
+		return "(not shown: " + err.Error() + ")"
+	}
+	return reason
+}
+
+// confirmStalePods keeps of the pods a node's stale driver record names those
+// that run on that node (spec.nodeName, which the scheduler sets): a node
+// could otherwise have the operator restart pods anywhere.
+func (c *Collector) confirmStalePods(ctx context.Context, n *NodeStatus) {
+	s := n.StaleDriver
+	if s == nil || len(s.Pods) == 0 {
+		return
+	}
+	sel := fields.OneTermEqualSelector("spec.nodeName", n.Name).String()
+	on := map[string]bool{}
+	for opts := (metav1.ListOptions{FieldSelector: sel, Limit: unreadPage}); ; {
+		list, err := c.Client.CoreV1().Pods("").List(ctx, opts)
+		if err != nil {
+			n.StaleDriver, n.StaleDriverNote = nil, layout.OneLine(fmt.Sprintf("failed to list the node's pods, to confirm those it names: %v", err), 300)
+			return
+		}
+		for i := range list.Items {
+			// A client or a server that ignores the selector must not count.
+			if p := &list.Items[i]; p.Spec.NodeName == n.Name {
+				on[p.Namespace+"/"+p.Name] = true
+			}
+		}
+		if opts.Continue = list.Continue; opts.Continue == "" {
+			break
+		}
+	}
+	kept := s.Pods[:0:0]
+	for _, p := range s.Pods {
+		if on[p] {
+			kept = append(kept, p)
+		} else {
+			n.StaleDriverNotOnNode++
+		}
+	}
+	s.Pods = kept
 }

@@ -66,7 +66,7 @@ func (t *table) write(w *errWriter, o RenderOptions, indent string) {
 	}
 	for _, r := range t.rows {
 		for i, c := range r {
-			widths[i] = max(widths[i], utf8.RuneCountInString(c.text))
+			widths[i] = max(widths[i], utf8.RuneCountInString(layout.Printable(c.text)))
 		}
 	}
 	line := func(cells []cell) {
@@ -74,7 +74,8 @@ func (t *table) write(w *errWriter, o RenderOptions, indent string) {
 		b.WriteString(indent)
 		used := len(indent)
 		for i, c := range cells {
-			text := c.text
+			// Cells quote what nodes and pods wrote.
+			text := layout.Printable(c.text)
 			last := i == len(cells)-1
 			if last && o.Width > 0 {
 				text = cut(text, max(o.Width-used, 20))

@@ -114,6 +114,9 @@ type NodeStatus struct {
 	// was not believed.
 	StaleDriver     *layout.StaleDriver `json:"staleDriver,omitempty"`
 	StaleDriverNote string              `json:"staleDriverNote,omitempty"`
+	// StaleDriverNotOnNode is how many pods the record named that do not run
+	// on the node, left out of StaleDriver.Pods.
+	StaleDriverNotOnNode int `json:"staleDriverNotOnNode,omitempty"`
 }
 
 // PoolsStatus is the webhook's memory of pools at zero.

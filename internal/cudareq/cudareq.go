@@ -67,12 +67,24 @@ type Var struct {
 	Name, Value string
 }
 
+// MaxVars bounds the distinct requirement variables of one environment:
+// NVIDIA's CUDA images set one, NVIDIA_REQUIRE_CUDA, and an image that
+// splits its needs over a few more stays far below it. FromEnv reads every
+// entry once whatever the count, and keeps no more than MaxVars of them, so
+// that a pod's author cannot make the NRI plugin, which checks each at every
+// container creation on the node, work past NRI's timeout.
+const MaxVars = 64
+
 // FromEnv returns the requirement variables of env, entries KEY=VALUE as an
 // OCI spec holds them, sorted by name, and whether NVIDIA_DISABLE_REQUIRE
 // turns the check off. A name given twice counts once, with its first value,
-// which is the one getenv(3) returns to the container's programs.
-func FromEnv(env []string) (vars []Var, disabled bool) {
+// which is the one getenv(3) returns to the container's programs. More than
+// MaxVars distinct names is an error wrapping ErrInvalid, unless the check
+// is off.
+func FromEnv(env []string) (vars []Var, disabled bool, err error) {
 	sawDisable := false
+	seen := map[string]struct{}{}
+	tooMany := false
 	for _, kv := range env {
 		k, v, ok := strings.Cut(kv, "=")
 		if !ok || !strings.HasPrefix(k, "NVIDIA_") {
@@ -85,16 +97,25 @@ func FromEnv(env []string) (vars []Var, disabled bool) {
 			}
 			sawDisable = true
 		case strings.HasPrefix(k, EnvPrefix) && !strings.HasPrefix(k, envJetpack):
-			if !slices.ContainsFunc(vars, func(x Var) bool { return x.Name == k }) {
-				vars = append(vars, Var{Name: k, Value: v})
+			if _, dup := seen[k]; dup || tooMany {
+				continue
 			}
+			if len(vars) == MaxVars {
+				tooMany = true
+				continue
+			}
+			seen[k] = struct{}{}
+			vars = append(vars, Var{Name: k, Value: v})
 		}
 	}
 	if disabled {
-		return nil, true
+		return nil, true, nil
+	}
+	if tooMany {
+		return nil, false, fmt.Errorf("%w: more than %d %s* variables", ErrInvalid, MaxVars, EnvPrefix)
 	}
 	slices.SortFunc(vars, func(a, b Var) int { return strings.Compare(a.Name, b.Name) })
-	return vars, false
+	return vars, false, nil
 }
 
 // Node is what a check knows of the node. An empty field is unknown, and a

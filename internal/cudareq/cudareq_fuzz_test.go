@@ -236,3 +236,59 @@ func b2i(b bool) int {
 	}
 	return 0
 }
+
+// FuzzFromEnv: whatever the environment (lines of KEY=VALUE, each repeated
+// as the fuzzer says, up to a few hundred entries), FromEnv keeps each
+// requirement name once with its first value, sorted, at most MaxVars of
+// them, or refuses the environment only past MaxVars.
+func FuzzFromEnv(f *testing.F) {
+	f.Add("NVIDIA_REQUIRE_CUDA=cuda>=12.4\nPATH=/bin", uint8(1))
+	f.Add("NVIDIA_REQUIRE_CUDA=a\nNVIDIA_REQUIRE_CUDA=b\nNVIDIA_DISABLE_REQUIRE=true", uint8(3))
+	f.Add("NVIDIA_REQUIRE_JETPACK=x\nNVIDIA_REQUIRE_=y\nNVIDIA_REQUIRE_Z", uint8(0))
+	f.Fuzz(func(t *testing.T, lines string, copies uint8) {
+		var env []string
+		for i := range int(copies%8) + 1 {
+			for _, l := range strings.Split(lines, "\n") {
+				// Copies after the first get distinct names where the line
+				// names a requirement, to cross MaxVars.
+				if i > 0 && strings.HasPrefix(l, EnvPrefix) {
+					l = strings.Replace(l, EnvPrefix, EnvPrefix+strconv.Itoa(i), 1)
+				}
+				env = append(env, l)
+			}
+		}
+		first := map[string]string{}
+		for _, kv := range env {
+			k, v, ok := strings.Cut(kv, "=")
+			if _, seen := first[k]; ok && !seen && strings.HasPrefix(k, EnvPrefix) && !strings.HasPrefix(k, envJetpack) {
+				first[k] = v
+			}
+		}
+		vars, disabled, err := FromEnv(env)
+		switch {
+		case disabled:
+			if vars != nil || err != nil {
+				t.Fatalf("disabled, yet %v, %v", vars, err)
+			}
+			return
+		case len(first) > MaxVars:
+			if !errors.Is(err, ErrInvalid) || vars != nil {
+				t.Fatalf("%d names: %d, %v; want an error", len(first), len(vars), err)
+			}
+			return
+		case err != nil:
+			t.Fatalf("%d names: %v", len(first), err)
+		}
+		if len(vars) != len(first) {
+			t.Fatalf("%d variables kept of %d names", len(vars), len(first))
+		}
+		for i, v := range vars {
+			if first[v.Name] != v.Value {
+				t.Errorf("%s=%q, want its first value %q", v.Name, v.Value, first[v.Name])
+			}
+			if i > 0 && vars[i-1].Name >= v.Name {
+				t.Errorf("not sorted, or twice: %s after %s", v.Name, vars[i-1].Name)
+			}
+		}
+	})
+}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -194,11 +195,51 @@ func TestFromEnv(t *testing.T) {
 			want: []Var{{"NVIDIA_REQUIRE_CUDA", "cuda>=99.0"}}},
 	} {
 		t.Run(name, func(t *testing.T) {
-			vars, disabled := FromEnv(tc.env)
-			if !reflect.DeepEqual(vars, tc.want) || disabled != tc.disabled {
-				t.Errorf("FromEnv = %v, %v; want %v, %v", vars, disabled, tc.want, tc.disabled)
+			vars, disabled, err := FromEnv(tc.env)
+			if !reflect.DeepEqual(vars, tc.want) || disabled != tc.disabled || err != nil {
+				t.Errorf("FromEnv = %v, %v, %v; want %v, %v, nil", vars, disabled, err, tc.want, tc.disabled)
 			}
 		})
+	}
+}
+
+// requireVars is n distinct requirement variables.
+func requireVars(n int) []string {
+	env := make([]string, n)
+	for i := range env {
+		env[i] = fmt.Sprintf("NVIDIA_REQUIRE_X%d=cuda>=1.0", i)
+	}
+	return env
+}
+
+// TestFromEnvBounded: at most MaxVars distinct names are kept, past them
+// the environment is refused, unless the check is off; a name repeated any
+// number of times is one.
+func TestFromEnvBounded(t *testing.T) {
+	if vars, _, err := FromEnv(requireVars(MaxVars)); err != nil || len(vars) != MaxVars {
+		t.Errorf("FromEnv of %d variables = %d, %v; want them all", MaxVars, len(vars), err)
+	}
+	for _, n := range []int{MaxVars + 1, 100_000} {
+		if vars, disabled, err := FromEnv(requireVars(n)); !errors.Is(err, ErrInvalid) || vars != nil || disabled {
+			t.Errorf("FromEnv of %d variables = %d, %v, %v; want an error wrapping ErrInvalid", n, len(vars), disabled, err)
+		}
+		if vars, disabled, err := FromEnv(append(requireVars(n), EnvDisable+"=true")); err != nil || vars != nil || !disabled {
+			t.Errorf("FromEnv of %d variables, disabled = %d, %v, %v; want disabled", n, len(vars), disabled, err)
+		}
+	}
+	same := slices.Repeat([]string{"NVIDIA_REQUIRE_CUDA=cuda>=12.4", "NVIDIA_REQUIRE_CUDA=cuda>=99.0"}, 50_000)
+	if vars, _, err := FromEnv(same); err != nil || !reflect.DeepEqual(vars, []Var{{"NVIDIA_REQUIRE_CUDA", "cuda>=12.4"}}) {
+		t.Errorf("FromEnv of one name 100,000 times = %v, %v", vars, err)
+	}
+}
+
+// BenchmarkFromEnv is 100,000 distinct requirement variables: the time grows
+// with the environment's length, not its square.
+func BenchmarkFromEnv(b *testing.B) {
+	env := requireVars(100_000)
+	b.ReportAllocs()
+	for b.Loop() {
+		_, _, _ = FromEnv(env)
 	}
 }
 

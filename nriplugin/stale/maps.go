@@ -13,6 +13,7 @@ import (
 	"io"
 	"path"
 	"slices"
+	"strconv"
 	"strings"
 )
 
@@ -92,6 +93,14 @@ var driverLibraryPrefixes = []string{
 // driver libraries (DriverLibrary) it maps that were deleted, each once, in
 // the order first mapped, at most MaxPathsPerProcess of them.
 func DeletedDriverLibraries(r io.Reader) ([]string, error) {
+	return deletedDriverLibraries(r, nil)
+}
+
+// deletedDriverLibraries is DeletedDriverLibraries, but for the mappings
+// live reports as the live file they name: the kernel appends " (deleted)"
+// to the name of a deleted file, but any process can map a file whose name
+// ends so.
+func deletedDriverLibraries(r io.Reader, live func(path string, inode uint64) bool) ([]string, error) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 4096), maxLineBytes)
 	var out []string
@@ -101,12 +110,15 @@ func DeletedDriverLibraries(r io.Reader) ([]string, error) {
 		if lines > maxLines {
 			return out, fmt.Errorf("%w: more than %d lines", ErrNotMaps, maxLines)
 		}
-		name, err := mappedName(sc.Bytes())
+		inode, name, err := mappedName(sc.Bytes())
 		if err != nil {
 			return out, fmt.Errorf("%w: line %d: %w", ErrNotMaps, lines, err)
 		}
 		file, deleted := strings.CutSuffix(name, deletedSuffix)
 		if !deleted || !strings.HasPrefix(file, "/") || !DriverLibrary(file) || slices.Contains(out, file) {
+			continue
+		}
+		if live != nil && live(name, inode) {
 			continue
 		}
 		if len(out) < MaxPathsPerProcess {
@@ -119,27 +131,45 @@ func DeletedDriverLibraries(r io.Reader) ([]string, error) {
 	return out, nil
 }
 
-// mappedName returns the path field of one maps line, "" for an anonymous
-// mapping: "address perms offset dev inode [path]", the first five fields
-// separated by one space, the path after padding, and itself free to hold
-// spaces.
-func mappedName(line []byte) (string, error) {
+// mappedName returns the inode and path fields of one maps line, "" for an
+// anonymous mapping: "address perms offset dev inode [path]", the first five
+// fields separated by one space, the path after padding, and itself free to
+// hold spaces.
+func mappedName(line []byte) (inode uint64, name string, err error) {
 	rest := line
 	for i := range 5 {
 		rest = bytes.TrimLeft(rest, " ")
 		end := bytes.IndexByte(rest, ' ')
 		if end < 0 {
 			if i == 4 && len(rest) > 0 {
-				return "", nil
+				inode, err = strconv.ParseUint(string(rest), 10, 64)
+				if err != nil {
+					return 0, "", fmt.Errorf("inode %q is no number", layoutTruncate(rest))
+				}
+				return inode, "", nil
 			}
-			return "", fmt.Errorf("%d fields, want at least 5", i+boolInt(len(rest) > 0))
+			return 0, "", fmt.Errorf("%d fields, want at least 5", i+boolInt(len(rest) > 0))
 		}
 		if end == 0 {
-			return "", errors.New("an empty field")
+			return 0, "", errors.New("an empty field")
+		}
+		if i == 4 {
+			inode, err = strconv.ParseUint(string(rest[:end]), 10, 64)
+			if err != nil {
+				return 0, "", fmt.Errorf("inode %q is no number", layoutTruncate(rest[:end]))
+			}
 		}
 		rest = rest[end:]
 	}
-	return string(bytes.TrimLeft(rest, " ")), nil
+	return inode, string(bytes.TrimLeft(rest, " ")), nil
+}
+
+// layoutTruncate is at most 32 bytes of b, for an error.
+func layoutTruncate(b []byte) string {
+	if len(b) > 32 {
+		b = b[:32]
+	}
+	return string(b)
 }
 
 func boolInt(b bool) int {

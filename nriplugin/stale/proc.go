@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // DefaultMaxProcesses bounds the processes read of one container per scan.
@@ -134,11 +136,43 @@ func (p Proc) maps(pid uint32) ([]string, error) {
 		return nil, fmt.Errorf("failed to open %s: %w", name, err)
 	}
 	defer fh.Close()
-	deleted, err := DeletedDriverLibraries(fh)
+	deleted, err := deletedDriverLibraries(fh, p.liveFile(pid))
 	if err != nil {
 		return deleted, fmt.Errorf("failed to read %s: %w", name, err)
 	}
 	return deleted, nil
+}
+
+// liveFile reports whether the process's mapping named name, which ends in
+// " (deleted)", is a live file of that very name: the name in the process's
+// view of its filesystem (<pid>/root, which the same ptrace-read access
+// opens) holds the mapping's inode. A deleted file's inode cannot be another
+// live file's while the mapping holds it. The kernel writes the name
+// resolved, so it is looked up with no link followed and never above that
+// root; where it cannot be (openat2(2) needs Linux 5.6), the mapping counts
+// as deleted.
+func (p Proc) liveFile(pid uint32) func(name string, inode uint64) bool {
+	root := filepath.Join(p.Root, strconv.FormatUint(uint64(pid), 10), "root")
+	return func(name string, inode uint64) bool {
+		dir, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return false
+		}
+		defer unix.Close(dir)
+		fd, err := unix.Openat2(dir, strings.TrimLeft(name, "/"), &unix.OpenHow{
+			Flags:   unix.O_PATH | unix.O_NOFOLLOW | unix.O_CLOEXEC,
+			Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
+		})
+		if err != nil {
+			return false
+		}
+		defer unix.Close(fd)
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil {
+			return false
+		}
+		return st.Mode&unix.S_IFMT == unix.S_IFREG && st.Ino == inode
+	}
 }
 
 // children lists the children of every thread of pid, from

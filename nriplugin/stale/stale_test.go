@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -189,5 +190,66 @@ func TestScanBoundsProcesses(t *testing.T) {
 	}
 	if f.Processes != 5 {
 		t.Errorf("read %d processes, want the bound 5", f.Processes)
+	}
+}
+
+// TestScanLiveFileNamedDeleted: a process that maps a live file it named
+// "libcuda.so.<version> (deleted)" is not stale, so a pod cannot list itself
+// among its node's stale pods and push the real ones out of that bounded
+// list; a deleted library is stale still, and so is one whose name now holds
+// another file, or a link to the mapped one.
+func TestScanLiveFileNamedDeleted(t *testing.T) {
+	const lib = "/usr/lib/libcuda.so.550.54.15 (deleted)"
+	for name, tc := range map[string]struct {
+		file      string // at lib under the process's root: "file", "other", "link" or none
+		wantStale bool
+	}{
+		"a live file of that name":              {file: "file"},
+		"deleted":                               {wantStale: true},
+		"the name holds another file":           {file: "other", wantStale: true},
+		"the name is a link to the mapped file": {file: "link", wantStale: true},
+	} {
+		t.Run(name, func(t *testing.T) {
+			procRoot := t.TempDir()
+			root := filepath.Join(procRoot, "10", "root")
+			if err := os.MkdirAll(filepath.Join(root, "usr/lib"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			mapped := filepath.Join(root, "usr/lib/mapped")
+			if err := os.WriteFile(mapped, []byte("ELF"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			fi, err := os.Stat(mapped)
+			if err != nil {
+				t.Fatal(err)
+			}
+			inode := fi.Sys().(*syscall.Stat_t).Ino
+			switch tc.file {
+			case "file":
+				err = os.Rename(mapped, filepath.Join(root, lib))
+			case "other":
+				err = os.WriteFile(filepath.Join(root, lib), []byte("ELF"), 0o644)
+			case "link":
+				err = os.Symlink("mapped", filepath.Join(root, lib))
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			maps := "7f1c2b000000-7f1c2b400000 r-xp 00000000 08:01 " + strconv.FormatUint(inode, 10) + "    " + lib + "\n"
+			dir := filepath.Join(procRoot, "10")
+			stat := "10 (sh) S 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 5 0 0\n"
+			for file, content := range map[string]string{"stat": stat, "maps": maps} {
+				if err := os.WriteFile(filepath.Join(dir, file), []byte(content), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			f, err := Proc{Root: procRoot}.Scan(10, 5)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if f.Stale() != tc.wantStale || f.Processes != 1 {
+				t.Errorf("stale %v (%q), %d processes; want stale %v", f.Stale(), f.Deleted, f.Processes, tc.wantStale)
+			}
+		})
 	}
 }

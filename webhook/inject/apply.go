@@ -315,11 +315,15 @@ func forceReadOnly(ch *change, injected []string) {
 		c := ref.get(pod)
 		for i := range c.VolumeMounts {
 			vm := &c.VolumeMounts[i]
-			if !slices.Contains(injected, vm.Name) || vm.ReadOnly {
+			if !slices.Contains(injected, vm.Name) || recursivelyReadOnly(vm) {
 				continue
 			}
+			if vm.ReadOnly {
+				ch.warn("%s %q mounts the injected volume %q read-only at %s, but not what is mounted below it; made it recursively read-only", kind, c.Name, vm.Name, vm.MountPath)
+			} else {
+				ch.warn("%s %q mounts the injected volume %q read-write at %s; made it recursively read-only", kind, c.Name, vm.Name, vm.MountPath)
+			}
 			ch.do(readOnlyMount{container: ref, index: i})
-			ch.warn("%s %q mounts the injected volume %q read-write at %s; made it read-only", kind, c.Name, vm.Name, vm.MountPath)
 		}
 	}
 	for i := range pod.Spec.InitContainers {
@@ -331,6 +335,14 @@ func forceReadOnly(ch *change, injected []string) {
 	for i := range pod.Spec.EphemeralContainers {
 		fix("ephemeral container", containerRef{ephemeralContainers, i})
 	}
+}
+
+// recursivelyReadOnly reports whether a mount is read-only down to what is
+// mounted below its host path, as readOnlyUse mounts an injected volume:
+// readOnly alone leaves a submount of the host's driver folder writable.
+func recursivelyReadOnly(vm *corev1.VolumeMount) bool {
+	r := vm.RecursiveReadOnly
+	return vm.ReadOnly && r != nil && (*r == corev1.RecursiveReadOnlyIfPossible || *r == corev1.RecursiveReadOnlyEnabled)
 }
 
 func hostPathVolume(mt layout.Mount) corev1.Volume {
@@ -398,6 +410,10 @@ func (r *request) mergeLDLibraryPath(ch *change, ref containerRef, libs []string
 				r.mergeImageLDLibraryPath(ch, ref, old, libs)
 				return
 			}
+			if n := r.imageLDLibraryPathTooLong(c); n > 0 {
+				ch.warn("container %q: its image's %s is %d bytes, more than the %d a real one needs; ignored, so the container gets only the driver's folders: set it in the container's env if the image needs it",
+					c.Name, envLDLibraryPath, n, MaxImageLDLibraryPath)
+			}
 		}
 		value := strings.Join(libs, ":")
 		if len(c.EnvFrom) > 0 {
@@ -425,18 +441,44 @@ func (r *request) mergeLDLibraryPath(ch *change, ref containerRef, libs []string
 		return
 	}
 	ch.do(setEnvValue{container: ref, index: idx, value: value})
-	ch.warn("container %q: %s %q merged with the driver's folders: %q", c.Name, envLDLibraryPath, old, value)
+	ch.warn("container %q: %s %q merged with the driver's folders: %q", c.Name, envLDLibraryPath, truncate(old, warnValueBytes), truncate(value, warnValueBytes))
 }
 
+// MaxImageLDLibraryPath bounds the image LD_LIBRARY_PATH the webhook writes
+// into a pod's env: a real one names a few folders (CUDA images about 100
+// bytes), while the registry may send 256 KiB of ENV, which the patch would
+// carry once per container. A longer one is ignored, with a warning.
+const MaxImageLDLibraryPath = 4 << 10
+
+// warnValueBytes is how much of a value a warning quotes: the warnings go
+// back in the admission response, once per container.
+const warnValueBytes = 256
+
 // imageLDLibraryPath is the non-empty LD_LIBRARY_PATH of the container's
-// image, when its registry said.
+// image, when its registry said, and it is within MaxImageLDLibraryPath.
 func (r *request) imageLDLibraryPath(c *corev1.Container) (string, bool) {
 	f := r.images[c.Image]
 	if f == nil {
 		return "", false
 	}
-	v, ok := f.Getenv(envLDLibraryPath)
-	return v, ok && v != ""
+	v, _ := f.Getenv(envLDLibraryPath)
+	if v == "" || len(v) > MaxImageLDLibraryPath {
+		return "", false
+	}
+	return v, true
+}
+
+// imageLDLibraryPathTooLong is the length of the image's LD_LIBRARY_PATH
+// when it is over MaxImageLDLibraryPath, else 0.
+func (r *request) imageLDLibraryPathTooLong(c *corev1.Container) int {
+	f := r.images[c.Image]
+	if f == nil {
+		return 0
+	}
+	if v, _ := f.Getenv(envLDLibraryPath); len(v) > MaxImageLDLibraryPath {
+		return len(v)
+	}
+	return 0
 }
 
 // mergeImageLDLibraryPath writes the image's LD_LIBRARY_PATH with the
@@ -449,7 +491,7 @@ func (r *request) mergeImageLDLibraryPath(ch *change, ref containerRef, old stri
 	}
 	c := ref.get(ch.pod)
 	ch.do(addEnv{container: ref, env: corev1.EnvVar{Name: envLDLibraryPath, Value: value}})
-	ch.warn("container %q: its image's %s %q merged with the driver's folders: %q", c.Name, envLDLibraryPath, old, value)
+	ch.warn("container %q: its image's %s %q merged with the driver's folders: %q", c.Name, envLDLibraryPath, truncate(old, warnValueBytes), truncate(value, warnValueBytes))
 }
 
 // mergedPath is old with the folders of libs it lacks, after it or before

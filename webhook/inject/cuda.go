@@ -113,7 +113,9 @@ func setsCUDARequirement(env []corev1.EnvVar) bool {
 // and its value, 0 when NVIDIA_DISABLE_REQUIRE turns it off or it is not
 // steerable.
 func envCUDANeed(env []string) (int, string) {
-	vars, _ := cudareq.FromEnv(env)
+	// Past cudareq.MaxVars nothing steers the pod; the NRI plugin refuses
+	// such a container.
+	vars, _, _ := cudareq.FromEnv(env)
 	for _, v := range vars {
 		if v.Name != cudareq.EnvRequireCUDA {
 			continue

@@ -8,6 +8,7 @@ import (
 	"gomodules.xyz/jsonpatch/v2"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/utils/ptr"
 )
 
 // Edit is one change the mutation makes to a pod: the one representation of
@@ -247,18 +248,39 @@ func (e addMount) apply(pod *corev1.Pod) {
 	c.VolumeMounts = append(c.VolumeMounts, *e.mount)
 }
 
-// readOnlyMount makes a container's existing mount read-only.
+// readOnlyMount makes a container's existing mount recursively read-only,
+// as readOnlyUse mounts an injected volume: readOnly, recursiveReadOnly
+// IfPossible unless it is Enabled, and, as the API server requires of a
+// recursively read-only mount, no mount propagation.
 type readOnlyMount struct {
 	container containerRef
 	index     int
 }
 
-func (e readOnlyMount) ops(_ *corev1.Pod, out []jsonpatch.Operation) []jsonpatch.Operation {
-	return append(out, jsonpatch.Operation{Operation: "add", Path: e.container.path() + "/volumeMounts/" + strconv.Itoa(e.index) + "/readOnly", Value: true})
+func (e readOnlyMount) ops(pod *corev1.Pod, out []jsonpatch.Operation) []jsonpatch.Operation {
+	vm := e.container.get(pod).VolumeMounts[e.index]
+	at := e.container.path() + "/volumeMounts/" + strconv.Itoa(e.index)
+	if !vm.ReadOnly {
+		out = append(out, jsonpatch.Operation{Operation: "add", Path: at + "/readOnly", Value: true})
+	}
+	if r := vm.RecursiveReadOnly; r == nil || *r != corev1.RecursiveReadOnlyEnabled {
+		out = append(out, jsonpatch.Operation{Operation: "add", Path: at + "/recursiveReadOnly", Value: corev1.RecursiveReadOnlyIfPossible})
+	}
+	if p := vm.MountPropagation; p != nil && *p != corev1.MountPropagationNone {
+		out = append(out, jsonpatch.Operation{Operation: "remove", Path: at + "/mountPropagation"})
+	}
+	return out
 }
 
 func (e readOnlyMount) apply(pod *corev1.Pod) {
-	e.container.get(pod).VolumeMounts[e.index].ReadOnly = true
+	vm := &e.container.get(pod).VolumeMounts[e.index]
+	vm.ReadOnly = true
+	if r := vm.RecursiveReadOnly; r == nil || *r != corev1.RecursiveReadOnlyEnabled {
+		vm.RecursiveReadOnly = ptr.To(corev1.RecursiveReadOnlyIfPossible)
+	}
+	if p := vm.MountPropagation; p != nil && *p != corev1.MountPropagationNone {
+		vm.MountPropagation = nil
+	}
 }
 
 // addEnv appends an environment variable to a container.

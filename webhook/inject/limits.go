@@ -3,6 +3,10 @@ package inject
 import (
 	"context"
 	"fmt"
+	"strings"
+	"unicode/utf8"
+
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/gpu-injector/gpu-injector/config"
 	"github.com/gpu-injector/gpu-injector/layout"
@@ -96,9 +100,90 @@ func (r *request) patchEstimate(d decision) (ops, size int) {
 			size += opOverhead + len(pm.mount.HostPath) + len(pm.volume.Name) + 96
 		}
 		ops += len(r.targets)*(len(d.layout.Plan.Mounts)+1) + len(d.layout.Plan.Mounts) + 4
+		size += r.libraryPathEstimate(d.layout.Plan.LibraryPaths)
 	}
 	size += len(r.targets)*(mounts+opOverhead+pathLen+256) + names + 512
 	return ops, size
+}
+
+// libraryPathEstimate is at least the bytes of the LD_LIBRARY_PATH values
+// the patch carries, beyond the fixed share of each container's operation:
+// per target container the merged value, which holds the container's own
+// value or its image's whole; and, on a reinjection, every container's own
+// value once more, rewritten without the earlier injection's folders.
+func (r *request) libraryPathEstimate(libs []string) int {
+	size := 0
+	if r.prev != nil {
+		refs := containerRefs(r.view)
+		for i := range r.view.Spec.EphemeralContainers {
+			refs = append(refs, containerRef{ephemeralContainers, i})
+		}
+		for _, ref := range refs {
+			if e := envOf(ref.get(r.view), envLDLibraryPath); e != nil {
+				size += jsonStringBytes(e.Value)
+			}
+		}
+	}
+	if r.cfg.LDLibraryPath == config.LDLibraryPathOff || len(libs) == 0 {
+		return size
+	}
+	add := jsonStringBytes(strings.Join(libs, ":"))
+	for _, ref := range r.targets {
+		c := ref.get(r.view)
+		own := ""
+		switch e := envOf(c, envLDLibraryPath); {
+		case e != nil:
+			own = e.Value
+		case len(c.EnvFrom) > 0:
+			own = "$(" + envLDLibraryPath + ")"
+		default:
+			own, _ = r.imageLDLibraryPath(c)
+		}
+		size += add + 1 + jsonStringBytes(own)
+	}
+	return size
+}
+
+// envOf is the container's last variable of that name, the one the kubelet
+// uses, or nil.
+func envOf(c *corev1.Container, name string) *corev1.EnvVar {
+	var found *corev1.EnvVar
+	for i := range c.Env {
+		if c.Env[i].Name == name {
+			found = &c.Env[i]
+		}
+	}
+	return found
+}
+
+// jsonStringBytes is at least the length of s as a JSON string, quotes
+// included, as encoding/json writes it: HTML characters, control characters,
+// U+2028, U+2029 and invalid bytes escaped as \uXXXX.
+func jsonStringBytes(s string) int {
+	n := 2
+	for i := 0; i < len(s); {
+		b := s[i]
+		if b < utf8.RuneSelf {
+			switch {
+			case b == '"' || b == '\\':
+				n += 2
+			case b < 0x20 || b == '<' || b == '>' || b == '&':
+				n += 6
+			default:
+				n++
+			}
+			i++
+			continue
+		}
+		c, size := utf8.DecodeRuneInString(s[i:])
+		if c == utf8.RuneError && size == 1 || c == '\u2028' || c == '\u2029' {
+			n += 6
+		} else {
+			n += size
+		}
+		i += size
+	}
+	return n
 }
 
 // unreadEstimate adds to an estimate the record of the images not read, or

@@ -3,6 +3,7 @@ package inject_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -121,4 +122,83 @@ func TestCanceledRequest(t *testing.T) {
 		t.Fatalf("decision %s: %s", res.Decision, res.Reason)
 	}
 	gputest.CheckUnchangedUnlessInjected(t, before, pod, res)
+}
+
+// ldPod is a pod of n one-GPU containers of one image, each with its own
+// LD_LIBRARY_PATH of own bytes, none when own is 0.
+func ldPod(n, own int) *corev1.Pod {
+	pod := manyContainers(n)
+	for i := range pod.Spec.Containers {
+		c := &pod.Spec.Containers[i]
+		c.Image = "r.example/app:v1"
+		if own > 0 {
+			c.Env = []corev1.EnvVar{{Name: EnvLDLibraryPath, Value: "/" + strings.Repeat("a", own-1)}}
+		}
+	}
+	return pod
+}
+
+// TestPatchLimitsLibraryPath: the patch carries each container's merged
+// LD_LIBRARY_PATH, the image's value or the pod's own included, and the
+// limit on bytes still holds: a pod is injected with a patch within
+// limits.maxPatchBytes, and its estimate is never below that patch, or it is
+// denied. An image's value past MaxImageLDLibraryPath is not written at all.
+func TestPatchLimitsLibraryPath(t *testing.T) {
+	for name, tc := range map[string]struct {
+		containers, own, image int
+		denied                 bool
+	}{
+		"128 containers, an image's 256 KiB":  {containers: 128, image: 256 << 10},
+		"128 containers, an image's 4 KiB":    {containers: 128, image: MaxImageLDLibraryPath},
+		"128 containers, their own 16 KiB":    {containers: 128, own: 16 << 10, denied: true},
+		"64 containers, their own 16 KiB":     {containers: 64, own: 16 << 10},
+		"8 containers, their own 200 KiB":     {containers: 8, own: 200 << 10, denied: true},
+		"1 container, its own 256 KiB":        {containers: 1, own: 256 << 10},
+		"128 containers, own 8 KiB, image 4K": {containers: 128, own: 8 << 10, image: MaxImageLDLibraryPath},
+	} {
+		t.Run(name, func(t *testing.T) {
+			cfg := config.Default()
+			cfg.DriverDelivery = config.DeliveryHostPath
+			layouts := limitLayouts(cfg)
+			var images map[string]*ImageConfig
+			if tc.image > 0 {
+				images = map[string]*ImageConfig{"r.example/app:v1": {Env: []string{EnvLDLibraryPath + "=/" + strings.Repeat("i", tc.image-1)}}}
+			}
+			pod := ldPod(tc.containers, tc.own)
+			before := pod.DeepCopy()
+			res := Mutate(Input{Pod: pod, Layouts: layouts, Images: images}, cfg)
+			gputest.CheckUnchangedUnlessInjected(t, before, pod, res)
+			if tc.denied {
+				if res.Decision != DecisionDenied || !strings.Contains(res.Reason, "limits.maxPatchBytes") {
+					t.Fatalf("decision %s (%d bytes of patch): %s", res.Decision, len(clustertest.PatchBytes(t, res.Patch)), res.Reason)
+				}
+				return
+			}
+			if res.Decision != DecisionInjected {
+				t.Fatalf("decision %s: %s", res.Decision, res.Reason)
+			}
+			size := len(clustertest.PatchBytes(t, res.Patch))
+			t.Logf("a pod of %d bytes: a patch of %d bytes, %d operations", len(clustertest.MustJSON(t, before)), size, len(res.Patch))
+			if size > cfg.Limits.MaxPatchBytes {
+				t.Fatalf("patch of %d bytes, over limits.maxPatchBytes %d", size, cfg.Limits.MaxPatchBytes)
+			}
+			for _, c := range pod.Spec.Containers {
+				for _, e := range c.Env {
+					if e.Name == EnvLDLibraryPath && tc.own == 0 && len(e.Value) > MaxImageLDLibraryPath+64 {
+						t.Fatalf("container %s: an image's LD_LIBRARY_PATH of %d bytes written", c.Name, len(e.Value))
+					}
+				}
+			}
+			if tc.image > MaxImageLDLibraryPath && tc.own == 0 && !slices.ContainsFunc(res.Warnings, func(w string) bool { return strings.Contains(w, "ignored") }) {
+				t.Errorf("no warning that the image's value was ignored: %q", res.Warnings)
+			}
+			tight := config.Default()
+			tight.DriverDelivery = config.DeliveryHostPath
+			tight.Limits.MaxPatchBytes = size - 1
+			res = Mutate(Input{Pod: ldPod(tc.containers, tc.own), Layouts: layouts, Images: images}, tight)
+			if res.Decision != DecisionDenied || !strings.Contains(res.Reason, "split it") {
+				t.Errorf("limits.maxPatchBytes one below the patch (%d bytes): decision %s: %s", size, res.Decision, res.Reason)
+			}
+		})
+	}
 }
