@@ -55,9 +55,11 @@
 # part1, part2 and part3, /tmp/gpu-cluster-payload. part3 (the NRI runtime, e2e/
 # cluster's RuntimeNRI) is needed only by --runtime nri.
 #
-# Environment: OUT (results, default ./gpu-cluster-out), NVCC, NVCC_ARCH (default
-# sm_90), EXPECT_GPU (default H100), EXPECT_DRIVER (default 580.), EXPECT_MEMORY_MIB
-# (default 81559), KEEP=1 (leave the cluster running until Ctrl-C).
+# Environment: OUT (results, default ./gpu-cluster-out), NVCC, NVCC_ARCH (default:
+# the first GPU's compute capability, as nvidia-smi reports it), EXPECT_GPU,
+# EXPECT_DRIVER, EXPECT_MEMORY_MIB (default: what nvidia-smi, an NVML client,
+# reports of the first GPU on this machine), KEEP=1 (leave the cluster running
+# until Ctrl-C).
 #
 # Results in $OUT (at most 8 files): summary.txt, gpu-cluster.log (every command
 # and its output), node.yaml (the Node after the probe), workloads.txt (the
@@ -144,31 +146,12 @@ if [[ $mode == build ]]; then
 	}
 	tmp=$(mktemp -d)
 	trap 'rm -rf "$tmp"' EXIT
-	# The five Kubernetes components as one binary (they share most of their
-	# code: 137 MB against 417 MB for five), built from the same module
-	# versions as hack/tools.sh, so the build cache has every package.
-	# Each binary's version beside it: a payload built for another release is
-	# rebuilt here, and refused by the run.
+	# The five Kubernetes components as one binary, as hack/tools.sh builds and
+	# caches them (hack/gpu/kube-multicall.go). Its version beside it: a payload
+	# built for another release is rebuilt here, and refused by the run.
 	if [[ ! -f $b/part1/kube.xz || $(cat "$b/part1/kube.version" 2>/dev/null) != "$K8S_VERSION" ]]; then
 		rm -f "$b/part1/kube.xz"
-		mkdir "$tmp/kube"
-		(
-			cd "$tmp/kube"
-			go mod init gpu-injector.local/kube-multicall >/dev/null 2>&1
-			gomod=$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')
-			{
-				echo "require k8s.io/kubernetes $K8S_VERSION"
-				echo "replace ("
-				for m in $(awk '/=> \.\/staging\/src\// { print $1 }' "$gomod" | sort -u); do echo "	$m => $m v0.${K8S_VERSION#v1.}"; done
-				echo ")"
-			} >>go.mod
-			sed '/^\/\/go:build ignore/d' "$repo/hack/gpu/kube-multicall.go" >main.go
-			go mod tidy >/dev/null
-			minor=${K8S_VERSION#v1.}
-			minor=${minor%%.*}
-			CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean -X k8s.io/component-base/version.buildDate=1970-01-01T00:00:00Z" -o kube .
-		)
-		xzf "$tmp/kube/kube" "$b/part1/kube.xz"
+		xzf "$(readlink -f "$cache/kubernetes-$K8S_VERSION/kube")" "$b/part1/kube.xz"
 		echo "$K8S_VERSION" >"$b/part1/kube.version"
 	fi
 	if [[ ! -f $b/part1/etcd.xz || $(cat "$b/part1/etcd.version" 2>/dev/null) != "$ETCD_VERSION" ]]; then
@@ -235,10 +218,22 @@ fi
 OUT=${OUT:-./gpu-cluster-out}
 run_name=$mode
 [[ $runtime == nri ]] && run_name="$mode, runtime nri"
-EXPECT_GPU=${EXPECT_GPU:-H100}
-EXPECT_DRIVER=${EXPECT_DRIVER:-580.}
-EXPECT_MEMORY_MIB=${EXPECT_MEMORY_MIB:-81559}
-NVCC_ARCH=${NVCC_ARCH:-sm_90}
+# What the probe must publish is what NVML reports on this machine, as
+# nvidia-smi (an NVML client) reads it: the first GPU's product, memory and
+# driver, and its compute capability for nvcc. EXPECT_* and NVCC_ARCH win.
+smi=$(command -v nvidia-smi || echo /usr/local/nvidia/bin/nvidia-smi)
+gpu_facts=
+if [[ $mode != fake && -x $smi ]]; then
+	gpu_facts=$("$smi" --query-gpu=name,memory.total,driver_version,compute_cap --format=csv,noheader,nounits 2>/dev/null | head -1)
+fi
+IFS=, read -r nvml_name nvml_mem nvml_driver nvml_cc <<<"$gpu_facts"
+trim() { local v=$1; v=${v#"${v%%[![:space:]]*}"}; echo "${v%"${v##*[![:space:]]}"}"; }
+nvml_name=$(trim "$nvml_name") nvml_mem=$(trim "$nvml_mem") nvml_driver=$(trim "$nvml_driver") nvml_cc=$(trim "$nvml_cc")
+EXPECT_GPU=${EXPECT_GPU:-${nvml_name:-H100}}
+EXPECT_DRIVER=${EXPECT_DRIVER:-${nvml_driver:-580.}}
+EXPECT_MEMORY_MIB=${EXPECT_MEMORY_MIB:-${nvml_mem:-81559}}
+NVCC_ARCH=${NVCC_ARCH:-sm_${nvml_cc//./}}
+[[ $NVCC_ARCH == sm_ ]] && NVCC_ARCH=sm_90
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 LOG=$OUT/gpu-cluster.log
@@ -588,7 +583,8 @@ drv=$(label driver-version) product=$(label gpu-product) mem=$(label gpu-memory-
 if [[ $mode == fake ]]; then
 	want_product='Stand-in' want_mem='.*'
 else
-	want_product=$EXPECT_GPU want_mem=$EXPECT_MEMORY_MIB
+	# The label's spelling of the product: runs of other characters as one dash.
+	want_product=$(sed -E 's/[^A-Za-z0-9._]+/-/g' <<<"$EXPECT_GPU") want_mem=$EXPECT_MEMORY_MIB
 fi
 if [[ $state == ready && $drv == "$EXPECT_DRIVER"* && $product == *"$want_product"* && $mem =~ ^$want_mem$ && $src == NVML ]]; then
 	record "probe pod labels the Node from NVML" PASS "driver $drv, $product, $mem MiB, source $src"
