@@ -243,8 +243,9 @@ func TestLegacyNvidiaSMIJob(t *testing.T) {
 // the kubelet node tainted so, the classic Job is renamed, given the
 // toleration the plugin gives nvidia.com/gpu, injected with that node's
 // layout and run there. This API server runs no ExtendedResourceToleration,
-// so a modern pod without the toleration is denied, with the taint and the
-// fix in the reason.
+// so a modern pod without the toleration fits no known node: it is admitted
+// for a node that will (the runtime's marker, no pin), with the taint and the
+// fix in its warning.
 func TestLegacyJobOnTaintedGPUNode(t *testing.T) {
 	kn := testEnv.KubeletNode()
 	gpuTaint := corev1.Taint{Key: string(gpu), Value: "present", Effect: corev1.TaintEffectNoSchedule}
@@ -252,22 +253,25 @@ func TestLegacyJobOnTaintedGPUNode(t *testing.T) {
 	// A server-side dry run goes through the webhook and creates nothing: it
 	// says when the webhook's node index has seen the taint come and go.
 	probe := gpuPod("taint-probe", podOpts{resource: gpu, nodeSelector: map[string]string{env.LabelAccelerator: kn.Accelerator}})
-	dryRun := func(ctx context.Context) error {
-		_, err := client().CoreV1().Pods(ns).Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
-		return err
+	// The dry run's warnings say when no known node fits it.
+	dryRun := func(ctx context.Context) (string, error) {
+		w := &warningRecorder{}
+		_, err := warningClient(t, w).CoreV1().Pods(ns).Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return w.all(), err
 	}
 	setGPUTaint(t, kn.Name, gpuTaint, true)
 	t.Cleanup(func() {
 		setGPUTaint(t, kn.Name, gpuTaint, false)
-		waitFor(t, apiTimeout, "the webhook to admit pods on "+kn.Name+" again", func(ctx context.Context) (bool, error) {
-			return dryRun(ctx) == nil, nil
+		waitFor(t, apiTimeout, "the webhook to fit pods to "+kn.Name+" again", func(ctx context.Context) (bool, error) {
+			warnings, err := dryRun(ctx)
+			return err == nil && !strings.Contains(warnings, gpuTaint.ToString()), nil
 		})
 	})
 	var denial string
-	waitFor(t, apiTimeout, "the webhook to deny a pod for the taint of "+kn.Name, func(ctx context.Context) (bool, error) {
-		err := dryRun(ctx)
-		if err != nil && strings.Contains(err.Error(), gpuTaint.ToString()) {
-			denial = err.Error()
+	waitFor(t, apiTimeout, "the webhook to warn a pod of the taint of "+kn.Name, func(ctx context.Context) (bool, error) {
+		warnings, err := dryRun(ctx)
+		if err == nil && strings.Contains(warnings, gpuTaint.ToString()) {
+			denial = warnings
 			return true, nil
 		}
 		return false, nil
@@ -277,7 +281,7 @@ func TestLegacyJobOnTaintedGPUNode(t *testing.T) {
 		"or enable the API server's ExtendedResourceToleration admission plugin",
 	} {
 		if !strings.Contains(denial, want) {
-			t.Errorf("denial of a pod without the toleration:\n%s\nwant %q", denial, want)
+			t.Errorf("warning of a pod without the toleration:\n%s\nwant %q", denial, want)
 		}
 	}
 	t.Logf("a modern pod without the toleration: %s", denial)
@@ -418,10 +422,13 @@ func TestAcceleratorSelectsLayout(t *testing.T) {
 	}
 }
 
-// TestNoLayoutFits: a GPU pod whose constraints no ready layout satisfies
-// gets the configured policy's answer (Deny, the chart's default), as kubectl
-// shows it to the user.
-func TestNoLayoutFits(t *testing.T) {
+// TestNoKnownNodeFits: with the chart's default values, a GPU pod whose
+// constraints no ready GPU node satisfies (a pool at zero: no node of that
+// accelerator exists yet) is admitted, not denied, so that an autoscaler can
+// add the node it waits for: kubectl shows the webhook's warning, the pod
+// exists with the runtime's marker and NRI's required-plugins annotation,
+// no hostPath volume and no pin on a label of the probe, and stays Pending.
+func TestNoKnownNodeFits(t *testing.T) {
 	ns := newNamespace(t, true)
 	manifest := `apiVersion: v1
 kind: Pod
@@ -440,18 +447,42 @@ spec:
         nvidia.com/gpu: 1
 `
 	stdout, stderr, err := kubectl(t, manifest, "create", "-n", ns, "-f", "-")
-	if err == nil {
-		t.Fatalf("kubectl create succeeded, want a denial; stdout: %s", stdout)
+	if err != nil {
+		t.Fatalf("kubectl create failed, want the pod admitted: %v\n%s", err, stderr)
 	}
-	for _, want := range []string{`admission webhook "pods.gpu-injector.io" denied the request`, "no ready GPU node layout fits this pod"} {
+	for _, want := range []string{"Warning: gpu-injector: no ready GPU node fits this pod yet", "admitted for a node that will"} {
 		if !strings.Contains(stderr, want) {
 			t.Errorf("kubectl stderr:\n%s\nwant %q", stderr, want)
 		}
 	}
-	t.Logf("kubectl said: %s", strings.TrimSpace(stderr))
-	if _, err := client().CoreV1().Pods(ns).Get(testContext(t), "wants-a-v100", metav1.GetOptions{}); err == nil {
-		t.Errorf("the denied pod exists")
+	t.Logf("kubectl said: %s%s", strings.TrimSpace(stdout), strings.TrimSpace(stderr))
+	p, err := client().CoreV1().Pods(ns).Get(testContext(t), "wants-a-v100", metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("the admitted pod: %v", err)
 	}
+	if p.Annotations[layout.AnnotationRuntimeInject] != "cuda" || p.Annotations["required-plugins.noderesource.dev/container.cuda"] == "" {
+		t.Errorf("annotations %v, want the runtime's marker and required plugins", p.Annotations)
+	}
+	if hp := hostPaths(p); len(hp) > 0 {
+		t.Errorf("hostPath volumes %v in a pod no known node fits", hp)
+	}
+	for k := range p.Spec.NodeSelector {
+		if strings.HasPrefix(k, layout.Prefix) {
+			t.Errorf("nodeSelector %v pins on a label of the probe, which no autoscaler's node template carries", p.Spec.NodeSelector)
+		}
+	}
+	waitFor(t, apiTimeout, "the pod to be Unschedulable", func(ctx context.Context) (bool, error) {
+		got, err := client().CoreV1().Pods(ns).Get(ctx, p.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		for _, c := range got.Status.Conditions {
+			if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
 }
 
 // TestProbesPublishLayouts: each probe, the real binary with a node-bound

@@ -26,8 +26,8 @@ import (
 // root: libcuda.so.1 and libnvidia-ml.so.1 on LD_LIBRARY_PATH and
 // /usr/local/nvidia/bin/nvidia-smi must resolve to the node's driver files of
 // its version, not to a stale or missing folder. Where the probe finds that
-// the runtime injects the driver, the pod is pinned there with no driver
-// mount left.
+// the runtime injects the driver, the pod is left to it: no driver mount, no
+// pin on the node's layout.
 func TestClassicManifestsOnEveryProbedLayout(t *testing.T) {
 	manifests := classicManifests(t)
 	if len(manifests) < 6 {
@@ -205,8 +205,10 @@ func checkDriverResolves(t *testing.T, root, version string, pod *corev1.Pod) {
 // is pinned there and keeps no driver mount, neither ours nor its own.
 func checkRuntimeInjected(t *testing.T, fp string, pod *corev1.Pod) {
 	t.Helper()
-	if got := pod.Spec.NodeSelector["gpu-injector.io/layout-fingerprint"]; got != fp {
-		t.Errorf("nodeSelector fingerprint %q, want %q", got, fp)
+	// Every node whose runtime injects the driver is one pool: no pin on the
+	// one layout, which would split a fleet of node images.
+	if got, ok := pod.Spec.NodeSelector["gpu-injector.io/layout-fingerprint"]; ok {
+		t.Errorf("nodeSelector fingerprint %q on a runtime-injected node's pod (layout %s), want none", got, fp)
 	}
 	for _, c := range pod.Spec.Containers {
 		if _, ok := c.Resources.Limits["nvidia.com/gpu"]; !ok {

@@ -190,7 +190,8 @@ func TestErrors(t *testing.T) {
 		"missing file":       {opts: Options{File: filepath.Join(dir, "nope.yaml"), NodeFiles: []string{nodesFile}}, wantErr: "no such file"},
 		"nodes not nodes":    {opts: Options{File: deny, NodeFiles: []string{notNode}}, wantErr: `document 1 is a "Pod", not a Node`},
 		"no kind":            {opts: Options{File: noKind, NodeFiles: []string{nodesFile}}, wantErr: "document has no kind"},
-		"denied is an error": {opts: Options{File: deny, NodeFiles: []string{nodesFile}}, wantErr: "would deny", denied: true},
+		// hostPath only: the default delivery admits a pod no known node fits.
+		"denied is an error": {opts: Options{File: deny, NodeFiles: []string{nodesFile}, Config: hostPathOnly()}, wantErr: "would deny", denied: true},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -528,4 +529,11 @@ func TestPoolAtZero(t *testing.T) {
 			}
 		})
 	}
+}
+
+// hostPathOnly is the default configuration with driverDelivery: HostPath.
+func hostPathOnly() *config.Configuration {
+	c := config.Default()
+	c.DriverDelivery = config.DeliveryHostPath
+	return c
 }

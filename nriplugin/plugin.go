@@ -187,8 +187,16 @@ func (p *Plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *ap
 	}
 	plan, mounts := lp.plan, lp.mounts
 	if plan.RuntimeInjection != "" {
+		// The node's own runtime or device plugin mounts the driver; GKE's
+		// device plugin leaves LD_LIBRARY_PATH unset, so the plan's library
+		// folders (none for the toolkit or CDI) still join it.
 		log.V(1).Info("not injecting the driver: the node injects it already", "runtimeInjection", plan.RuntimeInjection)
 		p.count(ResultRuntimeInjects)
+		if libs, set := libraryPath(ctr.GetEnv(), plan.LibraryPaths, p.LDLibraryPath); set {
+			adj := &api.ContainerAdjustment{}
+			adj.AddEnv(envLibraryPath, libs)
+			return adj, nil, nil
+		}
 		return nil, nil, nil
 	}
 	if dst, m, hit := mountedTarget(ctr.GetMounts(), plan.Mounts); hit {

@@ -573,3 +573,23 @@ func BenchmarkCreateContainerManyRequirements(b *testing.B) {
 		_, _, _ = p.CreateContainer(context.Background(), pod("main"), ctr)
 	}
 }
+
+// TestCreateContainerDevicePluginNode: on a node whose device plugin mounts
+// the driver (GKE's), a marked container gets no mount of the plugin's, only
+// the plan's library folder in LD_LIBRARY_PATH, which that plugin leaves unset.
+func TestCreateContainerDevicePluginNode(t *testing.T) {
+	plan := layout.Plan{SchemaVersion: layout.SchemaVersion, DriverVersion: "535.104.05", RuntimeInjection: layout.RuntimeDevicePlugin,
+		LibraryPaths: []string{"/usr/local/nvidia/lib64"}}
+	p, c := newPlugin(t, &plan)
+	adj, _, err := p.CreateContainer(context.Background(), pod("main"), gpuContainer("main"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []*api.KeyValue{{Key: "LD_LIBRARY_PATH", Value: "/usr/local/nvidia/lib64"}}
+	if adj == nil || len(adj.Mounts) != 0 || !reflect.DeepEqual(adj.Env, want) {
+		t.Fatalf("adjustment %v, want only LD_LIBRARY_PATH %v", adj, want)
+	}
+	if c[ResultRuntimeInjects] != 1 {
+		t.Errorf("counted %v, want %s", c, ResultRuntimeInjects)
+	}
+}

@@ -98,7 +98,7 @@ func TestStatusPod(t *testing.T) {
 	refusedPod.Status = corev1.PodStatus{Phase: corev1.PodPending, Conditions: []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionTrue}},
 		ContainerStatuses: []corev1.ContainerStatus{{Name: "gpu", State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "CreateContainerError",
 			Message: `failed to create containerd container: gpu-injector: container "gpu" of pod ml/refused requires of the driver NVIDIA_REQUIRE_CUDA="cuda>=13.0"`}}}}}
-	// Without the NRI plugin anywhere, a pod no layout fits is denied.
+	// Without the NRI plugin anywhere.
 	hostPathOnly := gpuNode(t, "gpu-1", plan, nil)
 	delete(hostPathOnly.Labels, layout.LabelNRIPlugin)
 	elsewhere := gpuPod("elsewhere")
@@ -134,18 +134,18 @@ func TestStatusPod(t *testing.T) {
 		},
 		"pending where no GPU node is": {
 			objs: []runtime.Object{hostPathOnly, withStatus(elsewhere)}, pod: "elsewhere",
-			delivery: DeliveryNone, stale: "unknown", decision: "Denied",
-			attention: []string{"the webhook would refuse it now"},
+			delivery: DeliveryNone, stale: "unknown", decision: "Injected",
+			attention: []string{"not scheduled: Unschedulable"},
 		},
 		"refused by the node's plugin": {
 			objs: []runtime.Object{gpuNode(t, "gpu-1", plan, staleOn()), refusedPod}, pod: "refused",
 			delivery: DeliveryNRI, stillHas: true, stale: "no", decision: "Injected",
 			attention: []string{`container gpu was refused at creation by the node's gpu-injector NRI plugin: failed to create containerd container: gpu-injector: container "gpu"`},
 		},
-		"refused by the webhook, from its manifest": {
+		// The defaults admit a pod no known node fits, for the node that will.
+		"no known node fits, from its manifest": {
 			objs: []runtime.Object{hostPathOnly}, manifest: elsewhere, pod: "elsewhere",
-			delivery: DeliveryNone, stale: "unknown", decision: "Denied",
-			attention: []string{"the webhook would refuse it now: "},
+			delivery: DeliveryNone, stale: "unknown", decision: "Injected",
 		},
 	} {
 		t.Run(name, func(t *testing.T) {

@@ -317,13 +317,17 @@ func TestHandlerSkips(t *testing.T) {
 func TestHandlerDenies(t *testing.T) {
 	strict := config.Default()
 	strict.PodSecurity = config.PodSecurityDeny
+	// hostPath only: with the default delivery a pod that no known node
+	// fits is admitted for the node that will.
+	hostPath := config.Default()
+	hostPath.DriverDelivery = config.DeliveryHostPath
 	cases := map[string]struct {
 		cfg       *config.Configuration
 		namespace string
 		pod       *corev1.Pod
 		want      string
 	}{
-		"no layout fits the node selector": {config.Default(), "ml", gputest.Pod("nvidia.com/gpu", func(p *corev1.Pod) {
+		"no layout fits the node selector": {hostPath, "ml", gputest.Pod("nvidia.com/gpu", func(p *corev1.Pod) {
 			p.Spec.NodeSelector = map[string]string{"accelerator": "nvidia-h100"}
 		}), "no ready GPU node layout fits this pod"},
 		"pod security forbids hostPath": {strict, "restricted", gputest.Pod("nvidia.com/gpu", nil), `Pod Security level "restricted"`},

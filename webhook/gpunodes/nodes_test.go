@@ -978,6 +978,8 @@ func TestIndexGPUResourceNames(t *testing.T) {
 // stays a candidate, as its memory records no resources.
 func TestChooseByRequestedResource(t *testing.T) {
 	cfg := config.Default()
+	// hostPath only: the test is of the layout a pod is given.
+	cfg.DriverDelivery = config.DeliveryHostPath
 	whole, migPlan, draPlan := gputest.Plan("535.104.05"), gputest.Plan("550.54.15"), gputest.Plan("580.95.05")
 	nodes := []corev1.Node{
 		*gputest.Node("whole-1", whole, 8, nil),

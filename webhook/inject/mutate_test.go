@@ -83,6 +83,8 @@ func TestRenameToleration(t *testing.T) {
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
 			cfg := config.Default()
+			// hostPath only: the denial that names the taint is the hostPath decision's.
+			cfg.DriverDelivery = config.DeliveryHostPath
 			if tc.none {
 				cfg.Resources.RenameToleration = config.RenameTolerationNone
 			}
@@ -153,6 +155,7 @@ func TestUntoleratedTaintFix(t *testing.T) {
 				n.Status.Allocatable[corev1.ResourceName(tc.resource)] = resource.MustParse("4")
 			})
 			cfg := config.Default()
+			cfg.DriverDelivery = config.DeliveryHostPath
 			pod := gputest.Pod(tc.resource, func(p *corev1.Pod) { p.Namespace = "ml" })
 			res := Mutate(Input{Pod: pod, Layouts: clustertest.LayoutsOf(cfg, []corev1.Node{*node})}, cfg)
 			if res.Decision != DecisionDenied || !strings.Contains(res.Reason, tc.want) {

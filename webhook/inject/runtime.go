@@ -18,6 +18,11 @@ type runtimeDecision struct {
 	// pin keeps the pod on nodes whose plugin is registered, when some node
 	// it could use has none and hostPath is not an option there.
 	pin bool
+	// noNode: no known GPU node fits the pod yet (driverDelivery:
+	// PreferRuntime), which its warning says.
+	noNode bool
+	// whyNoNode says why no known node fits, where some GPU node is known.
+	whyNoNode string
 	// layout is the Result.Layout of a runtime injection; nil when the
 	// plugin does not serve the pod, and why says why.
 	layout *Layout
@@ -50,6 +55,9 @@ const (
 	noRuntimeSomeNodes
 	// noRuntimeRecord: the pod's injection record is unreadable.
 	noRuntimeRecord
+	// noRuntimeSkip: every node the pod can use injects the driver itself,
+	// and runtimeInjection: Skip leaves such pods alone.
+	noRuntimeSkip
 )
 
 // whyNot says why the NRI plugin does not serve the pod.
@@ -69,6 +77,8 @@ func (d runtimeDecision) whyNot() string {
 		return "no ready GPU node fits the pod"
 	case noRuntimeRecord:
 		return "the pod's annotation " + layout.AnnotationInjected + " is not one gpu-injector wrote"
+	case noRuntimeSkip:
+		return "its nodes' own runtime injects the driver (runtimeInjection: " + config.RuntimeInjectionSkip + ")"
 	case noRuntimeSomeNodes:
 		return fmt.Sprintf("%d of the layouts the pod can use have nodes without gpu-injector's NRI plugin", d.others)
 	}
@@ -97,34 +107,43 @@ func (r *request) runtimeChoice() runtimeDecision {
 	return r.preferRuntime(served)
 }
 
-// preferRuntime is driverDelivery: PreferRuntime's choice, once some GPU
-// node of the cluster runs the plugin. The pod gets runtime injection when
-// every known GPU node it can use runs the plugin, or when it can use none
-// yet (a pool at zero, or a node not yet probed): an autoscaler then sees a
-// pod without a pin or a hostPath that names a driver folder, and the node
-// it adds mounts its own driver. A known node without the plugin still
-// needs hostPath for the pods that can only land there. Where only some of
-// the known nodes the pod can use run the plugin, the pod is pinned to those
-// only when hostPath is no choice (Pod Security): a pin on a label of the
-// probe is one an autoscaler does not know.
+// preferRuntime is driverDelivery: PreferRuntime's choice. The pod gets the
+// runtime's marker, with no pin, when no known GPU node it can use needs
+// hostPath volumes: every such node runs the plugin, or its own runtime (the
+// NVIDIA container toolkit, CDI, GKE's device plugin) injects the driver,
+// which the plugin leaves to it; or it can use none yet (every pool at zero,
+// a node not yet probed). An autoscaler then sees a pod with no pin on a
+// label of the probe, and a node of any image or driver may take it: the
+// node that lands it delivers its own driver. A known node that only hostPath
+// can serve still needs hostPath for the pods that may land there; where only
+// some of the nodes the pod can use need hostPath, the pod is pinned to the
+// plugin's nodes only when hostPath is no choice (Pod Security).
 func (r *request) preferRuntime(served runtimeDecision) runtimeDecision {
-	ready, others := 0, 0
+	ready, hostPathOnly, nodeRuntime := 0, 0, 0
 	for i, l := range r.layouts {
 		if r.fit(&r.asIs, i).kind != fits {
 			continue
 		}
-		if l.NRIReady() {
+		switch {
+		case l.NRIReady():
 			ready++
-		} else {
-			others++
+		case l.Plan.RuntimeInjection == "":
+			hostPathOnly++
+		default:
+			nodeRuntime++
 		}
 	}
 	switch {
-	case ready == 0 && others == 0 && r.wedgedWhy(r.view, &r.need) != "":
+	case ready == 0 && hostPathOnly == 0 && r.wedgedWhy(r.view, &r.need) != "":
 		// The only known nodes it can use have a wedged driver: the layout
 		// choice's denial names them.
 		return runtimeDecision{why: noRuntimeNoNode}
-	case others == 0:
+	case hostPathOnly == 0 && ready == 0 && nodeRuntime > 0 && r.cfg.RuntimeInjection == config.RuntimeInjectionSkip:
+		return runtimeDecision{why: noRuntimeSkip}
+	case hostPathOnly == 0:
+		if served.noNode = ready == 0 && nodeRuntime == 0; served.noNode && len(r.layouts) > 0 {
+			_, served.whyNoNode = r.chooseLayout(&r.asIs, nil, false)
+		}
 		return served
 	case ready == 0:
 		return runtimeDecision{why: noRuntimePlugin}
@@ -132,7 +151,7 @@ func (r *request) preferRuntime(served runtimeDecision) runtimeDecision {
 		served.pin = true
 		return served
 	}
-	return runtimeDecision{why: noRuntimeSomeNodes, others: others}
+	return runtimeDecision{why: noRuntimeSomeNodes, others: hostPathOnly}
 }
 
 // runtimeRuledOut says why the NRI plugin cannot serve a pod injected for the
@@ -153,10 +172,6 @@ func (r *request) runtimeRuledOut() noRuntime {
 		return noRuntimeHostPath
 	case len(r.legacy) > 0 && r.cfg.LegacyMounts == config.LegacyMountsKeep:
 		return noRuntimeLegacyKept
-	case r.cfg.DriverDelivery != config.DeliveryRuntime && !slices.ContainsFunc(r.layouts, (*Layout).NRIReady):
-		// No GPU node runs the plugin: none is fitted for it, and a pod
-		// that matches no node yet gets what the noLayout action says.
-		return noRuntimePlugin
 	}
 	return runtimeServes
 }
@@ -196,6 +211,12 @@ func (r *request) injectRuntime(c *change, d runtimeDecision) {
 		if pod.Annotations[key] != value {
 			c.do(setAnnotation{key: key, value: value})
 		}
+	}
+	switch {
+	case d.noNode && d.whyNoNode != "":
+		c.warn("no ready GPU node fits this pod yet (%s): admitted for a node that will, as an autoscaler adds one for a pool at zero, whose NRI plugin or container toolkit delivers the driver; if it stays Pending, see `gpu-injector status`", d.whyNoNode)
+	case d.noNode:
+		c.warn("no GPU node is ready yet (every pool at zero?): admitted for the node that takes it, as an autoscaler adds one, whose NRI plugin or container toolkit delivers the driver; if it stays Pending, see `gpu-injector status`")
 	}
 	if d.pin {
 		if have, ok := pod.Spec.NodeSelector[layout.LabelNRIPlugin]; !ok {

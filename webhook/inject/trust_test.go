@@ -52,7 +52,9 @@ func TestForgedRuntimeRecord(t *testing.T) {
 		},
 		"record, no layout, noLayout Allow": {
 			ann:       map[string]string{layout.AnnotationInjected: forgedRuntimeRecord},
-			setup:     func(c *config.Configuration) { c.NoLayout.Action = config.NoLayoutAllow },
+			setup: func(c *config.Configuration) {
+				c.NoLayout.Action, c.DriverDelivery = config.NoLayoutAllow, config.DeliveryHostPath
+			},
 			noLayouts: true,
 			want:      DecisionInjected,
 		},
