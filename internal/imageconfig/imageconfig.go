@@ -86,10 +86,10 @@ const (
 	maxInFlight = 32
 	// maxBytesInFlight bounds the bytes of registry answers that every
 	// read under way holds at once: a read past it fails at once. Honest
-	// answers are kilobytes; this is the heap that hostile ones can take,
-	// sixteen images of a pod at 4 MiB each, within the chart's memory
-	// limit beside the cache.
-	maxBytesInFlight = 64 << 20
+	// answers are kilobytes; hostile ones take this and a few times it in
+	// the decoders' buffers (eight answers at the 4 MiB cap), within the
+	// chart's memory limit beside the cache.
+	maxBytesInFlight = 32 << 20
 )
 
 // Options configure a Reader.
