@@ -1466,7 +1466,7 @@ func TestImagesRBAC(t *testing.T) {
 		"default":           {nil, false},
 		"on, anonymous":     {[]string{"config.images.mode=On"}, false},
 		"off, pull secrets": {[]string{"config.images.pullSecrets=Read"}, false},
-		"on, pull secrets":  {[]string{"config.images.mode=On", "config.images.pullSecrets=Read"}, true},
+		"on, pull secrets":  {[]string{"config.images.mode=On", "config.images.pullSecrets=Read", "webhook.clientCA.enabled=true", "webhook.clientCA.configMap=ca"}, true},
 	} {
 		t.Run(name, func(t *testing.T) {
 			o := kube136

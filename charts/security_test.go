@@ -123,3 +123,23 @@ func TestClientCA(t *testing.T) {
 		t.Error("rendered clientCA without its ConfigMap")
 	}
 }
+
+// TestPullSecretsNeedVerifiedCaller: the chart refuses to read pods' pull
+// secrets unless the webhook verifies its caller (its NetworkPolicy or
+// client certificates), and says what to set.
+func TestPullSecretsNeedVerifiedCaller(t *testing.T) {
+	read := with(kube136, "config.images.mode=On", "config.images.pullSecrets=Read")
+	out, err := helmTemplate(t, read)
+	if err == nil || !strings.Contains(err.Error(), "needs the webhook to verify its caller") || !strings.Contains(err.Error(), "webhook.networkPolicy.enabled=true") {
+		t.Errorf("pullSecrets Read unverified: err = %v, output %.300s; want a refusal naming what to set", err, out)
+	}
+	for name, o := range map[string]renderOpts{
+		"network policy": with(read, "webhook.networkPolicy.enabled=true", "webhook.networkPolicy.apiServerPeers[0].ipBlock.cidr=10.0.0.0/24"),
+		"client CA":      with(read, "webhook.clientCA.enabled=true", "webhook.clientCA.configMap=apiserver-client-ca"),
+		"mode off":       with(kube136, "config.images.pullSecrets=Read"),
+	} {
+		if _, err := helmTemplate(t, o); err != nil {
+			t.Errorf("%s: %v, want rendered", name, err)
+		}
+	}
+}

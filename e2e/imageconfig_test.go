@@ -122,7 +122,11 @@ func TestImageConfigAdmission(t *testing.T) {
 		}
 	})
 	listed := host + "," + private.Host + ",127.0.0.1:1"
+	// pullSecrets Read needs a verified caller; the NetworkPolicy open to
+	// every address meets the chart's rule without shutting out an API
+	// server whose address the test does not know.
 	if err := testEnv.UpgradeChart(ctx, "config.images.mode=On", "config.images.pullSecrets=Read",
+		"webhook.networkPolicy.enabled=true", "webhook.networkPolicy.apiServerPeers[0].ipBlock.cidr=0.0.0.0/0",
 		"config.images.registries={"+listed+"}", "config.images.insecureRegistries={"+listed+"}"); err != nil {
 		t.Fatal(err)
 	}

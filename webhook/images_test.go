@@ -186,3 +186,45 @@ func BenchmarkHandlerCachedImage(b *testing.B) {
 		})
 	}
 }
+
+// TestRegistryTextNotInWarnings: a registry's error body, which it
+// writes as it likes, reaches neither the pod author's warning nor the
+// pod's images-unread record: only its status does.
+func TestRegistryTextNotInWarnings(t *testing.T) {
+	const secret = "AKIAIOSFODNN7EXAMPLE-leaked"
+	reg := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.Contains(r.URL.Path, "/manifests/") {
+			http.Error(w, `{"errors":[{"code":"UNKNOWN","message":"`+secret+`"}]}`, http.StatusInternalServerError)
+		}
+	}))
+	defer reg.Close()
+	host := strings.TrimPrefix(reg.URL, "http://")
+	cfg := config.Default()
+	cfg.Images.Mode = config.ImagesOn
+	cfg.Images.Namespaces = []string{"ml"}
+	cfg.Images.Registries = []string{host}
+	cfg.Images.InsecureRegistries = []string{host}
+	cfg.Images.Budget = &metav1.Duration{Duration: 2 * time.Second}
+	idx := gpunodes.NewIndex(cfg, logr.Discard())
+	p := gputest.Plan("535.104.05")
+	for _, n := range []string{"gpu-0", "gpu-1"} {
+		idx.Add(gputest.Node(n, p, 8, nil))
+	}
+	srv := httptest.NewServer(Serve(NewHandler(cfg, idx, staticNamespaces{"ml": {}}).WithImages(NewImageReader(&cfg.Images, logr.Discard()), nil)))
+	defer srv.Close()
+
+	pod := gputest.Pod("nvidia.com/gpu", func(p *corev1.Pod) { p.Spec.Containers[0].Image = host + "/app:v1" })
+	code, ar, raw := post(t, srv.URL, "application/json", review(t, admissionv1.Create, "ml", pod, podKind))
+	if code != http.StatusOK || !ar.Response.Allowed {
+		t.Fatalf("got HTTP %d %s, want allowed", code, raw)
+	}
+	got := applyPatch(t, pod, ar.Response)
+	warnings := strings.Join(ar.Response.Warnings, "\n")
+	record := got.Annotations[layout.AnnotationImagesUnread]
+	if !strings.Contains(warnings, "500 Internal Server Error") || !strings.Contains(record, "500 Internal Server Error") {
+		t.Errorf("warnings %q, record %q: want the registry's status in both", warnings, record)
+	}
+	if strings.Contains(warnings, secret) || strings.Contains(record, secret) {
+		t.Errorf("warnings %q, record %q: the registry's body leaked", warnings, record)
+	}
+}

@@ -250,6 +250,12 @@ func Run(ctx context.Context, o Options) error {
 		var secrets imageconfig.SecretGetter
 		if cfg.Images.PullSecrets == config.PullSecretsRead {
 			secrets = apiSecrets{reader: mgr.GetAPIReader()}
+			if o.ClientCA == "" {
+				// The binary cannot see a NetworkPolicy, which the chart
+				// requires when client certificates are not verified; a
+				// webhook run otherwise must have one of its own.
+				log.Info("pull secrets are read for any caller that reaches the webhook's port: only a NetworkPolicy keeps out reviews of other namespaces", "clientCA", false, "pullSecrets", cfg.Images.PullSecrets)
+			}
 		}
 		handler.WithImages(NewImageReader(&cfg.Images, log.WithName("images")), secrets)
 	}

@@ -27,6 +27,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"golang.org/x/sync/semaphore"
 	"golang.org/x/sync/singleflight"
 
 	"github.com/gpu-injector/gpu-injector/internal/wallclock"
@@ -85,6 +86,12 @@ const (
 	// maxInFlight bounds the reads under way at once; one past it fails at
 	// once rather than queue.
 	maxInFlight = 32
+	// maxBytesInFlight bounds the bytes of registry answers that every
+	// read under way holds at once: a read past it fails at once. Honest
+	// answers are kilobytes; hostile ones take this and a few times it in
+	// the decoders' buffers (eight answers at the 4 MiB cap), within the
+	// chart's memory limit beside the cache.
+	maxBytesInFlight = 32 << 20
 )
 
 // Options configure a Reader.
@@ -177,7 +184,7 @@ func New(o Options) *Reader {
 	if r.transport == nil {
 		r.transport = remote.DefaultTransport
 	}
-	r.transport = limitedTransport{next: r.transport}
+	r.transport = limitedTransport{next: r.transport, allowed: r.allowed, inFlight: semaphore.NewWeighted(maxBytesInFlight)}
 	if r.now == nil {
 		r.now = wallclock.Real().Now
 	}
@@ -185,6 +192,23 @@ func New(o Options) *Reader {
 		r.opts.Platform = &v1.Platform{OS: "linux", Architecture: runtime.GOARCH}
 	}
 	return r
+}
+
+// allowed says whether a request of a read may go to the host: only to
+// the listed registries, over https or, for those listed insecure, http.
+// A registry's token service and the storage its blobs redirect to are
+// hosts like any other: they must be listed too.
+func (r *Reader) allowed(scheme, host string) bool {
+	if r.opts.AnyRegistry {
+		return scheme == "https" || scheme == "http"
+	}
+	switch scheme {
+	case "https":
+		return r.registries[host]
+	case "http":
+		return r.registries[host] && r.insecure[host]
+	}
+	return false
 }
 
 // registryName spells a host as a parsed reference does (docker.io is
@@ -323,41 +347,6 @@ func (r *Reader) fetch(ref name.Reference, creds Credentials, flightKey string) 
 		return nil, err
 	}
 	r.store(ref, f)
-	return f, nil
-}
-
-func (r *Reader) get(ctx context.Context, ref name.Reference, creds Credentials) (*Facts, error) {
-	if r.insecure[ref.Context().RegistryStr()] {
-		// Parse again with the insecure option, which the scheme follows.
-		var err error
-		if ref, err = name.ParseReference(ref.Name(), name.Insecure); err != nil {
-			return nil, err
-		}
-	}
-	kc := creds.Keychain
-	if kc == nil {
-		kc = authn.NewMultiKeychain()
-	}
-	if r.opts.NodeKeychain != nil {
-		kc = authn.NewMultiKeychain(kc, r.opts.NodeKeychain)
-	}
-	desc, err := remote.Get(ref, remote.WithContext(ctx), remote.WithAuthFromKeychain(kc),
-		remote.WithTransport(r.transport), remote.WithPlatform(*r.opts.Platform))
-	if err != nil {
-		return nil, err
-	}
-	img, err := desc.Image()
-	if err != nil {
-		return nil, fmt.Errorf("failed to pick the image for %s/%s: %w", r.opts.Platform.OS, r.opts.Platform.Architecture, err)
-	}
-	cf, err := img.ConfigFile()
-	if err != nil {
-		return nil, fmt.Errorf("failed to read the configuration blob: %w", err)
-	}
-	f := &Facts{Digest: desc.Digest.String(), Env: cf.Config.Env, Labels: cf.Config.Labels}
-	if n := f.size(); n > MaxFactsBytes {
-		return nil, fmt.Errorf("the configuration's ENV and labels take %d bytes, more than %d", n, MaxFactsBytes)
-	}
 	return f, nil
 }
 

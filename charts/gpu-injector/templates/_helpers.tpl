@@ -196,6 +196,20 @@ binary cannot check because they join values of two components.
 {{- end }}
 
 {{/*
+gpu-injector.validateImages: reading pods' pull secrets needs a webhook that knows its
+caller is the API server. The webhook reads the Secrets a review names in the review's
+namespace; anyone who reaches its port unverified could send a review of another
+namespace and have it read that namespace's Secrets. The binary sees neither the chart's
+NetworkPolicy nor, in its configuration, the client CA: the chart checks.
+*/}}
+{{- define "gpu-injector.validateImages" -}}
+{{- $im := .Values.config.images }}
+{{- if and (eq (toString $im.mode) "On") (eq (toString $im.pullSecrets) "Read") (not .Values.webhook.clientCA.enabled) (not .Values.webhook.networkPolicy.enabled) }}
+{{- fail "config.images.pullSecrets Read needs the webhook to verify its caller: with it, anyone who reaches the webhook's port could send a review of another namespace and have the webhook read that namespace's Secrets. Set webhook.networkPolicy.enabled=true (with webhook.networkPolicy.apiServerPeers) or webhook.clientCA.enabled=true (with webhook.clientCA.configMap), or config.images.pullSecrets=None" }}
+{{- end }}
+{{- end }}
+
+{{/*
 Is the cluster OpenShift? "true" or empty. auto asks the cluster for the
 security.openshift.io/v1 API (SecurityContextConstraints), which helm install and upgrade
 know; helm template knows it only from --api-versions.
