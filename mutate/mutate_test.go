@@ -186,10 +186,10 @@ func TestErrors(t *testing.T) {
 		wantErr string
 		denied  bool
 	}{
-		"unparsable input":   {opts: Options{File: bad, NodeFiles: []string{nodesFile}}, wantErr: "failed to mutate document 1 of " + bad},
-		"missing file":       {opts: Options{File: filepath.Join(dir, "nope.yaml"), NodeFiles: []string{nodesFile}}, wantErr: "no such file"},
-		"nodes not nodes":    {opts: Options{File: deny, NodeFiles: []string{notNode}}, wantErr: `document 1 is a "Pod", not a Node`},
-		"no kind":            {opts: Options{File: noKind, NodeFiles: []string{nodesFile}}, wantErr: "document has no kind"},
+		"unparsable input": {opts: Options{File: bad, NodeFiles: []string{nodesFile}}, wantErr: "failed to mutate document 1 of " + bad},
+		"missing file":     {opts: Options{File: filepath.Join(dir, "nope.yaml"), NodeFiles: []string{nodesFile}}, wantErr: "no such file"},
+		"nodes not nodes":  {opts: Options{File: deny, NodeFiles: []string{notNode}}, wantErr: `document 1 is a "Pod", not a Node`},
+		"no kind":          {opts: Options{File: noKind, NodeFiles: []string{nodesFile}}, wantErr: "document has no kind"},
 		// hostPath only: the default delivery admits a pod no known node fits.
 		"denied is an error": {opts: Options{File: deny, NodeFiles: []string{nodesFile}, Config: hostPathOnly()}, wantErr: "would deny", denied: true},
 	}

@@ -51,7 +51,7 @@ func TestForgedRuntimeRecord(t *testing.T) {
 			want: DecisionInjected,
 		},
 		"record, no layout, noLayout Allow": {
-			ann:       map[string]string{layout.AnnotationInjected: forgedRuntimeRecord},
+			ann: map[string]string{layout.AnnotationInjected: forgedRuntimeRecord},
 			setup: func(c *config.Configuration) {
 				c.NoLayout.Action, c.DriverDelivery = config.NoLayoutAllow, config.DeliveryHostPath
 			},
