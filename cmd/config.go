@@ -74,6 +74,11 @@ func Config(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		name = "standard input"
 	}
 	verdicts, err := config.Check(data)
+	if errors.Is(err, config.ErrNoConfiguration) && *file == "-" && len(strings.TrimSpace(string(data))) == 0 {
+		// A pipe from helm template that failed: helm's error is the one to read.
+		fmt.Fprintf(stderr, "gpu-injector config validate: standard input is empty: %v (did the command before the pipe fail?)\n", err)
+		return 1
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "gpu-injector config validate: %s: %v\n", name, err)
 		return 1
