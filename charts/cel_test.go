@@ -30,8 +30,10 @@ import (
 // celVersions are the CEL environments an expression must compile in when it is
 // created: an API server offers the libraries of its compatibility version, one minor
 // below its own (environment.DefaultCompatibilityVersion), so a 1.33 API server (the
-// chart's floor) compiles with those of 1.32; the vendored one, the newest.
+// oldest release tested end to end) compiles with those of 1.32, a 1.30 one (the
+// chart's floor) with those of 1.29; the vendored one, the newest.
 var celVersions = map[string]*version.Version{
+	"1.30 cluster (compatibility 1.29)": version.MajorMinor(1, 29),
 	"1.33 cluster (compatibility 1.32)": version.MajorMinor(1, 32),
 	"current":                           environment.DefaultCompatibilityVersion(),
 }

@@ -118,20 +118,28 @@ func runHelm(t *testing.T, args []string) ([]byte, error) {
 	return out, nil
 }
 
-// kubeFloor is Chart.yaml's kubeVersion: the oldest Kubernetes the project tests end
-// to end (1.33; no 1.32 release builds from the Go module proxy).
-const kubeFloor = ">=1.33.0-0"
+// clusterKinds are served kinds as helm install, upgrade and template --validate list
+// them from any cluster the chart meets (group/version/Kind): with them, the chart renders
+// as it does for an install, which refuses an API server below its floor.
+var clusterKinds = []string{"admissionregistration.k8s.io/v1/MutatingWebhookConfiguration"}
 
-// checkRefused: helm itself refuses a Kubernetes version below the floor, before any
-// template runs, naming the floor and the version.
+// onCluster is o as helm install renders it on a cluster of o's version.
+func onCluster(o renderOpts) renderOpts {
+	o.apiVersions = append(slices.Clone(o.apiVersions), clusterKinds...)
+	return o
+}
+
+// checkRefused: the chart refuses to install on a Kubernetes below 1.30, naming the
+// floor, the cluster's version and the reason.
 func checkRefused(t *testing.T, out []byte, err error, kubeVersion string) {
 	t.Helper()
 	if err == nil {
-		t.Fatalf("helm rendered the chart for Kubernetes %s, below %s:\n%.400s", kubeVersion, kubeFloor, out)
+		t.Fatalf("helm rendered the chart for an install on Kubernetes %s, below 1.30:\n%.400s", kubeVersion, out)
 	}
-	want := "chart requires kubeVersion: " + kubeFloor + " which is incompatible with Kubernetes v" + strings.TrimPrefix(kubeVersion, "v")
+	want := "gpu-injector needs Kubernetes 1.30 or later, and this cluster runs v" + strings.TrimPrefix(kubeVersion, "v") +
+		": the chart's ValidatingAdmissionPolicy needs admissionregistration.k8s.io/v1, GA in 1.30"
 	if !strings.Contains(err.Error(), want) {
-		t.Errorf("helm refused Kubernetes %s, but not by the chart's kubeVersion:\n got %v\nwant %q", kubeVersion, err, want)
+		t.Errorf("helm refused Kubernetes %s, but not with the chart's floor:\n got %v\nwant %q", kubeVersion, err, want)
 	}
 }
 
@@ -1128,14 +1136,15 @@ func TestConfigChecksum(t *testing.T) {
 // TestKubeVersions: every supported minor renders with matchConditions and the probe's
 // policy, decided with no --api-versions as helm template renders for a user; the DRA
 // rules where resource.k8s.io/v1 is served (by version, or by the API versions helm
-// install learns from the cluster); below the floor helm refuses the chart.
+// install learns from the cluster). Below 1.30 an install is refused, while helm template
+// without a cluster renders whatever version it assumes.
 func TestKubeVersions(t *testing.T) {
 	tests := map[string]struct {
 		opts    renderOpts
 		wantDRA bool
 		refused bool
 	}{
-		"1.33 (the floor)":          {opts: kube133},
+		"1.33":                      {opts: kube133},
 		"1.33 with a vendor suffix": {opts: renderOpts{kubeVersion: "1.33.5-eks-1"}},
 		// A 1.33 cluster serves resource.k8s.io only as v1beta1 and v1beta2, which the
 		// webhook does not read.
@@ -1147,9 +1156,17 @@ func TestKubeVersions(t *testing.T) {
 		"1.36":                            {opts: kube136, wantDRA: true},
 		"1.37":                            {opts: renderOpts{kubeVersion: "1.37.2"}, wantDRA: true},
 		"1.34 with a vendor suffix":       {opts: renderOpts{kubeVersion: "1.34.1-gke.1"}, wantDRA: true},
-		"1.32":                            {opts: renderOpts{kubeVersion: "1.32.9"}, refused: true},
-		"1.32 with a vendor suffix":       {opts: renderOpts{kubeVersion: "1.32.13-eks-1"}, refused: true},
-		"1.29":                            {opts: renderOpts{kubeVersion: "1.29.0"}, refused: true},
+		"1.30 (the floor)":                {opts: renderOpts{kubeVersion: "1.30.0"}},
+		"1.30 install":                    {opts: onCluster(renderOpts{kubeVersion: "1.30.0"})},
+		"1.32":                            {opts: renderOpts{kubeVersion: "1.32.9"}},
+		"1.32 install, vendor suffix":     {opts: onCluster(renderOpts{kubeVersion: "1.32.13-eks-1"})},
+		"1.37 install":                    {opts: onCluster(renderOpts{kubeVersion: "1.37.2"}), wantDRA: true},
+		"1.29 install":                    {opts: onCluster(renderOpts{kubeVersion: "1.29.0"}), refused: true},
+		"1.29 install, vendor suffix":     {opts: onCluster(renderOpts{kubeVersion: "1.29.5-eks-1"}), refused: true},
+		"1.20 install":                    {opts: onCluster(renderOpts{kubeVersion: "1.20.0"}), refused: true},
+		// What helm template assumes when given no --kube-version, without a cluster.
+		"1.20, helm's default, no cluster": {opts: renderOpts{kubeVersion: "1.20.0"}},
+		"1.29, no cluster":                 {opts: renderOpts{kubeVersion: "1.29.0"}},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -1263,6 +1280,8 @@ func TestNotes(t *testing.T) {
 		noExtended = "does not serve a DeviceClass's extendedResourceName (DRA extended resources: alpha in 1.34 and 1.35 " +
 			"behind the DRAExtendedResource feature gate, beta in 1.36, GA in 1.37): a pod that asks for a DeviceClass's extended resource name " +
 			"is not recognised through that class; it is a GPU pod only if the name is one of config.resources.names"
+		untested = "is older than 1.33, the oldest Kubernetes release this project tests end to end. " +
+			"1.30 to 1.32 install, but they are not tested here; below 1.30 the chart does not install."
 		// The warnings of the clusters below 1.30 the chart no longer installs on.
 		noRestriction = "NO NODE RESTRICTION"
 		noConditions  = "no matchConditions"
@@ -1273,18 +1292,22 @@ func TestNotes(t *testing.T) {
 		want    []string
 		notWant []string
 	}{
-		"1.29 is refused": {
-			opts:    renderOpts{kubeVersion: "1.29.0"},
+		"1.29 install is refused": {
+			opts:    onCluster(renderOpts{kubeVersion: "1.29.0"}),
 			refused: true,
 		},
-		"1.32 is refused": {
-			opts:    renderOpts{kubeVersion: "1.32.9"},
-			refused: true,
+		"1.30 install warns it is not tested": {
+			opts: onCluster(renderOpts{kubeVersion: "1.30.0"}),
+			want: []string{"WARNING: this cluster (v1.30.0) " + untested, "This cluster (v1.30.0) " + noDRA},
+		},
+		"1.32 warns it is not tested": {
+			opts: renderOpts{kubeVersion: "1.32.9-eks-1"},
+			want: []string{"WARNING: this cluster (v1.32.9-eks-1) " + untested},
 		},
 		"1.33 lacks DRA and DRA extended resources": {
 			opts:    kube133,
 			want:    []string{"This cluster (v1.33.13) " + noDRA, "This cluster (v1.33.13) is older than 1.36 and " + noExtended},
-			notWant: []string{noRestriction, noConditions},
+			notWant: []string{noRestriction, noConditions, untested},
 		},
 		"1.33 serving resource.k8s.io/v1 lacks DRA extended resources only": {
 			opts:    renderOpts{kubeVersion: "1.33.13", apiVersions: []string{"resource.k8s.io/v1"}},
@@ -1303,7 +1326,7 @@ func TestNotes(t *testing.T) {
 		},
 		"1.36 lacks nothing": {
 			opts:    kube136,
-			notWant: []string{noDRA, noExtended, noRestriction, noConditions},
+			notWant: []string{noDRA, noExtended, noRestriction, noConditions, untested},
 		},
 		"1.37 lacks nothing": {
 			opts:    renderOpts{kubeVersion: "1.37.2"},

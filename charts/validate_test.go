@@ -25,6 +25,7 @@ import (
 	"k8s.io/pod-security-admission/policy"
 	"sigs.k8s.io/yaml"
 
+	"github.com/gpu-injector/gpu-injector/cmd"
 	"github.com/gpu-injector/gpu-injector/config"
 )
 
@@ -504,5 +505,36 @@ func TestValidateHook(t *testing.T) {
 	off := render(t, with(kube136, "validateHook.enabled=false"))
 	if off.get("Job", hookName) != nil || off.get("ConfigMap", hookName) != nil {
 		t.Errorf("validateHook.enabled=false renders the hook: %v", off.names())
+	}
+}
+
+// TestValidateAsTyped: the check the README, docs/configuration.md and
+// `gpu-injector config validate -h` show, helm template with no --kube-version piped to
+// the binary's command, passes. Helm assumes v1.20.0 there when its build is not stamped
+// with a version, as the test renders it; the same line with the build's own default is
+// checked too.
+func TestValidateAsTyped(t *testing.T) {
+	values := filepath.Join(t.TempDir(), "my-values.yaml")
+	if err := os.WriteFile(values, []byte("config:\n  excludedNamespaces: [batch-system]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for name, kube := range map[string][]string{
+		"helm's unstamped default, v1.20.0": {"--kube-version", "1.20.0"},
+		"the build's own default":           nil,
+	} {
+		t.Run(name, func(t *testing.T) {
+			out, err := runHelm(t, append([]string{"template", "gpu-injector", chartDir, "-f", values}, kube...))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var stdout, stderr strings.Builder
+			if code := cmd.Config([]string{"validate", "-f", "-"}, strings.NewReader(string(out)), &stdout, &stderr); code != 0 {
+				t.Fatalf("gpu-injector config validate -f - exited %d:\n%s", code, stderr.String())
+			}
+			// The release's ConfigMap and the install hook's, one file, one verdict.
+			if want := "standard input: ConfigMap default/gpu-injector-config, ConfigMap default/gpu-injector-validate: valid configuration\n"; stdout.String() != want {
+				t.Errorf("stdout = %q, want %q", stdout.String(), want)
+			}
+		})
 	}
 }

@@ -14,9 +14,11 @@ import (
 const configUsage = `Usage: gpu-injector config validate -f FILE
 
 Checks a configuration file as the webhook and the probe do when they start,
-and prints every invalid field at once. FILE is the file itself, the chart's
-ConfigMap, or the output of helm template (every configuration in it is
-checked); - reads standard input:
+and prints every invalid field at once: an unknown field with its line,
+counted from the file's first (in a ConfigMap, from the first of its
+config.yaml). FILE is the file itself, the chart's ConfigMap, or the output
+of helm template (every configuration in it is checked); - reads standard
+input:
 
   helm template gpu-injector charts/gpu-injector -f my-values.yaml | gpu-injector config validate -f -
 
@@ -72,6 +74,11 @@ func Config(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		name = "standard input"
 	}
 	verdicts, err := config.Check(data)
+	if errors.Is(err, config.ErrNoConfiguration) && *file == "-" && len(strings.TrimSpace(string(data))) == 0 {
+		// A pipe from helm template that failed: helm's error is the one to read.
+		fmt.Fprintf(stderr, "gpu-injector config validate: standard input is empty: %v (did the command before the pipe fail?)\n", err)
+		return 1
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "gpu-injector config validate: %s: %v\n", name, err)
 		return 1

@@ -842,27 +842,34 @@ func oneOf(p *field.Path, v string, allowed ...string) field.ErrorList {
 // Parse decodes, defaults and validates a configuration file; unknown fields
 // are errors so that a typo does not silently fall back to a default.
 func Parse(data []byte) (*Configuration, error) {
-	c, err := decode(data)
+	c, errs, err := decode(data)
 	if err != nil {
 		return nil, err
 	}
-	if errs := c.Validate(); len(errs) > 0 {
+	if len(errs) > 0 {
 		return nil, fmt.Errorf("invalid configuration: %w", errs.ToAggregate())
 	}
 	return c, nil
 }
 
-// decode reads a configuration file strictly and fills the defaults: the
-// one decoder of Parse and Check.
-func decode(data []byte) (*Configuration, error) {
+// decode reads a configuration file strictly, fills the defaults and validates
+// it: the one decoder of Parse and Check. err is why the file cannot be read at
+// all; errs are its invalid fields, every unknown key at once (each with its
+// line) when there are any, else Validate's.
+func decode(data []byte) (*Configuration, field.ErrorList, error) {
 	c := &Configuration{}
+	facts := fileFacts{}
 	if len(bytes.TrimSpace(data)) > 0 {
+		facts = readFacts(data)
+		if len(facts.unknown) > 0 {
+			return nil, facts.unknown, nil
+		}
 		if err := yaml.UnmarshalStrict(data, c); err != nil {
-			return nil, fmt.Errorf("failed to parse configuration: %w", err)
+			return nil, nil, fmt.Errorf("failed to parse configuration: %w", err)
 		}
 	}
 	SetDefaults(c)
-	return c, nil
+	return c, facts.hint(c.Validate()), nil
 }
 
 // Load reads a configuration file; an empty path gives the defaults.

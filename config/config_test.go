@@ -45,33 +45,16 @@ func TestParseNamesEachBadField(t *testing.T) {
 		yaml string
 		want []string
 	}{
-		"unknown field":         {head + "resource: {}\n", []string{`unknown field "resource"`}},
-		"wrong kind":            {"apiVersion: " + APIVersion + "\nkind: Config\n", []string{"kind: Unsupported value"}},
-		"wrong apiVersion":      {"apiVersion: v1\nkind: " + Kind + "\n", []string{"apiVersion: Unsupported value"}},
-		"enums":                 {head + "ldLibraryPath: Clobber\ncontainers: Some\nlayoutPolicy: Random\npodSecurity: Ignore\nnoLayout: {action: Maybe}\n", []string{"ldLibraryPath: Unsupported", "containers: Unsupported", "layoutPolicy: Unsupported", "podSecurity: Unsupported", "noLayout.action: Unsupported"}},
-		"legacy and runtime":    {head + "legacyMounts: Drop\nruntimeInjection: Mount\n", []string{"legacyMounts: Unsupported", "runtimeInjection: Unsupported"}},
-		"dra names":             {head + "dra: {deviceClasses: ['GPU Class', 'a[.b'], drivers: [Gpu_Driver]}\n", []string{"dra.deviceClasses[0]", "dra.deviceClasses[1]", "dra.drivers[0]"}},
-		"static without name":   {head + "noLayout: {action: Static}\n", []string{"noLayout.staticLayout: Required"}},
-		"static not found":      {head + "noLayout: {action: Static, staticLayout: nope}\n", []string{`noLayout.staticLayout: Not found: "nope"`}},
-		"static name with deny": {head + "noLayout: {action: Deny, staticLayout: x}\n", []string{"only used with action Static"}},
-		"allowlist root":        {head + "hostPaths: {allowlist: [{path: /}]}\n", []string{"hostPaths.allowlist[0].path"}},
-		"allowlist etc":         {head + "hostPaths: {allowlist: [{path: /etc}]}\n", []string{"hostPaths.allowlist[0].path: Forbidden"}},
-		"allowlist relative":    {head + "hostPaths: {allowlist: [{path: usr/lib}]}\n", []string{"hostPaths.allowlist[0].path: Invalid"}},
-		"empty allowlist":       {head + "hostPaths: {allowlist: []}\n", []string{"hostPaths.allowlist: Required"}},
-		"pattern with slash":    {head + "hostPaths: {driverFilePatterns: [a/b]}\n", []string{"hostPaths.driverFilePatterns[0]"}},
-		"resource names":        {head + "resources: {names: [gpu], renameTo: 'not valid!'}\n", []string{"resources.names[0]", "resources.renameTo"}},
-		"container path":        {head + "containerPaths: {libraryDir: lib}\n", []string{"containerPaths.libraryDir"}},
-		"rename toleration":     {head + "resources: {renameToleration: Always}\n", []string{"resources.renameToleration: Unsupported value"}},
-		"toleration of a native name": {head + "resources: {renameTo: kubernetes.io/gpu}\n",
-			[]string{`resources.renameToleration: Invalid value: "Add": renameTo "kubernetes.io/gpu" is no extended resource name`}},
-		"excluded namespace": {head + "excludedNamespaces: [Kube_System]\n", []string{"excludedNamespaces[0]"}},
-		"extra allowlist": {head + "hostPaths: {extraAllowlist: [{path: srv/gpu}, {path: /srv/gpu/}, {path: /etc/nvidia}, {path: '/srv/[gpu'}, {path: /usr/lib}]}\n",
-			[]string{"hostPaths.extraAllowlist[0].path: Invalid", "hostPaths.extraAllowlist[1].path: Invalid", "hostPaths.extraAllowlist[2].path: Forbidden", "hostPaths.extraAllowlist[3].path: Invalid value: \"/srv/[gpu\": bad pattern", "hostPaths.extraAllowlist[4].path: Forbidden"}},
-		"pinning": {head + "pinning: {nodeLabels: ['karpenter.sh/nodepool', 'karpenter.sh/nodepool', 'gpu-injector.io/layout-fingerprint', 'bad label!'], rememberFor: -1h}\n",
-			[]string{"pinning.nodeLabels[1]: Duplicate", "pinning.nodeLabels[2]: Forbidden", "pinning.nodeLabels[3]: Invalid", "pinning.rememberFor: Invalid"}},
-		"images": {head + "images: {mode: Sometimes, pullSecrets: Maybe, registries: ['https://r.example', 'a/b'], insecureRegistries: [other:5000], namespaces: [Bad_NS], tagTTL: -1s, budget: 31s, maxEntries: -1, maxBytes: -1}\n",
-			[]string{"images.mode: Unsupported", "images.pullSecrets: Unsupported", "images.registries[0]", "images.registries[1]", "images.insecureRegistries[0]: Invalid value: \"other:5000\": must also be listed", "images.namespaces[0]", "images.tagTTL: Invalid", "images.budget: Invalid", "images.maxEntries", "images.maxBytes"}},
-		"images mode unquoted": {head + "images: {mode: On}\n", []string{`images.mode: Invalid value: "true": quote the value`}},
+		"unknown field": {head + "resource: {}\n", []string{`resource: Forbidden: unknown field, on line 3; did you mean resources?`}},
+		// Every unknown key at once, each with its line, at any depth; a name far from
+		// every known one gets no suggestion.
+		"unknown fields": {head + "ldLibaryPath: Prepend\nnoLayout:\n  actoin: Deny\nstaticLayouts:\n- name: s\n  driverVersion: \"1\"\n  mounts: [{hostPath: /usr/lib/x, containerPath: /usr/local/nvidia/lib64, kind: File, mode: ro}]\nzzzzzz: 1\n", []string{
+			"ldLibaryPath: Forbidden: unknown field, on line 3; did you mean ldLibraryPath?",
+			"noLayout.actoin: Forbidden: unknown field, on line 5; did you mean action?",
+			"staticLayouts[0].mounts[0].mode: Forbidden: unknown field, on line 9",
+			"zzzzzz: Forbidden: unknown field, on line 10]",
+		}},
+		"images mode unquoted": {head + "images: {mode: On}\n", []string{`images.mode: Invalid value: "true": quote the value: mode: "On" or mode: "Off"`}},
 		"credential providers": {head + "images: {credentialProviders: {config: etc/config.json, binDir: /opt/bin/, timeout: 21s}}\n",
 			[]string{"images.credentialProviders.config: Invalid", "images.credentialProviders.binDir: Invalid", "images.credentialProviders.timeout: Invalid"}},
 		"credential providers without config": {head + "images: {credentialProviders: {binDir: /opt/bin}}\n", []string{"images.credentialProviders.config: Required"}},
@@ -299,5 +282,39 @@ func TestCredentialProvidersDefaults(t *testing.T) {
 	}
 	if cp := c.Images.CredentialProviders; !cp.Enabled() || cp.Timeout.Duration != DefaultCredentialProviderTimeout {
 		t.Errorf("credential providers = %+v, want on with the default timeout", cp)
+	}
+}
+
+// TestYAMLBooleanHint: YAML 1.1, as the file is read, takes yes, no, on and off unquoted
+// for booleans, which land in a string field as "true" or "false"; every error on such a
+// field says so, once.
+func TestYAMLBooleanHint(t *testing.T) {
+	const hint = "quote the value: yes/no/on/off are booleans in YAML"
+	tests := map[string]struct {
+		yaml string
+		want string
+	}{
+		"an enum": {"podSecurity: yes\n",
+			`invalid configuration: podSecurity: Unsupported value: "true": supported values: "Warn", "Deny"; the file says yes unquoted; ` + hint},
+		"a path, nested": {"containerPaths: {libraryDir: Off}\n",
+			`invalid configuration: containerPaths.libraryDir: Invalid value: "false": must be an absolute, clean path other than / without ':'; the file says Off unquoted; ` + hint},
+		"in a list": {"resources: {names: [nvidia.com/gpu, on]}\n",
+			`invalid configuration: resources.names[1]: Invalid value: "true": must be a qualified extended resource name or path.Match pattern, like nvidia.com/gpu or nvidia.com/mig-*; the file says on unquoted; ` + hint},
+		"quoted, no hint": {"podSecurity: \"yes\"\n",
+			`invalid configuration: podSecurity: Unsupported value: "yes": supported values: "Warn", "Deny"`},
+		"images.mode keeps its own hint": {"images: {mode: On}\n",
+			`invalid configuration: images.mode: Invalid value: "true": quote the value: mode: "On" or mode: "Off"`},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			_, err := Parse([]byte(tc.yaml))
+			if err == nil {
+				t.Fatal("want an error")
+			}
+			got := err.Error()
+			if got != tc.want {
+				t.Errorf("error\n %q\nwant\n %q", got, tc.want)
+			}
+		})
 	}
 }

@@ -24,10 +24,11 @@ type Verdict struct {
 	// helm template renders the same file into the chart's ConfigMap and its
 	// install hook's.
 	Sources []string
-	// Err is why the configuration cannot be read at all (YAML, an unknown
-	// field, a wrong type), with Parse's message; Errs is then empty.
+	// Err is why the configuration cannot be read at all (YAML, a wrong
+	// type), with Parse's message; Errs is then empty.
 	Err error
-	// Errs are Validate's errors, every bad field at once.
+	// Errs are every bad field at once: the unknown keys, each with its line,
+	// when there are any, else Validate's errors.
 	Errs field.ErrorList
 }
 
@@ -64,11 +65,7 @@ func Check(data []byte) ([]Verdict, error) {
 		if f.source != "" {
 			v.Sources = []string{f.source}
 		}
-		if c, err := decode(f.data); err != nil {
-			v.Err = err
-		} else {
-			v.Errs = c.Validate()
-		}
+		_, v.Errs, v.Err = decode(f.data)
 		verdicts = append(verdicts, v)
 	}
 	return verdicts, nil

@@ -30,12 +30,13 @@ if [[ -z "${HELM:-}" ]]; then
 fi
 export HELM
 
-# Each mode: a name, then helm arguments. The chart refuses a Kubernetes below its
-# floor (kubeVersion >=1.33.0-0) in helm template and install, though not in helm lint,
-# so no mode names one; the Go tests check that refusal, the policy and its CEL.
+# Each mode: a name, then helm arguments. The chart refuses to install on a Kubernetes
+# below its floor (1.30) but renders any version without a cluster, so no mode names one;
+# the Go tests check that refusal, the policy and its CEL.
 modes=(
   "defaults (1.36)|--kube-version 1.36.3"
-  "defaults (1.33, the floor: no DRA rules)|--kube-version 1.33.13"
+  "defaults (1.33, the oldest tested: no DRA rules)|--kube-version 1.33.13"
+  "defaults (1.30, the floor: untested)|--kube-version 1.30.0"
   "cert-manager|--kube-version 1.36.3 --set certManager.enabled=true"
   "cert-manager with a ClusterIssuer|--kube-version 1.36.3 --set certManager.enabled=true --set certManager.issuerRef.name=ca --set certManager.issuerRef.kind=ClusterIssuer"
   "out-of-cluster webhook url|--kube-version 1.36.3 --set webhook.url=https://127.0.0.1:9443 --set webhook.caBundle=Zm9v --set webhook.enabled=false"
@@ -75,6 +76,13 @@ for mode in "${modes[@]}"; do
   name="${mode%%|*}"
   read -r -a args <<<"${mode#*|}"
   validate "${args[@]}" >/dev/null || { log "the hook refuses mode ${name}"; exit 1; }
+done
+# As the docs type it: no --kube-version, where helm assumes v1.20.0 unless its build is
+# stamped with another version; the chart renders, and its configuration passes.
+for kube in "--kube-version 1.20.0" ""; do
+  read -r -a args <<<"${kube}"
+  log "helm template | config validate, ${kube:-the default version}"
+  "${HELM}" template gpu-injector "${CHART}" "${args[@]}" | "${bin}" config validate -f - >/dev/null
 done
 # Bad values render, and the hook refuses them with the binary's message (stderr, exit 1).
 bad_values=(

@@ -24,7 +24,11 @@ import (
 func MutateContext(ctx context.Context, in Input, cfg *config.Configuration) Result {
 	r := newRequest(in, cfg)
 	r.ctx = ctx
-	return r.apply(r.bound(r.decide()))
+	res := r.apply(r.bound(r.decide()))
+	if w := annotationWarnings(in.Pod); len(w) > 0 {
+		res.Warnings = append(w, res.Warnings...)
+	}
+	return res
 }
 
 // canceled reports whether the caller has given up on the request.

@@ -153,6 +153,18 @@ func exemption(pod *corev1.Pod, cfg *config.Configuration) reason {
 	return reasonNone
 }
 
+// annotationWarnings name a value of the pod's opt-out annotation that is
+// neither "false" nor "true": only "false" opts out, so a pod that says "no",
+// "disabled" or "off" is injected all the same, and its author would not know.
+func annotationWarnings(pod *corev1.Pod) []string {
+	v, ok := pod.Annotations[layout.AnnotationInject]
+	if !ok || strings.EqualFold(v, "false") || strings.EqualFold(v, "true") {
+		return nil
+	}
+	return []string{WarnPrefix + fmt.Sprintf(`the pod's annotation %s=%q is neither "false" nor "true", and is ignored: only %s: "false" opts the pod out`,
+		layout.AnnotationInject, truncate(v, 80), layout.AnnotationInject)}
+}
+
 // isGPU reports whether a resource name is a configured GPU resource, or one
 // that a GPU DeviceClass serves.
 func (r *request) isGPU(name corev1.ResourceName) bool {

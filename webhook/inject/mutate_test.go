@@ -1,6 +1,7 @@
 package inject_test
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -283,3 +284,50 @@ func TestWedgedWhy(t *testing.T) {
 		t.Errorf("wedgedWhy for a pod bound to d = %q", got)
 	}
 }
+
+// TestOptOutAnnotationValues: only "false" opts a pod out, in any case; "true" is the
+// default said aloud; every other value is injected with a warning that names it, and
+// a pod without the annotation gets none.
+func TestOptOutAnnotationValues(t *testing.T) {
+	cfg := config.Default()
+	layouts := clustertest.LayoutsOf(cfg, gputest.LoadNodes(t, "testdata/nodes.yaml"))
+	const warning = `the pod's annotation gpu-injector.io/inject=%q is neither "false" nor "true", and is ignored`
+	tests := map[string]struct {
+		value    *string
+		decision Decision
+		warn     bool
+	}{
+		"absent":   {decision: DecisionInjected},
+		"false":    {value: ptr("false"), decision: DecisionSkipped},
+		"FALSE":    {value: ptr("FALSE"), decision: DecisionSkipped},
+		"true":     {value: ptr("true"), decision: DecisionInjected},
+		"no":       {value: ptr("no"), decision: DecisionInjected, warn: true},
+		"disabled": {value: ptr("disabled"), decision: DecisionInjected, warn: true},
+		"empty":    {value: ptr(""), decision: DecisionInjected, warn: true},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			pod := &corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "cuda", Resources: corev1.ResourceRequirements{
+				Limits: corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("1")}}}}}}
+			pod.Namespace = "ml"
+			if tc.value != nil {
+				pod.Annotations = map[string]string{"gpu-injector.io/inject": *tc.value}
+			}
+			res := Mutate(Input{Pod: pod, Layouts: layouts}, cfg)
+			if res.Decision != tc.decision {
+				t.Errorf("decision %s (%s), want %s", res.Decision, res.Reason, tc.decision)
+			}
+			var warned bool
+			for _, w := range res.Warnings {
+				if tc.value != nil && strings.Contains(w, fmt.Sprintf(warning, *tc.value)) {
+					warned = true
+				}
+			}
+			if warned != tc.warn {
+				t.Errorf("warned of the annotation %v, want %v: %q", warned, tc.warn, res.Warnings)
+			}
+		})
+	}
+}
+
+func ptr(s string) *string { return &s }

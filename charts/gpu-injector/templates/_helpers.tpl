@@ -274,3 +274,33 @@ app.kubernetes.io/component: test
 {{ include "gpu-injector.labels" . }}
 app.kubernetes.io/component: cleanup
 {{- end }}
+
+{{/*
+gpu-injector.clusterKnown: "true" where Helm renders for a cluster it asked: helm install,
+upgrade and template --validate list every kind the cluster serves as group/version/Kind,
+MutatingWebhookConfiguration among them (served since 1.16); helm template without a cluster
+lists group/versions only. The served kinds decide rather than a lookup, which would need
+the installing user to read Namespaces and is empty wherever a tool renders with
+--api-versions from the cluster instead of connecting (Argo CD).
+*/}}
+{{- define "gpu-injector.clusterKnown" -}}
+{{- if .Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/MutatingWebhookConfiguration" }}true{{ end }}
+{{- end }}
+
+{{/*
+gpu-injector.kubeFloor.check: fails where .cluster is set and .version is below 1.30, the
+release where admissionregistration.k8s.io/v1 serves the ValidatingAdmissionPolicy the chart
+always renders (and the webhook's matchConditions turn GA). Without a cluster it renders any
+version: helm template assumes an old one when given none, and the user who pipes its output
+to gpu-injector config validate wants the configuration, not a refusal.
+*/}}
+{{- define "gpu-injector.kubeFloor.check" -}}
+{{- if and .cluster (not (semverCompare ">=1.30.0-0" .version)) }}
+{{- fail (printf "gpu-injector needs Kubernetes 1.30 or later, and this cluster runs %s: the chart's ValidatingAdmissionPolicy needs admissionregistration.k8s.io/v1, GA in 1.30 (1.30 to 1.32 install but are not tested; 1.33 and later are)" .version) }}
+{{- end }}
+{{- end }}
+
+{{/* gpu-injector.kubeFloor: gpu-injector.kubeFloor.check on the release's cluster. */}}
+{{- define "gpu-injector.kubeFloor" -}}
+{{- include "gpu-injector.kubeFloor.check" (dict "version" .Capabilities.KubeVersion.Version "cluster" (include "gpu-injector.clusterKnown" .)) }}
+{{- end }}

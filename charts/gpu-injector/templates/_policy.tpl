@@ -111,13 +111,15 @@ cs.filter(c, {{ include "gpu-injector.policy.wantsGPU" . }})
 {{/*
 gpu-injector.policy.cheap: the first terms of the policy's condition, each cheap, and
 failing for most pods the policy does not take, the most common first: a pod without a GPU.
+The policy takes only a pod without the opt-out annotation or with "true": the webhook skips
+"false" and warns of any other value, a warning the policy cannot give.
 */}}
 {{- define "gpu-injector.policy.cheap" -}}
 {{- $cs := include "gpu-injector.policy.containers" . }}
 - name: wants-a-gpu
   expression: {{ printf "%s.exists(c, %s)" $cs (include "gpu-injector.policy.wantsGPU" .) | toJson }}
 - name: not-opted-out
-  expression: {{ `object.metadata.?annotations[?'gpu-injector.io/inject'].orValue('').matches('^[ -~]*$') && object.metadata.?annotations[?'gpu-injector.io/inject'].orValue('').lowerAscii() != 'false'` | toJson }}
+  expression: {{ `object.metadata.?annotations[?'gpu-injector.io/inject'].orValue('true').matches('^[ -~]*$') && object.metadata.?annotations[?'gpu-injector.io/inject'].orValue('true').lowerAscii() == 'true'` | toJson }}
 - name: no-host-path
   expression: {{ `object.spec.?volumes.orValue([]).all(v, !has(v.hostPath))` | toJson }}
 - name: no-claims
