@@ -368,9 +368,11 @@ func TestDRANode(t *testing.T) {
 
 // TestRuntimeInjectedNode: a node whose container runtime injects the driver
 // (the NVIDIA container toolkit as the default runtime) publishes a layout
-// without mounts. A GPU pod sent there is pinned to that layout and gets no
-// hostPath volume and no LD_LIBRARY_PATH, which would collide with what the
-// runtime mounts; a classic manifest's hand-written driver mounts are dropped.
+// without mounts. A GPU pod sent there gets the runtime's marker and no pin
+// on that layout (such nodes are one pool, whatever their image or driver),
+// no hostPath volume and no LD_LIBRARY_PATH, which would collide with what
+// the runtime mounts; a classic manifest's hand-written driver mounts are
+// dropped.
 func TestRuntimeInjectedNode(t *testing.T) {
 	ctx := testContext(t)
 	const nodeName, driver = "toolkit-a10g", "560.35.03"
@@ -382,12 +384,12 @@ func TestRuntimeInjectedNode(t *testing.T) {
 	ns := newNamespace(t, true)
 	onNode := map[string]string{env.LabelAccelerator: "nvidia-a10g"}
 
-	t.Run("pinned without mounts", func(t *testing.T) {
+	t.Run("one pool, without mounts", func(t *testing.T) {
 		p := gpuPod("cuda-check", podOpts{resource: gpu, nodeSelector: onNode})
 		p.Spec.Tolerations = []corev1.Toleration{tolerateE2E}
 		got := createPod(t, ns, p)
-		rec := assertPinned(t, got, fp, driver)
-		if len(rec.Volumes) != 0 || len(hostPaths(got)) != 0 || len(got.Spec.Containers[0].VolumeMounts) != 0 {
+		assertOnePool(t, got, fp)
+		if len(hostPaths(got)) != 0 || len(got.Spec.Containers[0].VolumeMounts) != 0 {
 			t.Errorf("pod %s got volumes %v and mounts %v, want none", got.Name, hostPaths(got), got.Spec.Containers[0].VolumeMounts)
 		}
 		if v, ok := envValue(got.Spec.Containers[0], "LD_LIBRARY_PATH"); ok {
@@ -402,7 +404,7 @@ func TestRuntimeInjectedNode(t *testing.T) {
 		p.Spec.Volumes = []corev1.Volume{{Name: "nvidia-driver-384-bin", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/usr/lib/nvidia-384/bin"}}}}
 		p.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "nvidia-driver-384-bin", MountPath: "/usr/local/nvidia/bin", ReadOnly: true}}
 		got := createPod(t, ns, p)
-		assertPinned(t, got, fp, driver)
+		assertOnePool(t, got, fp)
 		if len(got.Spec.Volumes) != 0 || len(got.Spec.Containers[0].VolumeMounts) != 0 {
 			t.Errorf("pod %s kept volumes %v and mounts %v, want the stale driver mount gone", got.Name, got.Spec.Volumes, got.Spec.Containers[0].VolumeMounts)
 		}
@@ -420,4 +422,17 @@ func waitGone(t *testing.T, ns, name string) {
 		_, err := client().CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
 		return apierrors.IsNotFound(err), nil
 	})
+}
+
+// assertOnePool checks that a pod for nodes whose runtime injects the driver
+// carries the runtime's marker and no pin on the layout fp, which would split
+// a fleet of node images.
+func assertOnePool(t *testing.T, p *corev1.Pod, fp string) {
+	t.Helper()
+	if p.Annotations[layout.AnnotationRuntimeInject] == "" {
+		t.Errorf("pod %s has no %s marker: annotations %v", p.Name, layout.AnnotationRuntimeInject, p.Annotations)
+	}
+	if got, ok := p.Spec.NodeSelector[layout.LabelFingerprint]; ok {
+		t.Errorf("pod %s pinned to layout %s (the node's is %s), want no pin", p.Name, got, fp)
+	}
 }
