@@ -129,14 +129,29 @@ func (v mountView) changed() (string, bool, error) {
 // ErrHostMountsChanged on errc once they differ. The label
 // layout.LabelDriverMounts says which of the two routes the node has.
 func (d *daemon) watchMounts(ctx context.Context, log logr.Logger, errc chan<- error) {
-	v := newMountView(d.probe.HostRoot, d.opts.HostMountTable)
+	d.watchMountsOf(ctx, log, errc, newMountView(d.probe.HostRoot, d.opts.HostMountTable))
+}
+
+func (d *daemon) watchMountsOf(ctx context.Context, log logr.Logger, errc chan<- error, v mountView) {
 	poll := d.opts.MountPoll
 	if poll <= 0 {
 		poll = 10 * time.Second
 	}
 	warned := false
+	// A difference already there at the first comparison is not one a
+	// restart mends: the copy was just made from the runtime's mount
+	// namespace, which is then not init's (a runtime in a namespace of its
+	// own, as a snap's). Only a change from it restarts the probe, so such a
+	// node never restarts in a loop.
+	baseline, first := "", true
 	for {
 		diff, propagates, err := v.changed()
+		if err == nil && first {
+			baseline, first = diff, false
+			if diff != "" {
+				log.Info("the host's init has driver mounts that this container's runtime does not show it; only later changes restart the probe", "difference", diff)
+			}
+		}
 		switch {
 		case err != nil:
 			// A host whose init's table is hidden (procfs hidepid): the
@@ -145,7 +160,7 @@ func (d *daemon) watchMounts(ctx context.Context, log logr.Logger, errc chan<- e
 				log.Info("cannot compare the host's driver mounts with this container's; a driver mounted later is seen after a restart", "error", err.Error())
 				warned = true
 			}
-		case diff != "":
+		case diff != baseline:
 			errc <- fmt.Errorf("%w (%s) and this container's copy of them does not follow the host's: restarting to see them", ErrHostMountsChanged, diff)
 			return
 		default:

@@ -1,9 +1,14 @@
 package nodeprobe
 
 import (
+	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
 )
 
 // TestMountViewChanged: a driver mounted on the host after the container
@@ -65,5 +70,47 @@ func TestMountViewUnreadable(t *testing.T) {
 	v := newMountView(t.TempDir(), "")
 	if diff, _, err := v.changed(); err == nil || diff != "" {
 		t.Fatalf("changed() = %q, %v; want an error and no difference", diff, err)
+	}
+}
+
+// TestWatchMountsBaseline: a difference the container starts with (a runtime
+// whose mount namespace is not init's) never restarts the probe; a change
+// from it does.
+func TestWatchMountsBaseline(t *testing.T) {
+	const self = "500 400 0:70 / / rw - overlay overlay rw\n501 500 254:0 / /host ro - ext4 /dev/vda rw\n"
+	const atStart = "21 1 254:0 / / rw shared:1 - ext4 /dev/vda rw\n90 21 0:50 / /run/nvidia/driver rw shared:40 - overlay overlay rw\n"
+	const later = atStart + "92 21 0:52 / /run/nvidia/extra rw shared:42 - tmpfs tmpfs rw\n"
+	root := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(root, "proc", "1"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	host := filepath.Join(root, "proc", "1", "mountinfo")
+	selfTable := filepath.Join(t.TempDir(), "self")
+	if err := os.WriteFile(host, []byte(atStart), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(selfTable, []byte(self), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d := &daemon{opts: &Options{MountPoll: 5 * time.Millisecond}, probe: ProbeOptions{HostRoot: root}}
+	errc := make(chan error, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go d.watchMountsOf(ctx, logr.Discard(), errc, mountView{hostRoot: "/host", hostTable: host, selfTable: selfTable, roots: DriverMountRoots})
+	select {
+	case err := <-errc:
+		t.Fatalf("restarted for a difference it started with: %v", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	if err := os.WriteFile(host, []byte(later), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-errc:
+		if !errors.Is(err, ErrHostMountsChanged) {
+			t.Fatalf("err = %v, want ErrHostMountsChanged", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no restart for a mount that came after the start")
 	}
 }
