@@ -181,14 +181,5 @@ func (d *daemon) withMounts(p Published) Published {
 	if d.mountsPropagate.Load() {
 		v = layout.DriverMountsPropagated
 	}
-	if p.Labels[layout.LabelDriverMounts] == v {
-		return p
-	}
-	labels := make(map[string]string, len(p.Labels)+1)
-	for k, val := range p.Labels {
-		labels[k] = val
-	}
-	labels[layout.LabelDriverMounts] = v
-	p.Labels = labels
-	return p
+	return p.withLabel(layout.LabelDriverMounts, v)
 }

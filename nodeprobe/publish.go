@@ -65,6 +65,21 @@ type WedgedCondition struct {
 	Message string
 }
 
+// withLabel returns p with label k set to v, on a copy of p's labels: a
+// publication is shared with the next republish.
+func (p Published) withLabel(k, v string) Published {
+	if p.Labels[k] == v {
+		return p
+	}
+	labels := make(map[string]string, len(p.Labels)+1)
+	for key, val := range p.Labels {
+		labels[key] = val
+	}
+	labels[k] = v
+	p.Labels = labels
+	return p
+}
+
 // Desired returns the labels and annotations a result publishes.
 func Desired(r Result) (Published, error) {
 	p := Published{Labels: map[string]string{}, Annotations: map[string]string{}}

@@ -94,13 +94,7 @@ func (d *daemon) withPlugin(p Published) Published {
 	if !d.pluginUp.Load() {
 		return p
 	}
-	labels := make(map[string]string, len(p.Labels)+1)
-	for k, v := range p.Labels {
-		labels[k] = v
-	}
-	labels[layout.LabelNRIPlugin] = layout.NRIProtocol
-	p.Labels = labels
-	return d.withStaleDriver(p)
+	return d.withStaleDriver(p.withLabel(layout.LabelNRIPlugin, layout.NRIProtocol))
 }
 
 // dropPluginLabel removes the label as the probe stops: the plugin beside

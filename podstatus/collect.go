@@ -184,7 +184,7 @@ func schedulingMessage(pod *corev1.Pod) string {
 // nodeLayout reads the pod's node as its probe publishes it now, and whether
 // it still has what the pod got.
 func nodeLayout(n *corev1.Node, r *Report) *NodeLayout {
-	nl := &NodeLayout{Name: n.Name, State: n.Labels[layout.LabelState], Reason: stateReason(n.Annotations),
+	nl := &NodeLayout{Name: n.Name, State: n.Labels[layout.LabelState], Reason: status.StateReason(n.Annotations),
 		Fingerprint: n.Labels[layout.LabelFingerprint], DriverVersion: n.Labels[layout.LabelDriverVersion], NRIPlugin: n.Labels[layout.LabelNRIPlugin]}
 	if v, ok := n.Annotations[layout.AnnotationLayout]; ok {
 		if plan, err := layout.Decode(v); err == nil {
@@ -355,17 +355,4 @@ func dash(s string) string {
 		return "-"
 	}
 	return s
-}
-
-// stateReason is the node's state-reason annotation, or why it is not shown.
-func stateReason(annotations map[string]string) string {
-	v, ok := annotations[layout.AnnotationStateReason]
-	if !ok {
-		return ""
-	}
-	reason, err := layout.DecodeStateReason(v)
-	if err != nil {
-		return "(not shown: " + err.Error() + ")"
-	}
-	return reason
 }

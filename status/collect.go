@@ -344,7 +344,7 @@ func (c *Collector) readNodes(ctx context.Context, cfg *config.Configuration, r 
 			continue
 		}
 		ns := NodeStatus{Name: n.Name, State: state, GPUs: gpus, Unschedulable: n.Spec.Unschedulable,
-			Reason:        stateReason(n.Annotations),
+			Reason:        StateReason(n.Annotations),
 			DriverVersion: n.Labels[layout.LabelDriverVersion], Fingerprint: n.Labels[layout.LabelFingerprint],
 			NRIPlugin: n.Labels[layout.LabelNRIPlugin], DriverMounts: n.Labels[layout.LabelDriverMounts]}
 		if hasLayout {
@@ -579,8 +579,8 @@ func (c *Collector) Config(ctx context.Context) (*config.Configuration, string, 
 	return cfg, ns, note, nil
 }
 
-// stateReason is the node's state-reason annotation, or why it is not shown.
-func stateReason(annotations map[string]string) string {
+// StateReason is the node's state-reason annotation, or why it is not shown.
+func StateReason(annotations map[string]string) string {
 	v, ok := annotations[layout.AnnotationStateReason]
 	if !ok {
 		return ""
