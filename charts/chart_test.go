@@ -452,6 +452,7 @@ func TestRender(t *testing.T) {
 					"--service-name=" + webhookSvc,
 					"--webhook-configuration-name=" + fullname,
 					"--pool-memory-name=" + fullname + "-pools",
+					"--policy-switch-name=" + fullname + "-policy",
 					"--metrics-bind-address=:8080",
 					"--health-probe-bind-address=:8081",
 				}
@@ -1364,16 +1365,27 @@ func TestNotes(t *testing.T) {
 }
 
 // TestPoolRBAC: pinning by pool adds only the memory's one ConfigMap and Lease (by
-// name, create aside) and the read of pods and write of Events the mismatch check needs.
+// name, create aside) and the read of pods and write of Events the mismatch check needs;
+// the admission policy's switch, its one ConfigMap and the same Lease.
 func TestPoolRBAC(t *testing.T) {
-	if r := render(t, kube136); r.get("Role", webhookSA+"-pools") != nil {
-		t.Errorf("pool memory Role rendered without config.pinning.nodeLabels")
+	memory, policySwitch := fullname+"-pools", fullname+"-policy"
+	lease := []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"create"}},
+		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, ResourceNames: []string{memory}, Verbs: []string{"get", "update"}},
+		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"create"}},
+	}
+	switchRule := rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"configmaps"}, ResourceNames: []string{policySwitch}, Verbs: []string{"get", "delete"}}
+	if r := render(t, with(kube136, "admission.policy=off")); r.get("Role", webhookSA+"-pools") != nil {
+		t.Errorf("pool memory Role rendered without config.pinning.nodeLabels or the policy's switch")
+	}
+	if rl := mustGet[rbacv1.Role](t, render(t, kube136), "Role", webhookSA+"-pools"); !reflect.DeepEqual(rl.Rules, append([]rbacv1.PolicyRule{switchRule}, lease...)) {
+		t.Errorf("the switch's Role without pinning by pool:\n got %+v", rl.Rules)
 	}
 	r := render(t, with(kube136, "config.pinning.nodeLabels={karpenter.sh/nodepool}"))
-	memory := fullname + "-pools"
 	rl := mustGet[rbacv1.Role](t, r, "Role", webhookSA+"-pools")
 	want := []rbacv1.PolicyRule{
 		{APIGroups: []string{""}, Resources: []string{"configmaps"}, ResourceNames: []string{memory}, Verbs: []string{"get", "list", "watch", "update"}},
+		switchRule,
 		{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"create"}},
 		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, ResourceNames: []string{memory}, Verbs: []string{"get", "update"}},
 		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"create"}},

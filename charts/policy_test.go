@@ -20,7 +20,9 @@ import (
 	"testing"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -240,6 +242,9 @@ type goldenCase struct {
 	pod             *corev1.Pod
 	config          map[string]any
 	namespaceLabels map[string]string
+	// layouts are the cluster's under PreferRuntime, one for which
+	// inject.PolicyServes holds; none under Runtime, which reads none.
+	layouts []*inject.Layout
 }
 
 func loadGolden(t *testing.T, file string) goldenCase {
@@ -303,11 +308,17 @@ var (
 // configuration the chart writes into its ConfigMap, as the webhook does.
 func renderForConfig(t *testing.T, cfg map[string]any) policyRender {
 	t.Helper()
+	return renderForDelivery(t, cfg, config.DeliveryRuntime)
+}
+
+// renderForDelivery is renderForConfig with the driverDelivery given.
+func renderForDelivery(t *testing.T, cfg map[string]any, delivery string) policyRender {
+	t.Helper()
 	values := map[string]any{}
 	for k, v := range cfg {
 		values[k] = v
 	}
-	values["driverDelivery"] = config.DeliveryRuntime
+	values["driverDelivery"] = delivery
 	doc, err := json.Marshal(map[string]any{"config": values})
 	if err != nil {
 		t.Fatal(err)
@@ -389,7 +400,7 @@ func checkPolicyCase(t *testing.T, pr policyRender, gc goldenCase) bool {
 	t.Helper()
 	excluded := slices.Contains(pr.cfg.ExcludedNamespaces, gc.pod.Namespace)
 	mutated := gc.pod.DeepCopy()
-	res := inject.Mutate(inject.Input{Pod: mutated, NamespaceLabels: gc.namespaceLabels}, pr.cfg)
+	res := inject.Mutate(inject.Input{Pod: mutated, NamespaceLabels: gc.namespaceLabels, Layouts: gc.layouts}, pr.cfg)
 	changes := len(res.Patch) > 0 || len(res.Warnings) > 0 || res.Decision == inject.DecisionDenied
 	var byPolicy *corev1.Pod
 	if pr.policy != nil && !excluded {
@@ -409,8 +420,8 @@ func checkPolicyCase(t *testing.T, pr policyRender, gc goldenCase) bool {
 		}
 		return false
 	}
-	if res.Decision != inject.DecisionInjected || len(res.Warnings) > 0 {
-		t.Errorf("the policy takes a pod that Mutate gives decision %s (%s), warnings %q", res.Decision, res.Reason, res.Warnings)
+	if warnings := slices.DeleteFunc(slices.Clone(res.Warnings), noNodeYet); res.Decision != inject.DecisionInjected || len(warnings) > 0 {
+		t.Errorf("the policy takes a pod that Mutate gives decision %s (%s), warnings %q", res.Decision, res.Reason, warnings)
 	}
 	labelled(mutated)
 	if !apiequality.Semantic.DeepEqual(byPolicy, mutated) {
@@ -420,13 +431,80 @@ func checkPolicyCase(t *testing.T, pr policyRender, gc goldenCase) bool {
 		t.Errorf("the webhook is called for the pod the policy made")
 	}
 	again := byPolicy.DeepCopy()
-	if res2 := inject.Mutate(inject.Input{Pod: again, NamespaceLabels: gc.namespaceLabels}, pr.cfg); len(res2.Patch) > 0 || len(res2.Warnings) > 0 {
+	if res2 := inject.Mutate(inject.Input{Pod: again, NamespaceLabels: gc.namespaceLabels, Layouts: gc.layouts}, pr.cfg); len(res2.Patch) > 0 || len(res2.Warnings) > 0 {
 		t.Errorf("Mutate changes the pod the policy made: %v %q", res2.Patch, res2.Warnings)
 	}
 	if pr.policy.admit(t, byPolicy) != nil {
 		t.Errorf("the policy takes the pod it made again")
 	}
 	return true
+}
+
+// noNodeYet: the webhook's warning that no known GPU node fits the pod yet, which the
+// policy, admitting the same pod without it, cannot give.
+func noNodeYet(w string) bool {
+	return strings.Contains(w, "no GPU node is ready yet") || strings.Contains(w, "no ready GPU node fits this pod yet")
+}
+
+// switchedLayouts are clusters for which the webhook's switch turns the policy on: every
+// pool at zero, nodes whose NRI plugin is registered, and nodes whose own runtime
+// injects the driver, beside the plugin's.
+func switchedLayouts() map[string][]*inject.Layout {
+	node := func(name string, l map[string]string) *inject.NodeInfo {
+		return &inject.NodeInfo{Name: name, Labels: inject.NewLabels(l), AllocatableGPUs: 8}
+	}
+	nri := map[string]string{layout.LabelNRIPlugin: layout.NRIProtocol}
+	plan := layout.Plan{Mounts: []layout.Mount{{HostPath: "/usr/lib64/libcuda.so.1", ContainerPath: "/usr/lib64/libcuda.so.1", Kind: layout.KindFile}}}
+	toolkit := layout.Plan{RuntimeInjection: layout.RuntimeToolkit}
+	return map[string][]*inject.Layout{
+		"every pool at zero": nil,
+		"the plugin's nodes": {{Fingerprint: "a", Plan: plan, AllocatableGPUs: 16, Nodes: []*inject.NodeInfo{node("gpu-1", nri), node("gpu-2", nri)}}},
+		"the plugin's and the toolkit's nodes": {
+			{Fingerprint: "a", Plan: plan, AllocatableGPUs: 8, Nodes: []*inject.NodeInfo{node("gpu-1", nri)}},
+			{Fingerprint: "b", Plan: toolkit, AllocatableGPUs: 8, Nodes: []*inject.NodeInfo{node("eks-1", nil)}},
+		},
+	}
+}
+
+// TestSwitchedPolicyMatchesMutate: with the chart's default driverDelivery,
+// PreferRuntime, on every cluster the webhook's switch turns the policy on for, a pod
+// the policy takes comes out of it exactly as Mutate leaves it there (but for the
+// warning that no node fits yet), and every other pod goes to the webhook. A cluster
+// with a node that only hostPath serves turns the switch off.
+func TestSwitchedPolicyMatchesMutate(t *testing.T) {
+	files, err := filepath.Glob(filepath.Join(goldenDir, "*.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	clusters := switchedLayouts()
+	for _, file := range files {
+		base := strings.TrimSuffix(filepath.Base(file), ".yaml")
+		if strings.HasPrefix(base, "nodes") {
+			continue
+		}
+		t.Run(base, func(t *testing.T) {
+			gc := loadGolden(t, file)
+			if d, _ := gc.config["driverDelivery"].(string); d != "" && d != config.DeliveryPreferRuntime {
+				t.Skipf("the case's driverDelivery is %s", d)
+			}
+			pr := renderForDelivery(t, gc.config, config.DeliveryPreferRuntime)
+			for name, layouts := range clusters {
+				if !inject.PolicyServes(pr.cfg, layouts, nil) {
+					if pr.cfg.RuntimeInjection == config.RuntimeInjectionSkip {
+						continue
+					}
+					t.Fatalf("%s: the switch would turn the policy off", name)
+				}
+				gc.layouts = layouts
+				checkPolicyCase(t, pr, gc)
+			}
+		})
+	}
+	hostPathOnly := []*inject.Layout{{Fingerprint: "c", Plan: layout.Plan{Mounts: []layout.Mount{{HostPath: "/usr/lib64/libcuda.so.1", ContainerPath: "/usr/lib64/libcuda.so.1", Kind: layout.KindFile}}},
+		AllocatableGPUs: 8, Nodes: []*inject.NodeInfo{{Name: "rhel-1", AllocatableGPUs: 8}}}}
+	if cfg := config.Default(); inject.PolicyServes(cfg, append(clusters["the plugin's nodes"], hostPathOnly...), nil) {
+		t.Errorf("the switch keeps the policy on beside a node that only hostPath volumes serve")
+	}
 }
 
 // labelled puts the policy's label on a pod Mutate injected: the one thing the policy
@@ -546,9 +624,11 @@ func TestAdmissionPolicyRender(t *testing.T) {
 	runtimeDelivery := "config.driverDelivery=Runtime"
 	kube137 := renderOpts{kubeVersion: "1.37.2"}
 	tests := map[string]struct {
-		opts    renderOpts
-		want    bool
-		refused string // helm fails with this
+		opts renderOpts
+		want bool
+		// switched: the binding takes the webhook's switch as its parameter.
+		switched bool
+		refused  string // helm fails with this
 	}{
 		"auto, runtime delivery on 1.37":          {opts: with(kube137, runtimeDelivery), want: true},
 		"auto, runtime delivery on 1.36":          {opts: with(kube136, runtimeDelivery), want: true},
@@ -557,13 +637,16 @@ func TestAdmissionPolicyRender(t *testing.T) {
 		"auto, a 1.37 cluster that serves it":     {opts: renderOpts{kubeVersion: "1.37.2", apiVersions: clusterAdmissionAPIs("MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding"), set: []string{runtimeDelivery}}, want: true},
 		"auto, a 1.37 cluster that does not":      {opts: renderOpts{kubeVersion: "1.37.2", apiVersions: clusterAdmissionAPIs(), set: []string{runtimeDelivery}}},
 		"auto, a 1.35 cluster that does not":      {opts: renderOpts{kubeVersion: "1.35.4", apiVersions: clusterAdmissionAPIs(), set: []string{runtimeDelivery}}},
-		"auto, PreferRuntime (the default)":       {opts: kube137},
+		"auto, PreferRuntime (the default)":       {opts: kube137, want: true, switched: true},
+		"auto, PreferRuntime on 1.35":             {opts: renderOpts{kubeVersion: "1.35.4"}},
+		"auto, PreferRuntime without the plugin":  {opts: with(kube137, "runtimeInjection.enabled=false")},
 		"auto, HostPath":                          {opts: with(kube137, "config.driverDelivery=HostPath")},
 		"auto, image-aware admission":             {opts: with(kube137, runtimeDelivery, "config.images.mode=On"), refused: "config"},
 		"auto, a resource pattern it cannot read": {opts: with(kube137, runtimeDelivery, "config.resources.names={nvidia.com/gpu,nvidia.com/mig-?g.*}")},
 		"off":                          {opts: with(kube137, runtimeDelivery, "admission.policy=off")},
 		"on, runtime delivery on 1.35": {opts: with(renderOpts{kubeVersion: "1.35.4"}, runtimeDelivery, "admission.policy=on"), want: true},
-		"on, PreferRuntime":            {opts: with(kube137, "admission.policy=on"), refused: "admission.policy=on, but config.driverDelivery is PreferRuntime, not Runtime"},
+		"on, PreferRuntime":            {opts: with(kube137, "admission.policy=on"), want: true, switched: true},
+		"on, HostPath":                 {opts: with(kube137, "admission.policy=on", "config.driverDelivery=HostPath"), refused: "admission.policy=on, but config.driverDelivery is HostPath, not Runtime or PreferRuntime"},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -597,6 +680,9 @@ func TestAdmissionPolicyRender(t *testing.T) {
 			if selected := mutatingWebhook(t, r).ObjectSelector != nil; selected != tc.want {
 				t.Errorf("the webhook's objectSelector on the policy's label rendered: %v, want %v", selected, tc.want)
 			}
+			if tc.want {
+				checkSwitch(t, r, tc.switched)
+			}
 			// IfNeeded would have the API server invoke the policy again after its own
 			// change, for nothing: it takes no pod it marked.
 			for _, p := range r.all("MutatingAdmissionPolicy") {
@@ -605,6 +691,43 @@ func TestAdmissionPolicyRender(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// checkSwitch: under PreferRuntime the policy runs only while the webhook's switch, a
+// ConfigMap of the release namespace, exists; the webhook is told its name, may create
+// and delete it, and the cleanup hook deletes it. Under Runtime nothing switches it.
+func checkSwitch(t *testing.T, r rendered, switched bool) {
+	t.Helper()
+	const name = fullname + "-policy"
+	p := mustGet[admissionregistrationv1.MutatingAdmissionPolicy](t, r, "MutatingAdmissionPolicy", fullname+"-runtime")
+	b := mustGet[admissionregistrationv1.MutatingAdmissionPolicyBinding](t, r, "MutatingAdmissionPolicyBinding", fullname+"-runtime")
+	args := strings.Join(container(t, mustGet[appsv1.Deployment](t, r, "Deployment", webhookSA).Spec.Template, "webhook").Args, " ")
+	if !switched {
+		if p.Spec.ParamKind != nil || b.Spec.ParamRef != nil || strings.Contains(args, "--policy-switch-name") {
+			t.Errorf("runtime delivery's policy is switched: paramKind %v, paramRef %v, args %s", p.Spec.ParamKind, b.Spec.ParamRef, args)
+		}
+		return
+	}
+	if pk := p.Spec.ParamKind; pk == nil || pk.APIVersion != "v1" || pk.Kind != "ConfigMap" {
+		t.Errorf("paramKind %v, want v1 ConfigMap", pk)
+	}
+	ref := b.Spec.ParamRef
+	if ref == nil || ref.Name != name || ref.Namespace != namespace || ref.ParameterNotFoundAction == nil || *ref.ParameterNotFoundAction != admissionregistrationv1.AllowAction {
+		t.Fatalf("paramRef %+v, want %s/%s with parameterNotFoundAction Allow: without the switch the policy must do nothing", ref, namespace, name)
+	}
+	if !strings.Contains(args, "--policy-switch-name="+name) {
+		t.Errorf("the webhook is not told the switch's name: %s", args)
+	}
+	role := mustGet[rbacv1.Role](t, r, "Role", fullname+"-webhook-pools")
+	var verbs []string
+	for _, rule := range role.Rules {
+		if slices.Contains(rule.Resources, "configmaps") && slices.Contains(rule.ResourceNames, name) {
+			verbs = append(verbs, rule.Verbs...)
+		}
+	}
+	if slices.Sort(verbs); !slices.Equal(verbs, []string{"delete", "get"}) {
+		t.Errorf("the webhook's verbs on its switch: %v, want get and delete (create is granted without a name)", verbs)
 	}
 }
 

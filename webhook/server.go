@@ -61,6 +61,12 @@ type Options struct {
 	// PoolMemory names the ConfigMap (and leader election Lease) in
 	// Certs.Namespace that remembers each pool's layout; empty: no memory.
 	PoolMemory string
+	// PolicySwitch names the ConfigMap in Certs.Namespace that the chart's
+	// MutatingAdmissionPolicy binding takes as its parameter under
+	// driverDelivery PreferRuntime: the elected replica keeps it while the
+	// policy answers as the webhook would (gpunodes.PolicySwitch); empty:
+	// no switch.
+	PolicySwitch string
 	// ShutdownDelay is how long the webhook keeps serving after ctx ends,
 	// with /readyz failing, before it drains the requests in flight.
 	ShutdownDelay time.Duration
@@ -122,17 +128,24 @@ func Run(ctx context.Context, o Options) error {
 			Field:      fields.OneTermEqualSelector("metadata.name", o.Certs.SecretName),
 		}
 	}
-	// Pinning by pool elects one replica (a Lease named like the memory) to
-	// write the memory and to tell pods that landed on another layout.
-	elect := cfg.Pinning.ByPool() && o.PoolMemory != "" && o.Certs.Namespace != ""
-	if cfg.Pinning.ByPool() && !elect {
+	// Pinning by pool and the policy switch elect one replica (a Lease named
+	// like the memory) to write the memory, to tell pods that landed on
+	// another layout, and to keep the switch.
+	canElect := o.PoolMemory != "" && o.Certs.Namespace != ""
+	pools := cfg.Pinning.ByPool() && canElect
+	if cfg.Pinning.ByPool() && !pools {
 		log.Info("pinning by pool without --namespace or --pool-memory-name: no memory of pools at zero and no mismatch Events")
 	}
-	remember := elect && cfg.Pinning.Remember() > 0
+	switches := o.PolicySwitch != "" && canElect
+	if o.PolicySwitch != "" && !switches {
+		log.Info("a policy switch without --namespace or --pool-memory-name (its Lease): the admission policy stays off")
+	}
+	elect := pools || switches
+	remember := pools && cfg.Pinning.Remember() > 0
 	if remember {
 		byObject[&corev1.ConfigMap{}] = gpunodes.MemoryCacheByObject(o.Certs.Namespace, o.PoolMemory)
 	}
-	if elect {
+	if pools {
 		byObject[&corev1.Pod{}] = gpunodes.PodCacheByObject()
 	}
 	server := webhook.NewServer(webhook.Options{Port: o.Port, CertDir: o.Certs.Dir, CertName: certFile, KeyName: keyFile, ClientCAName: o.ClientCA})
@@ -229,10 +242,18 @@ func Run(ctx context.Context, o Options) error {
 			return fmt.Errorf("failed to add the pool memory writer: %w", err)
 		}
 	}
-	if elect {
+	if pools {
 		m := gpunodes.NewMismatches(idx, mgr.GetEventRecorderFor("gpu-injector-webhook"), log.WithName("mismatch"))
 		if err := mgr.Add(mismatchRunner{m: m, c: mgr.GetCache()}); err != nil {
 			return fmt.Errorf("failed to add the layout mismatch check: %w", err)
+		}
+	}
+	if switches {
+		// The API reader: the ConfigMap informer, where there is one, holds
+		// only the memory's object.
+		sw := gpunodes.NewPolicySwitch(cfg, idx, mgr.GetAPIReader(), mgr.GetClient(), o.Certs.Namespace, o.PolicySwitch, log.WithName("policy"))
+		if err := mgr.Add(sw); err != nil {
+			return fmt.Errorf("failed to add the admission policy switch: %w", err)
 		}
 	}
 	certsReady, err := setupCerts(mgr, o.Certs, log.WithName("certs"))

@@ -154,6 +154,39 @@ func (r *request) preferRuntime(served runtimeDecision) runtimeDecision {
 	return runtimeDecision{why: noRuntimeSomeNodes, others: hostPathOnly}
 }
 
+// PolicyServes reports whether, with these layouts and wedged nodes, the
+// webhook would answer every pod that the chart's MutatingAdmissionPolicy
+// takes as the policy does: the runtime's marker, no pin, no denial. Under
+// driverDelivery Runtime it always would; under PreferRuntime while no known
+// layout needs hostPath volumes (preferRuntime's hostPathOnly is then zero
+// for every pod), none is left alone by runtimeInjection: Skip, and no node's
+// driver is wedged, whose pods the webhook denies with the node's reason.
+// The policy's answer is a function of the pod alone; this is the cluster's
+// half of the bargain, which the webhook's elected replica keeps in the
+// policy's parameter (gpunodes.PolicySwitch).
+func PolicyServes(cfg *config.Configuration, layouts []*Layout, wedged []*WedgedNode) bool {
+	switch cfg.DriverDelivery {
+	case config.DeliveryRuntime:
+		return true
+	case config.DeliveryPreferRuntime:
+	default:
+		return false
+	}
+	if len(wedged) > 0 {
+		return false
+	}
+	for _, l := range layouts {
+		switch {
+		case l.NRIReady():
+		case l.Plan.RuntimeInjection == "":
+			return false
+		case cfg.RuntimeInjection == config.RuntimeInjectionSkip:
+			return false
+		}
+	}
+	return true
+}
+
 // runtimeRuledOut says why the NRI plugin cannot serve a pod injected for the
 // first time before any layout is fitted, runtimeServes if it may.
 func (r *request) runtimeRuledOut() noRuntime {

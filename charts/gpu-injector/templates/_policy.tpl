@@ -29,17 +29,19 @@ exact names and patterns of a trailing * only (path.Match: the * does not cross 
 
 {{/*
 gpu-injector.policy.unsupported: why the configuration rules the policy out; empty when
-it allows it. The webhook's answer is a function of the pod alone only with
-driverDelivery Runtime (PreferRuntime reads which nodes run the NRI plugin), without
-image-aware admission, and with GPU resource names the CEL above reads as path.Match
-does. The limits must hold for every pod the policy takes: its patch is 2 operations a
+it allows it. The webhook's answer for the pods the policy takes is a function of the pod
+alone with driverDelivery Runtime, and with PreferRuntime while no known GPU node needs
+hostPath volumes, which the webhook's elected replica says through the policy's parameter
+(gpu-injector.policy.switched); it is not without the NRI plugin, with image-aware
+admission, or with GPU resource names the CEL above cannot read as path.Match does. The limits must hold for every pod the policy takes: its patch is 2 operations a
 container and 3 more, under 700 bytes a container, and the marker names at most 64
 bytes a container.
 */}}
 {{- define "gpu-injector.policy.unsupported" -}}
 {{- $c := .Values.config }}
 {{- $l := $c.limits }}
-{{- if ne $c.driverDelivery "Runtime" }}config.driverDelivery is {{ $c.driverDelivery }}, not Runtime
+{{- if not (has $c.driverDelivery (list "Runtime" "PreferRuntime")) }}config.driverDelivery is {{ $c.driverDelivery }}, not Runtime or PreferRuntime
+{{- else if not .Values.runtimeInjection.enabled }}runtimeInjection.enabled is false
 {{- else if eq ((($c.images) | default dict).mode | default "Off") "On" }}config.images.mode is On
 {{- else if not (has ($c.containers | default "GPU") (list "GPU" "All")) }}config.containers is {{ $c.containers }}
 {{- else }}
@@ -83,6 +85,19 @@ true
 {{- else if and (eq $mode "auto") (not $why) (include "gpu-injector.policy.served" .) -}}
 true
 {{- end }}
+{{- end }}
+
+{{/*
+gpu-injector.policy.switched: "true" where the policy runs only while its parameter, a
+ConfigMap the webhook's elected replica keeps (gpu-injector.policy.switchName), exists:
+under PreferRuntime, whose answer depends on the nodes.
+*/}}
+{{- define "gpu-injector.policy.switched" -}}
+{{- if and (include "gpu-injector.policy.enabled" .) (eq .Values.config.driverDelivery "PreferRuntime") }}true{{ end }}
+{{- end }}
+
+{{- define "gpu-injector.policy.switchName" -}}
+{{- printf "%s-policy" (include "gpu-injector.fullname" .) }}
 {{- end }}
 
 {{/* The pod's containers, init containers first, as the webhook names them. */}}
