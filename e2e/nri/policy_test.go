@@ -14,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/gpu-injector/gpu-injector/e2e/env"
 	"github.com/gpu-injector/gpu-injector/layout"
@@ -287,4 +288,107 @@ func TestAdmissionPolicyNotServed(t *testing.T) {
 	assertRuntimeInjected(t, p, "cuda")
 	runsWithDriver(t, ns, p)
 	runsWithDriver(t, ns, webhookTakesLegacy(t, ns, "legacy", false))
+}
+
+// setUnschedulable cordons (or uncordons) a node, as kubectl cordon does.
+func setUnschedulable(t *testing.T, name string, cordoned bool) {
+	t.Helper()
+	patch := []byte(`{"spec":{"unschedulable":` + strconv.FormatBool(cordoned) + `}}`)
+	if _, err := client().CoreV1().Nodes().Patch(context.Background(), name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		t.Fatalf("failed to set node %s unschedulable=%v: %v", name, cordoned, err)
+	}
+}
+
+// switchName is the ConfigMap the webhook's elected replica keeps while the policy may
+// answer in its stead (driverDelivery PreferRuntime).
+const switchName = env.Release + "-policy"
+
+// switchOn reports whether the webhook's switch of the policy is on.
+func switchOn(ctx context.Context) (bool, error) {
+	_, err := client().CoreV1().ConfigMaps(env.Namespace).Get(ctx, switchName, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// TestAdmissionPolicyByDefault: with the chart's default values (PreferRuntime) on 1.37,
+// the MutatingAdmissionPolicy is installed, and the webhook's elected replica turns it on
+// while every schedulable GPU node delivers the driver at the runtime: then a modern GPU
+// pod costs no webhook call and runs with its driver. A schedulable node that only
+// hostPath volumes serve (here an API-only node of another layout, uncordoned) turns it
+// off, and the webhook decides again from the nodes; the test logs how long each switch
+// takes, from the node's change to the API server's first pod admitted the new way.
+func TestAdmissionPolicyByDefault(t *testing.T) {
+	waitPluginReady(t)
+	ctx := context.Background()
+	b, err := client().AdmissionregistrationV1().MutatingAdmissionPolicyBindings().Get(ctx, policyName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("the chart's default values installed no MutatingAdmissionPolicyBinding on this cluster: %v", err)
+	}
+	if ref := b.Spec.ParamRef; ref == nil || ref.Name != switchName || ref.Namespace != env.Namespace {
+		t.Fatalf("the binding's paramRef is %+v, want the webhook's switch %s/%s", ref, env.Namespace, switchName)
+	}
+	var others []string
+	for _, n := range testEnv.Nodes {
+		if !n.Kubelet {
+			others = append(others, n.Name)
+		}
+	}
+	if len(others) == 0 {
+		t.Fatal("the environment has no node that only hostPath volumes serve")
+	}
+	if on, err := switchOn(ctx); err != nil || on {
+		t.Errorf("the switch is on (%v) beside schedulable nodes without the plugin", err)
+	}
+	ns := namespace(t, "restricted")
+	// admittedBy polls until a modern pod's dry run is made by the policy (no webhook
+	// call) or by the webhook, and returns how long that took.
+	admittedBy := func(policy bool) time.Duration {
+		start := time.Now()
+		poll(t, apiTimeout, "the policy on: "+strconv.FormatBool(policy), func(ctx context.Context) (bool, error) {
+			p, calls := createCounting(t, ns, cudaPod("warm"), true)
+			byPolicy := p.Labels[layout.LabelAdmission] == layout.AdmissionPolicy
+			return byPolicy == policy && (calls == 0) == policy && p.Annotations[layout.AnnotationRuntimeInject] != "", nil
+		})
+		return time.Since(start)
+	}
+
+	t.Cleanup(func() {
+		for _, name := range others {
+			setUnschedulable(t, name, false)
+		}
+	})
+	start := time.Now()
+	for _, name := range others {
+		setUnschedulable(t, name, true)
+	}
+	poll(t, apiTimeout, "the switch on", switchOn)
+	t.Logf("every node without the plugin cordoned: the switch on after %s, the policy admitting after %s",
+		time.Since(start).Round(time.Millisecond), admittedBy(true).Round(time.Millisecond))
+
+	p, calls := createCounting(t, ns, cudaPod("by-policy"), false)
+	assertRuntimeInjected(t, p, "cuda")
+	if calls != 0 {
+		t.Errorf("the API server called the webhook %v times for a modern GPU pod the policy covers", calls)
+	}
+	runsWithDriver(t, ns, p)
+	runsWithDriver(t, ns, webhookTakesLegacy(t, ns, "legacy", false))
+
+	start = time.Now()
+	setUnschedulable(t, others[0], false)
+	poll(t, apiTimeout, "the switch off", func(ctx context.Context) (bool, error) {
+		on, err := switchOn(ctx)
+		return !on, err
+	})
+	t.Logf("node %s uncordoned: the switch off after %s, the webhook admitting after %s",
+		others[0], time.Since(start).Round(time.Millisecond), admittedBy(false).Round(time.Millisecond))
+	// Its accelerator fits only the plugin's node: the webhook marks it as the policy
+	// would, from the nodes it sees.
+	w, calls := createCounting(t, ns, cudaPod("by-webhook"), false)
+	if calls < 1 {
+		t.Errorf("the webhook was not called with the switch off")
+	}
+	assertRuntimeInjected(t, w, "cuda")
+	runsWithDriver(t, ns, w)
 }
