@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -396,6 +397,53 @@ func TestRuntimeInjectedNode(t *testing.T) {
 			t.Errorf("pod %s got LD_LIBRARY_PATH=%q", got.Name, v)
 		}
 		waitBoundTo(t, ns, got.Name, nodeName)
+	})
+
+	t.Run("two node images, one pool: a Deployment with anti-affinity spreads over both", func(t *testing.T) {
+		// Another node image of the same pool: another driver, so another layout.
+		const other, otherDriver = "toolkit-a10g-b", "570.172.08"
+		otherPlan := layout.Plan{SchemaVersion: layout.SchemaVersion, DriverVersion: otherDriver, RuntimeInjection: layout.RuntimeToolkit}
+		otherFP := apiGPUNode(t, other, "nvidia-a10g", otherPlan, 4)
+		if err := testEnv.WaitWebhookSees(ctx, env.Fingerprints{nodeName: fp, other: otherFP}); err != nil {
+			t.Fatal(err)
+		}
+		app := map[string]string{"app": "two-images"}
+		tmpl := gpuPod("", podOpts{resource: gpu, nodeSelector: onNode})
+		tmpl.Spec.RestartPolicy = corev1.RestartPolicyAlways
+		tmpl.Spec.Tolerations = []corev1.Toleration{tolerateE2E}
+		tmpl.Spec.Affinity = &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{
+			RequiredDuringSchedulingIgnoredDuringExecution: []corev1.PodAffinityTerm{{
+				LabelSelector: &metav1.LabelSelector{MatchLabels: app}, TopologyKey: "kubernetes.io/hostname"}}}}
+		d := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: "two-images"}, Spec: appsv1.DeploymentSpec{
+			Replicas: ptr(int32(2)), Selector: &metav1.LabelSelector{MatchLabels: app},
+			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: app}, Spec: tmpl.Spec}}}
+		if _, err := client().AppsV1().Deployments(ns).Create(ctx, d, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("failed to create deployment %s: %v", d.Name, err)
+		}
+		t.Cleanup(func() {
+			_ = client().AppsV1().Deployments(ns).Delete(context.Background(), d.Name, metav1.DeleteOptions{})
+			_ = client().CoreV1().Pods(ns).DeleteCollection(context.Background(), metav1.DeleteOptions{GracePeriodSeconds: ptr(int64(0))},
+				metav1.ListOptions{LabelSelector: "app=two-images"})
+		})
+		var bound map[string]bool
+		waitFor(t, apiTimeout, "both replicas of "+d.Name+" to be bound", func(ctx context.Context) (bool, error) {
+			pods, err := client().CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app=two-images"})
+			if err != nil {
+				return false, err
+			}
+			bound = map[string]bool{}
+			for i := range pods.Items {
+				p := &pods.Items[i]
+				assertOnePool(t, p, fp)
+				if p.Spec.NodeName != "" {
+					bound[p.Spec.NodeName] = true
+				}
+			}
+			return len(bound) == 2, nil
+		})
+		if !bound[nodeName] || !bound[other] {
+			t.Errorf("replicas bound to %v, want one on each of %s and %s", bound, nodeName, other)
+		}
 	})
 
 	t.Run("a classic manifest's hand-written driver mounts are dropped", func(t *testing.T) {
