@@ -1293,6 +1293,15 @@ func TestNotes(t *testing.T) {
 		want    []string
 		notWant []string
 	}{
+		"1.37 says how to see the policy's switch": {
+			opts: renderOpts{kubeVersion: "1.37.2"},
+			want: []string{"Admission policy: modern GPU pods are admitted by the API server itself", "kubectl get configmap " + fullname + "-policy -n " + namespace},
+		},
+		"1.37 with runtime delivery: the policy, no switch": {
+			opts:    renderOpts{kubeVersion: "1.37.2", set: []string{"config.driverDelivery=Runtime"}},
+			want:    []string{"Admission policy: modern GPU pods are admitted by the API server itself, with no webhook call."},
+			notWant: []string{"kubectl get configmap " + fullname + "-policy"},
+		},
 		"1.29 install is refused": {
 			opts:    onCluster(renderOpts{kubeVersion: "1.29.0"}),
 			refused: true,
