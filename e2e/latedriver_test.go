@@ -152,4 +152,9 @@ func TestDriverMountArrivesLater(t *testing.T) {
 	waitFor(t, driverMountLimit, "the probe to restart once the driver mount went", func(context.Context) (bool, error) {
 		return kn.ProbeRestarts() > after, nil
 	})
+	// The kubelet's back-off may hold the restarted probe a while; the next test
+	// reads the probe DaemonSet as ready.
+	if err := testEnv.WaitProbeDaemonSet(testContext(t)); err != nil {
+		t.Fatal(err)
+	}
 }
