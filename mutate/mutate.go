@@ -287,6 +287,9 @@ func (m *mutator) object(u *unstructured.Unstructured) (bool, error) {
 		ns = m.namespace
 	}
 	what := fmt.Sprintf("%s/%s", u.GetKind(), u.GetName())
+	if hint := removedAPIHint(u.GetAPIVersion(), u.GetKind()); hint != "" {
+		fmt.Fprintf(m.stderr, "warning: %s: %s\n", what, hint)
+	}
 	if u.GetKind() == "Pod" && u.GetAPIVersion() == "v1" {
 		pod := &corev1.Pod{}
 		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, pod); err != nil {
