@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -206,6 +207,7 @@ func TestSchemaChoicesAreValidates(t *testing.T) {
 		if isEnum && !slices.Contains(values, "") && len(errorsAt(path, "")) == 0 {
 			t.Errorf("%s: Validate accepts \"\", the schema does not offer it", path)
 		}
+		checkBooleanGuard(t, path, s, values)
 	}
 	for path := range enums {
 		if !slices.Contains(fields, path) {
@@ -214,15 +216,43 @@ func TestSchemaChoicesAreValidates(t *testing.T) {
 	}
 }
 
+// checkBooleanGuard: a string field's schema meets a boolean, an unquoted yes or
+// off in a values file, with an enum whose one value says how to quote it; a
+// duration's is a plain string, whose boolean time.ParseDuration refuses.
+func checkBooleanGuard(t *testing.T, path string, s map[string]any, values []string) {
+	t.Helper()
+	if s["type"] == "string" {
+		return
+	}
+	then, _ := s["then"].(map[string]any)
+	fix, _ := then["enum"].([]string)
+	if !reflect.DeepEqual(s["if"], map[string]any{"type": "boolean"}) || len(fix) != 1 || !strings.Contains(fix[0], "YAML 1.1") {
+		t.Errorf("%s: no enum naming the fix for a boolean: %v", path, s)
+		return
+	}
+	for _, v := range values {
+		if v != "" && !strings.Contains(fix[0], "'"+v+"'") {
+			t.Errorf("%s: the fix %q does not offer %q", path, fix[0], v)
+		}
+	}
+}
+
+// isStringSchema: a string field's schema says "type": "string", or, guarded
+// against booleans, tests for one.
+func isStringSchema(s map[string]any) bool {
+	_, guarded := s["if"]
+	return s["type"] == "string" || guarded
+}
+
 // stringFields are the paths of every string field in schema s.
 func stringFields(s map[string]any, path string) []string {
 	var out []string
-	switch s["type"] {
-	case "string":
+	switch {
+	case isStringSchema(s):
 		out = append(out, path)
-	case "array":
+	case s["type"] == "array":
 		out = append(out, stringFields(s["items"].(map[string]any), path+"[*]")...)
-	case "object":
+	case s["type"] == "object":
 		props, _ := s["properties"].(map[string]any)
 		for name, p := range props {
 			child := name
