@@ -23,7 +23,7 @@ Usage:
   gpu-injector webhook   [flags]   run the mutating admission webhook
   gpu-injector nodeprobe [flags]   find this node's driver and publish its layout on the Node
   gpu-injector nri-plugin [flags]  add the node's driver mounts to marked GPU containers (NRI)
-  gpu-injector mutate -f FILE --nodes NODES [--config CFG]
+  gpu-injector mutate -f FILE --nodes FILE [--config FILE]
                                    the webhook's mutation, offline, for review and GitOps
   gpu-injector config validate -f FILE
                                    check a configuration file (or the chart's rendered ConfigMap) as the webhook would

@@ -65,8 +65,18 @@ func TestConfigValidate(t *testing.T) {
 		wantStderr []string
 	}{
 		"valid":       {args: []string{"config", "validate", "-f", good}, code: 0, wantOut: good + ": valid configuration"},
-		"every error": {args: []string{"config", "validate", "-f", bad}, code: 1, wantStderr: []string{bad + ": invalid configuration:\n", "\n  noLayout.staticLayout: Required value: the name of a staticLayouts entry, with action Static\n", "\n  excludedNamespaces[0]: Invalid value: \"Kube\""}},
-		"stdin":       {args: []string{"config", "validate", "-f", "-"}, stdin: rendered, code: 1, wantStderr: []string{"standard input: ConfigMap gpu-injector/gpu-injector-config: invalid configuration:\n  noLayout.staticLayout: Required value"}},
+		"every error": {args: []string{"config", "validate", "-f", bad}, code: 1, wantStderr: []string{bad + ": invalid configuration:\n", "\n  noLayout.staticLayout: Required value: in noLayout, on line 1; the name of a staticLayouts entry, with action Static\n", "\n  excludedNamespaces[0]: Invalid value: \"Kube\": on line 2; "}},
+		// Two typos and two invalid values: all four at once, each with its line, in
+		// the file's order.
+		"typos and invalid values": {args: []string{"config", "validate", "-f", "-"}, stdin: "ldLibaryPath: Prepend\npodSecurity: Block\ncontainerPaths:\n  libaryDir: /l\n  binaryDir: bin\n", code: 1, wantStderr: []string{
+			"standard input: invalid configuration:\n" +
+				"  ldLibaryPath: Forbidden: unknown field, on line 1; did you mean ldLibraryPath?\n" +
+				"  podSecurity: Unsupported value: \"Block\": on line 2; supported values: \"Warn\", \"Deny\"\n" +
+				"  containerPaths.libaryDir: Forbidden: unknown field, on line 4; did you mean libraryDir?\n" +
+				"  containerPaths.binaryDir: Invalid value: \"bin\": on line 5; must be an absolute, clean path other than / without ':'\n"}},
+		"a boolean": {args: []string{"config", "validate", "-f", "-"}, stdin: "podSecurity: yes\n", code: 1, wantStderr: []string{
+			"  podSecurity: Invalid value: on line 1; podSecurity: yes is read as a boolean (YAML 1.1); quote it: podSecurity: \"Warn\" or podSecurity: \"Deny\"\n"}},
+		"stdin": {args: []string{"config", "validate", "-f", "-"}, stdin: rendered, code: 1, wantStderr: []string{"standard input: ConfigMap gpu-injector/gpu-injector-config: invalid configuration:\n  noLayout.staticLayout: Required value"}},
 		"unknown fields": {args: []string{"config", "validate", "-f", "-"}, stdin: "ldLibaryPath: Prepend\ncontainerPaths:\n  libaryDir: /l\n", code: 1, wantStderr: []string{
 			"standard input: invalid configuration:\n  ldLibaryPath: Forbidden: unknown field, on line 1; did you mean ldLibraryPath?\n  containerPaths.libaryDir: Forbidden: unknown field, on line 3; did you mean libraryDir?\n"}},
 		"empty stdin":   {args: []string{"config", "validate", "-f", "-"}, stdin: "", code: 1, wantStderr: []string{"standard input is empty: no gpu-injector configuration", "(did the command before the pipe fail?)"}},

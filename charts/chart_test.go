@@ -75,6 +75,8 @@ type renderOpts struct {
 	// apiVersions are served group/versions as helm install learns them from the cluster.
 	apiVersions []string
 	set         []string
+	// setString are --set-string values: strings, never booleans or numbers.
+	setString []string
 	// files are values files (-f), applied before set as helm does.
 	files []string
 }
@@ -102,6 +104,9 @@ func (o renderOpts) flags() []string {
 	}
 	for _, s := range o.set {
 		args = append(args, "--set", s)
+	}
+	for _, s := range o.setString {
+		args = append(args, "--set-string", s)
 	}
 	return args
 }
@@ -1452,6 +1457,58 @@ func TestSchemaRejects(t *testing.T) {
 				t.Errorf("helm refused --set %s, but not by the schema: %v", set, err)
 			}
 		})
+	}
+}
+
+// TestSchemaBooleanInStringField: a boolean where the configuration takes a string,
+// which an unquoted yes or off of a values file and --set's true or false are, is
+// refused with the fix: quote it (a choice's values offered), or use --set-string.
+func TestSchemaBooleanInStringField(t *testing.T) {
+	const yaml11 = "(YAML 1.1 reads yes, no, on, off, true and false unquoted as booleans; with --set, use --set-string)"
+	valuesFile := func(content string) []string {
+		f := filepath.Join(t.TempDir(), "values.yaml")
+		if err := os.WriteFile(f, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return []string{f}
+	}
+	tests := map[string]struct {
+		o    renderOpts
+		want string
+	}{
+		"a choice, unquoted off": {
+			o:    renderOpts{kubeVersion: kube136.kubeVersion, files: valuesFile("config:\n  images:\n    mode: off\n")},
+			want: `config.images.mode must be one of the following: "quoted: 'Off' or 'On' ` + yaml11 + `"`,
+		},
+		"a choice, --set true": {
+			o:    with(kube136, "config.podSecurity=true"),
+			want: `config.podSecurity must be one of the following: "quoted: 'Warn' or 'Deny' ` + yaml11 + `"`,
+		},
+		"a choice in a list": {
+			o:    with(kube136, "config.staticLayouts[0].name=s", "config.staticLayouts[0].mounts[0].kind=false"),
+			want: `config.staticLayouts.0.mounts.0.kind must be one of the following: "quoted: 'Directory' or 'File' ` + yaml11 + `"`,
+		},
+		"a path, unquoted no": {
+			o:    renderOpts{kubeVersion: kube136.kubeVersion, files: valuesFile("config:\n  containerPaths:\n    libraryDir: no\n")},
+			want: `config.containerPaths.libraryDir must be one of the following: "a quoted string ` + yaml11 + `"`,
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			out, err := helmTemplate(t, tc.o)
+			if err == nil {
+				t.Fatalf("helm accepted a boolean in a string field:\n%.400s", out)
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("helm's error does not say how to quote the value:\n got %v\nwant %q", err, tc.want)
+			}
+		})
+	}
+	// Quoted, or --set-string, the same values are strings.
+	quoted := renderOpts{kubeVersion: kube136.kubeVersion, files: valuesFile("config:\n  images:\n    mode: \"Off\"\n"), setString: []string{"config.podSecurity=Deny"}}
+	c := checkConfigMap(t, render(t, quoted))
+	if c.Images.Mode != config.ImagesOff || c.PodSecurity != config.PodSecurityDeny {
+		t.Errorf("images.mode %q, podSecurity %q; want Off and Deny", c.Images.Mode, c.PodSecurity)
 	}
 }
 

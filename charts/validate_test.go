@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -99,15 +100,26 @@ func writeValues(t *testing.T, values map[string]any) string {
 	return f.Name()
 }
 
-// messages are the errors as the binary prints them, sorted: a few of its checks
-// walk maps.
+// messages are the errors as the binary prints them, sorted (a few of its checks
+// walk maps), less the lines of the file they were found in: the values compared
+// with a rendered file have none.
 func messages(errs field.ErrorList) []string {
 	var out []string
 	for _, e := range errs {
-		out = append(out, e.Error())
+		out = append(out, withoutLine(e.Error()))
 	}
 	slices.Sort(out)
 	return out
+}
+
+var (
+	// lineFirst is the line a detail starts with; lineOnly a detail that is one.
+	lineFirst = regexp.MustCompile(`(in \S+, )?on line [0-9]+; `)
+	lineOnly  = regexp.MustCompile(`: (in \S+, )?on line [0-9]+$`)
+)
+
+func withoutLine(msg string) string {
+	return lineOnly.ReplaceAllString(lineFirst.ReplaceAllString(msg, ""), "")
 }
 
 // hookVerdict is the install hook's verdict: gpu-injector config validate's check of
@@ -411,6 +423,11 @@ func TestConfigRefusedByHook(t *testing.T) {
 			got := fmt.Sprint(v.Err)
 			if v.Err == nil {
 				got = strings.Join(messages(v.Errs), "\n")
+				for _, e := range v.Errs {
+					if !strings.Contains(e.Detail, "on line ") {
+						t.Errorf("the hook's %q names no line of the file", e)
+					}
+				}
 			}
 			if !strings.Contains(got, tc.want) {
 				t.Errorf("the hook says %q, want %q", got, tc.want)

@@ -14,9 +14,9 @@ import (
 const configUsage = `Usage: gpu-injector config validate -f FILE
 
 Checks a configuration file as the webhook and the probe do when they start,
-and prints every invalid field at once: an unknown field with its line,
-counted from the file's first (in a ConfigMap, from the first of its
-config.yaml). FILE is the file itself, the chart's ConfigMap, or the output
+and prints every invalid field at once, unknown or with an invalid value,
+each with its line, counted from the file's first (in a ConfigMap, from the
+first of its config.yaml). FILE is the file itself, the chart's ConfigMap, or the output
 of helm template (every configuration in it is checked); - reads standard
 input:
 

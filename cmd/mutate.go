@@ -22,14 +22,16 @@ func parseMutateFlags(args []string, stderr io.Writer) (*mutateFlags, error) {
 	o := &f.opts
 	fs := flag.NewFlagSet("mutate", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&o.File, "f", "", "manifests to mutate: multi-document YAML or JSON of Pods and workloads; - for stdin (required)")
-	fs.Var((*stringList)(&o.NodeFiles), "nodes", "Node objects (YAML or JSON; `kubectl get nodes -o yaml` output works as is); repeatable (required)")
-	fs.StringVar(&f.configFile, "config", "", "configuration file (InjectorConfiguration); defaults when empty")
-	fs.StringVar(&o.Namespace, "namespace", "default", "namespace of documents that name none")
-	fs.Var((*stringList)(&f.images), "images", "an OCI layout folder or a `docker save` tarball of the images the manifests run, read as the webhook reads their registry (images.mode On); repeatable")
+	// A back-quoted word of a usage string is the flag's argument name in
+	// -h (flag.UnquoteUsage): only argument names are back-quoted here.
+	fs.StringVar(&o.File, "f", "", "a `file` of manifests to mutate: multi-document YAML or JSON of Pods and workloads; - for stdin (required)")
+	fs.Var((*stringList)(&o.NodeFiles), "nodes", "a `file` of Node objects, YAML or JSON, as kubectl get nodes -o yaml prints them; repeatable (required)")
+	fs.StringVar(&f.configFile, "config", "", "configuration `file` (InjectorConfiguration); defaults when empty")
+	fs.StringVar(&o.Namespace, "namespace", "default", "`namespace` of documents that name none")
+	fs.Var((*stringList)(&f.images), "images", "the `path` of an OCI layout folder, or of a tarball as docker save writes it, holding images the manifests run: read as the webhook reads their registry (images.mode On); repeatable")
 	fs.BoolVar(&f.pull, "pull", false, "read the images' configuration from their registries (those of images.registries, or any when it lists none), with your docker credentials")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "Usage: gpu-injector mutate -f FILE --nodes NODES [--config CFG] [--images DIR|TAR ... | --pull]\n\nPrints the documents of FILE as the webhook would mutate them; warnings go to stderr.")
+		fmt.Fprintln(stderr, "Usage: gpu-injector mutate -f FILE --nodes FILE [--config FILE] [--images PATH ... | --pull]\n\nPrints the documents of FILE as the webhook would mutate them; warnings go to stderr.")
 		fs.PrintDefaults()
 	}
 	if err := parse(fs, args); err != nil {

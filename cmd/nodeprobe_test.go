@@ -3,6 +3,7 @@
 package cmd
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -47,9 +48,11 @@ func TestNodeProbeFlagErrors(t *testing.T) {
 			}
 		})
 	}
-	if err := NodeProbe(context.Background(), []string{"-h"}, io.Discard, io.Discard); !errors.Is(err, flag.ErrHelp) {
+	var help bytes.Buffer
+	if err := NodeProbe(context.Background(), []string{"-h"}, io.Discard, &help); !errors.Is(err, flag.ErrHelp) {
 		t.Errorf("-h = %v, want flag.ErrHelp", err)
 	}
+	checkHelp(t, help.String())
 	if err := NodeProbe(context.Background(), []string{"--once", "--config", "/does/not/exist"}, io.Discard, io.Discard); err == nil || errors.Is(err, ErrUsage) {
 		t.Errorf("missing config = %v, want a plain error", err)
 	}

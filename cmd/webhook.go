@@ -40,7 +40,7 @@ func parseWebhookFlags(args []string, stderr io.Writer) (*webhookFlags, error) {
 	fs.StringVar(&o.Certs.Mode, "cert-mode", webhook.CertModeSelf, "self: generate, rotate and inject the certificate (cert-controller); external: only load --cert-dir (cert-manager)")
 	fs.StringVar(&o.Certs.SecretName, "cert-secret-name", "gpu-injector-webhook-tls", "Secret that holds the CA and serving certificate in self mode")
 	fs.StringVar(&o.Certs.ServiceName, "service-name", "gpu-injector-webhook", "Service in front of the webhook: the certificate's DNS name")
-	fs.Func("cert-extra-dns-names", "comma-separated extra DNS names of the self-made certificate, for a webhook configuration that calls a URL (e.g. localhost)", func(v string) error {
+	fs.Func("cert-extra-dns-names", "comma-separated extra DNS `names` of the self-made certificate, for a webhook configuration that calls a URL (e.g. localhost)", func(v string) error {
 		for _, n := range strings.Split(v, ",") {
 			if n = strings.TrimSpace(n); n != "" {
 				o.Certs.ExtraDNSNames = append(o.Certs.ExtraDNSNames, n)

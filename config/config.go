@@ -854,22 +854,33 @@ func Parse(data []byte) (*Configuration, error) {
 
 // decode reads a configuration file strictly, fills the defaults and validates
 // it: the one decoder of Parse and Check. err is why the file cannot be read at
-// all; errs are its invalid fields, every unknown key at once (each with its
-// line) when there are any, else Validate's.
+// all; errs are its invalid fields at once, the unknown keys and Validate's
+// errors, each with its line, in the file's order.
 func decode(data []byte) (*Configuration, field.ErrorList, error) {
 	c := &Configuration{}
 	facts := fileFacts{}
 	if len(bytes.TrimSpace(data)) > 0 {
 		facts = readFacts(data)
+		unmarshal := yaml.UnmarshalStrict
 		if len(facts.unknown) > 0 {
-			return nil, facts.unknown, nil
+			// The strict decoder would stop at the first unknown key, which
+			// the walk has named already with every other; decoding around
+			// them lets Validate name the invalid values in the same run.
+			unmarshal = yaml.Unmarshal
 		}
-		if err := yaml.UnmarshalStrict(data, c); err != nil {
+		if err := unmarshal(data, c); err != nil {
+			if len(facts.unknown) > 0 {
+				return nil, facts.unknown, nil
+			}
+			if fix := facts.boolFixes(); fix != "" && strings.Contains(err.Error(), "cannot unmarshal bool") {
+				return nil, nil, fmt.Errorf("failed to parse configuration: %w; %s", err, fix)
+			}
 			return nil, nil, fmt.Errorf("failed to parse configuration: %w", err)
 		}
 	}
 	SetDefaults(c)
-	return c, facts.hint(c.Validate()), nil
+	errs := append(slices.Clip(facts.unknown), facts.annotate(c.Validate())...)
+	return c, facts.byLine(errs), nil
 }
 
 // Load reads a configuration file; an empty path gives the defaults.
@@ -955,13 +966,7 @@ func (c *Configuration) validateImages() field.ErrorList {
 	var errs field.ErrorList
 	ip := field.NewPath("images")
 	im := &c.Images
-	if im.Mode == "true" || im.Mode == "false" {
-		// YAML 1.1, which the file is read as, makes an unquoted On or Off
-		// a boolean.
-		errs = append(errs, field.Invalid(ip.Child("mode"), im.Mode, `quote the value: mode: "On" or mode: "Off"`))
-	} else {
-		errs = append(errs, oneOf(ip.Child("mode"), im.Mode, imageModes...)...)
-	}
+	errs = append(errs, oneOf(ip.Child("mode"), im.Mode, imageModes...)...)
 	errs = append(errs, oneOf(ip.Child("pullSecrets"), im.PullSecrets, pullSecretsChoices...)...)
 	for _, f := range []struct {
 		name string

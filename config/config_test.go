@@ -52,9 +52,9 @@ func TestParseNamesEachBadField(t *testing.T) {
 			"ldLibaryPath: Forbidden: unknown field, on line 3; did you mean ldLibraryPath?",
 			"noLayout.actoin: Forbidden: unknown field, on line 5; did you mean action?",
 			"staticLayouts[0].mounts[0].mode: Forbidden: unknown field, on line 9",
-			"zzzzzz: Forbidden: unknown field, on line 10]",
+			"zzzzzz: Forbidden: unknown field, on line 10",
 		}},
-		"images mode unquoted": {head + "images: {mode: On}\n", []string{`images.mode: Invalid value: "true": quote the value: mode: "On" or mode: "Off"`}},
+		"images mode unquoted": {head + "images: {mode: On}\n", []string{`images.mode: Invalid value: on line 3; mode: On is read as a boolean (YAML 1.1); quote it: mode: "On"`}},
 		"credential providers": {head + "images: {credentialProviders: {config: etc/config.json, binDir: /opt/bin/, timeout: 21s}}\n",
 			[]string{"images.credentialProviders.config: Invalid", "images.credentialProviders.binDir: Invalid", "images.credentialProviders.timeout: Invalid"}},
 		"credential providers without config": {head + "images: {credentialProviders: {binDir: /opt/bin}}\n", []string{"images.credentialProviders.config: Required"}},
@@ -286,24 +286,28 @@ func TestCredentialProvidersDefaults(t *testing.T) {
 }
 
 // TestYAMLBooleanHint: YAML 1.1, as the file is read, takes yes, no, on and off unquoted
-// for booleans, which land in a string field as "true" or "false"; every error on such a
-// field says so, once.
+// for booleans, which land in a string field as "true" or "false". An enum's error
+// becomes the fix, its values quoted; any other error on such a field says how to quote
+// it; every error says its line.
 func TestYAMLBooleanHint(t *testing.T) {
-	const hint = "quote the value: yes/no/on/off are booleans in YAML"
 	tests := map[string]struct {
 		yaml string
 		want string
 	}{
 		"an enum": {"podSecurity: yes\n",
-			`invalid configuration: podSecurity: Unsupported value: "true": supported values: "Warn", "Deny"; the file says yes unquoted; ` + hint},
+			`invalid configuration: podSecurity: Invalid value: on line 1; podSecurity: yes is read as a boolean (YAML 1.1); quote it: podSecurity: "Warn" or podSecurity: "Deny"`},
+		"an enum, nested, the value in another case": {"\nimages:\n  mode: off\n",
+			`invalid configuration: images.mode: Invalid value: on line 3; mode: off is read as a boolean (YAML 1.1); quote it: mode: "Off"`},
+		"an enum of a named type, in a list": {"staticLayouts:\n- name: s\n  driverVersion: \"1\"\n  mounts: [{hostPath: /usr/lib/x, containerPath: /usr/local/nvidia/lib64, kind: YES}]\n",
+			`failed to parse configuration: error unmarshaling JSON: while decoding JSON: json: cannot unmarshal bool into Go struct field Mount.staticLayouts.Plan.mounts.kind of type layout.MountKind; staticLayouts[0].mounts[0].kind: on line 4; kind: YES is read as a boolean (YAML 1.1); quote it: kind: "Directory" or kind: "File"`},
 		"a path, nested": {"containerPaths: {libraryDir: Off}\n",
-			`invalid configuration: containerPaths.libraryDir: Invalid value: "false": must be an absolute, clean path other than / without ':'; the file says Off unquoted; ` + hint},
+			`invalid configuration: containerPaths.libraryDir: Invalid value: "false": on line 1; must be an absolute, clean path other than / without ':'; libraryDir: Off is read as a boolean (YAML 1.1); quote it: libraryDir: "Off"`},
 		"in a list": {"resources: {names: [nvidia.com/gpu, on]}\n",
-			`invalid configuration: resources.names[1]: Invalid value: "true": must be a qualified extended resource name or path.Match pattern, like nvidia.com/gpu or nvidia.com/mig-*; the file says on unquoted; ` + hint},
+			`invalid configuration: resources.names[1]: Invalid value: "true": on line 1; must be a qualified extended resource name or path.Match pattern, like nvidia.com/gpu or nvidia.com/mig-*; on is read as a boolean (YAML 1.1); quote it: "on"`},
 		"quoted, no hint": {"podSecurity: \"yes\"\n",
-			`invalid configuration: podSecurity: Unsupported value: "yes": supported values: "Warn", "Deny"`},
-		"images.mode keeps its own hint": {"images: {mode: On}\n",
-			`invalid configuration: images.mode: Invalid value: "true": quote the value: mode: "On" or mode: "Off"`},
+			`invalid configuration: podSecurity: Unsupported value: "yes": on line 1; supported values: "Warn", "Deny"`},
+		"tagged, no hint": {"podSecurity: !!str yes\n",
+			`invalid configuration: podSecurity: Unsupported value: "yes": on line 1; supported values: "Warn", "Deny"`},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {

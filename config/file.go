@@ -27,8 +27,8 @@ type Verdict struct {
 	// Err is why the configuration cannot be read at all (YAML, a wrong
 	// type), with Parse's message; Errs is then empty.
 	Err error
-	// Errs are every bad field at once: the unknown keys, each with its line,
-	// when there are any, else Validate's errors.
+	// Errs are every bad field at once, the unknown keys and Validate's
+	// errors, each with its line, in the file's order.
 	Errs field.ErrorList
 }
 

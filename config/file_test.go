@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -25,9 +26,9 @@ func TestCheck(t *testing.T) {
 	head := "apiVersion: " + APIVersion + "\nkind: " + Kind + "\n"
 	bad := head + "noLayout: {action: Static}\nhostPaths: {extraAllowlist: [{path: /usr/lib}]}\nexcludedNamespaces: [Kube]\n"
 	badErrs := []string{
-		"hostPaths.extraAllowlist[0].path: Forbidden: it would allow the system folder /usr/lib whole; allow it only with filesOnly: true, or name the driver's own folder",
-		"noLayout.staticLayout: Required value: the name of a staticLayouts entry, with action Static",
-		`excludedNamespaces[0]: Invalid value: "Kube": a lowercase RFC 1123 label`,
+		"noLayout.staticLayout: Required value: in noLayout, on line 3; the name of a staticLayouts entry, with action Static",
+		"hostPaths.extraAllowlist[0].path: Forbidden: on line 4; it would allow the system folder /usr/lib whole; allow it only with filesOnly: true, or name the driver's own folder",
+		`excludedNamespaces[0]: Invalid value: "Kube": on line 5; a lowercase RFC 1123 label`,
 	}
 	other := "---\n# Source: gpu-injector/templates/serviceaccounts.yaml\napiVersion: v1\nkind: ServiceAccount\nmetadata: {name: x}\n" +
 		"---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: dashboard}\ndata: {dashboard.json: '{}'}\n---\n# only a comment\n"
@@ -206,6 +207,7 @@ func TestSchemaChoicesAreValidates(t *testing.T) {
 		if isEnum && !slices.Contains(values, "") && len(errorsAt(path, "")) == 0 {
 			t.Errorf("%s: Validate accepts \"\", the schema does not offer it", path)
 		}
+		checkBooleanGuard(t, path, s, values)
 	}
 	for path := range enums {
 		if !slices.Contains(fields, path) {
@@ -214,15 +216,43 @@ func TestSchemaChoicesAreValidates(t *testing.T) {
 	}
 }
 
+// checkBooleanGuard: a string field's schema meets a boolean, an unquoted yes or
+// off in a values file, with an enum whose one value says how to quote it; a
+// duration's is a plain string, whose boolean time.ParseDuration refuses.
+func checkBooleanGuard(t *testing.T, path string, s map[string]any, values []string) {
+	t.Helper()
+	if s["type"] == "string" {
+		return
+	}
+	then, _ := s["then"].(map[string]any)
+	fix, _ := then["enum"].([]string)
+	if !reflect.DeepEqual(s["if"], map[string]any{"type": "boolean"}) || len(fix) != 1 || !strings.Contains(fix[0], "YAML 1.1") {
+		t.Errorf("%s: no enum naming the fix for a boolean: %v", path, s)
+		return
+	}
+	for _, v := range values {
+		if v != "" && !strings.Contains(fix[0], "'"+v+"'") {
+			t.Errorf("%s: the fix %q does not offer %q", path, fix[0], v)
+		}
+	}
+}
+
+// isStringSchema: a string field's schema says "type": "string", or, guarded
+// against booleans, tests for one.
+func isStringSchema(s map[string]any) bool {
+	_, guarded := s["if"]
+	return s["type"] == "string" || guarded
+}
+
 // stringFields are the paths of every string field in schema s.
 func stringFields(s map[string]any, path string) []string {
 	var out []string
-	switch s["type"] {
-	case "string":
+	switch {
+	case isStringSchema(s):
 		out = append(out, path)
-	case "array":
+	case s["type"] == "array":
 		out = append(out, stringFields(s["items"].(map[string]any), path+"[*]")...)
-	case "object":
+	case s["type"] == "object":
 		props, _ := s["properties"].(map[string]any)
 		for name, p := range props {
 			child := name
@@ -269,5 +299,35 @@ func set(t *testing.T, doc any, path []string, v string) {
 		set(t, d[0], path[1:], v)
 	default:
 		t.Fatalf("nothing to set at %v in %T", path, doc)
+	}
+}
+
+// TestCheckEveryErrorWithItsLine: two unknown keys and two invalid values are
+// reported in one run, each with its line, top of the file first.
+func TestCheckEveryErrorWithItsLine(t *testing.T) {
+	file := "apiVersion: " + APIVersion + "\nkind: " + Kind + "\n" +
+		"layoutPolicy: Random\n" +
+		"noLayuot: {action: Deny}\n" +
+		"images:\n" +
+		"  mode: on\n" +
+		"  registires: [registry.example.com]\n"
+	want := []string{
+		`layoutPolicy: Unsupported value: "Random": on line 3; supported values:`,
+		"noLayuot: Forbidden: unknown field, on line 4; did you mean noLayout?",
+		`images.mode: Invalid value: on line 6; mode: on is read as a boolean (YAML 1.1); quote it: mode: "On"`,
+		"images.registires: Forbidden: unknown field, on line 7; did you mean registries?",
+	}
+	verdicts, err := Check([]byte(file))
+	if err != nil || len(verdicts) != 1 {
+		t.Fatalf("Check = %+v, %v; want one verdict", verdicts, err)
+	}
+	errs := verdicts[0].Errs
+	if len(errs) != len(want) {
+		t.Fatalf("%d errors, want %d: %v", len(errs), len(want), errs)
+	}
+	for i, w := range want {
+		if !strings.HasPrefix(errs[i].Error(), w) {
+			t.Errorf("error %d %q, want %q", i, errs[i], w)
+		}
 	}
 }

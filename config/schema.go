@@ -12,7 +12,8 @@ import (
 
 // JSONSchema describes the file as far as a JSON schema (draft 07) can
 // without restating Validate: the fields and their types from the Go types,
-// no unknown field (the file is decoded strictly), and the values of Enums.
+// no unknown field (the file is decoded strictly), the values of Enums, and,
+// for a boolean in a string field, how to quote it.
 // The chart's values.schema.json carries it for .Values.config, so that helm
 // refuses a misspelt key or an unknown choice before it renders anything;
 // every other rule is Validate's alone.
@@ -32,11 +33,7 @@ func schemaOf(t reflect.Type, path string, enums map[string][]string) map[string
 	}
 	switch t.Kind() {
 	case reflect.String:
-		s := map[string]any{"type": "string"}
-		if values, ok := enums[path]; ok {
-			s["enum"] = slices.Clone(values)
-		}
-		return s
+		return stringSchema(enums[path])
 	case reflect.Bool:
 		return map[string]any{"type": "boolean"}
 	case reflect.Int, reflect.Int32, reflect.Int64:
@@ -57,6 +54,38 @@ func schemaOf(t reflect.Type, path string, enums map[string][]string) map[string
 		return map[string]any{"type": "object", "additionalProperties": false, "properties": props}
 	}
 	panic(fmt.Sprintf("config: no schema for %s", t))
+}
+
+// yaml11Note says why a values file's unquoted yes or off is no string: helm
+// reads values as YAML 1.1, and its --set makes true and false booleans.
+const yaml11Note = "(YAML 1.1 reads yes, no, on, off, true and false unquoted as booleans; with --set, use --set-string)"
+
+// stringSchema is the schema of a string field, of one of values when there
+// are any. Helm's validators print none of a schema's own words but an enum's
+// values, so a boolean, which an unquoted yes or off becomes, meets an enum
+// whose one value says how to quote it. The other constraints are kept out
+// of if/else where they can be, so that their errors come without a line
+// about the branch.
+func stringSchema(values []string) map[string]any {
+	if len(values) == 0 {
+		return map[string]any{
+			"if":   map[string]any{"type": "boolean"},
+			"then": map[string]any{"enum": []string{"a quoted string " + yaml11Note}},
+			"else": map[string]any{"type": "string"},
+		}
+	}
+	var quoted []string
+	for _, v := range values {
+		if v != "" {
+			quoted = append(quoted, "'"+v+"'")
+		}
+	}
+	return map[string]any{
+		// The enum refuses any value but its own strings: no type needed.
+		"enum": slices.Clone(values),
+		"if":   map[string]any{"type": "boolean"},
+		"then": map[string]any{"enum": []string{"quoted: " + strings.Join(quoted, " or ") + " " + yaml11Note}},
+	}
 }
 
 // addFields adds the properties of struct t as encoding/json sees them:

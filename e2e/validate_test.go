@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"context"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -28,7 +29,8 @@ func TestInstallRefusesBadConfiguration(t *testing.T) {
 	const release = "gpu-injector-badconfig"
 	ns := release
 	hook := release + "-validate"
-	const want = "hostPaths.extraAllowlist[0].path: Forbidden: it would allow the system folder /usr/lib whole; allow it only with filesOnly: true, or name the driver's own folder"
+	// The line is that of the file the chart renders, which the values shape.
+	want := regexp.MustCompile(`hostPaths\.extraAllowlist\[0\]\.path: Forbidden: on line [0-9]+; it would allow the system folder /usr/lib whole; allow it only with filesOnly: true, or name the driver's own folder`)
 	cs := testEnv.Clientset
 	_, err := cs.CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{
 		"pod-security.kubernetes.io/enforce":         "restricted",
@@ -59,7 +61,7 @@ func TestInstallRefusesBadConfiguration(t *testing.T) {
 	if !strings.Contains(out, "failed pre-install") || !strings.Contains(out, hook) {
 		t.Errorf("helm's error does not name the pre-install hook %s", hook)
 	}
-	if utilversion.MustParseSemantic(cluster.HelmVersion).AtLeast(utilversion.MustParseSemantic("v3.18.0")) && !strings.Contains(out, want) {
+	if utilversion.MustParseSemantic(cluster.HelmVersion).AtLeast(utilversion.MustParseSemantic("v3.18.0")) && !want.MatchString(out) {
 		t.Errorf("helm %s prints hook output, yet not the binary's message %q", cluster.HelmVersion, want)
 	}
 
@@ -78,14 +80,14 @@ func TestInstallRefusesBadConfiguration(t *testing.T) {
 			term = c.State.Terminated
 		}
 	}
-	if term == nil || term.ExitCode != 1 || !strings.Contains(term.Message, want) {
+	if term == nil || term.ExitCode != 1 || !want.MatchString(term.Message) {
 		t.Errorf("the hook's container ended %+v: want exit 1 and the binary's message %q", term, want)
 	}
 	logs, err := cs.CoreV1().Pods(ns).GetLogs(pod.Name, &corev1.PodLogOptions{Container: "validate"}).DoRaw(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(string(logs), "invalid configuration:\n  "+want) {
+	if !strings.Contains(string(logs), "invalid configuration:\n  ") || !want.MatchString(string(logs)) {
 		t.Errorf("kubectl logs job/%s says %q, want the binary's message %q", hook, logs, want)
 	}
 

@@ -61,6 +61,11 @@ func runWithImages(t *testing.T, src ImageSource, in string) (string, string, er
 	t.Helper()
 	cfg := config.Default()
 	cfg.Images.Mode = config.ImagesOn
+	return runWithConfig(t, cfg, src, in)
+}
+
+func runWithConfig(t *testing.T, cfg *config.Configuration, src ImageSource, in string) (string, string, error) {
+	t.Helper()
 	var out, errb bytes.Buffer
 	err := Run(Options{File: "-", NodeFiles: []string{cudaNodesFile}, Config: cfg, Images: src}, strings.NewReader(in), &out, &errb)
 	return out.String(), errb.String(), err
@@ -117,10 +122,12 @@ func TestLocalImages(t *testing.T) {
 	}
 }
 
-// TestPulledImages: --pull reads the registry, with no cluster at all.
-func TestPulledImages(t *testing.T) {
+// testRegistry serves the images of manifest from a registry on localhost
+// and returns its host.
+func testRegistry(t *testing.T) string {
+	t.Helper()
 	srv := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
-	defer srv.Close()
+	t.Cleanup(srv.Close)
 	host := strings.TrimPrefix(srv.URL, "http://")
 	for ref, img := range map[string]v1.Image{
 		host + "/team/app:v1":   testImage(t, "LD_LIBRARY_PATH=/opt/app/lib", "NVIDIA_REQUIRE_CUDA=cuda>=12.4"),
@@ -131,9 +138,33 @@ func TestPulledImages(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	return host
+}
+
+// TestPulledImages: --pull reads the registry, with no cluster at all.
+func TestPulledImages(t *testing.T) {
+	host := testRegistry(t)
 	cfg := config.Default()
 	cfg.Images.Registries = []string{host}
 	cfg.Images.InsecureRegistries = []string{host}
 	out, stderr, err := runWithImages(t, NewPulledImages(&cfg.Images), manifest(host+"/team/app:v1", host+"/team/newer:v2"))
 	checkImageOutput(t, out, stderr, err)
+	if strings.Contains(stderr, "images.mode") {
+		t.Errorf("with images.mode On, stderr warns of it:\n%s", stderr)
+	}
+}
+
+// TestPulledImagesModeOff: --pull with images.mode Off, the default, reads
+// the images as asked and says that the webhook would not.
+func TestPulledImagesModeOff(t *testing.T) {
+	host := testRegistry(t)
+	cfg := config.Default()
+	cfg.Images.Registries = []string{host}
+	cfg.Images.InsecureRegistries = []string{host}
+	out, stderr, err := runWithConfig(t, cfg, NewPulledImages(&cfg.Images), manifest(host+"/team/app:v1", host+"/team/newer:v2"))
+	checkImageOutput(t, out, stderr, err)
+	const want = "warning: mutate reads the images, as asked, but the webhook itself does not read images (config images.mode: Off); its answer would differ"
+	if !strings.Contains(stderr, want) {
+		t.Errorf("stderr lacks %q:\n%s", want, stderr)
+	}
 }

@@ -116,7 +116,9 @@ func Run(opts Options, stdin io.Reader, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stderr, "warning: %d nodes have a wedged NVIDIA driver and get no GPU pods\n", len(w))
 	}
 	if opts.Images != nil && cfg.Images.Mode != config.ImagesOn {
-		fmt.Fprintf(stderr, "warning: the configuration's images.mode is %s: the webhook would not read the images given\n", cfg.Images.Mode)
+		// The images were asked for, so they are read; the warning says
+		// whose answer this is not.
+		fmt.Fprintf(stderr, "warning: mutate reads the images, as asked, but the webhook itself does not read images (config images.mode: %s); its answer would differ wherever an image's configuration counts\n", cfg.Images.Mode)
 	}
 	m := &mutator{cfg: cfg, layouts: layouts, wedged: idx.Wedged(), dra: dra, namespace: namespace, stderr: stderr, images: opts.Images}
 	var out [][]byte
@@ -285,6 +287,9 @@ func (m *mutator) object(u *unstructured.Unstructured) (bool, error) {
 		ns = m.namespace
 	}
 	what := fmt.Sprintf("%s/%s", u.GetKind(), u.GetName())
+	if hint := removedAPIHint(u.GetAPIVersion(), u.GetKind()); hint != "" {
+		fmt.Fprintf(m.stderr, "warning: %s: %s\n", what, hint)
+	}
 	if u.GetKind() == "Pod" && u.GetAPIVersion() == "v1" {
 		pod := &corev1.Pod{}
 		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, pod); err != nil {

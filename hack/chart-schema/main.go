@@ -131,7 +131,7 @@ func (o *object) set(k string, v any) {
 
 // keywordOrder puts a generated schema's keywords in the order a reader
 // expects; properties are sorted by name.
-var keywordOrder = []string{"type", "description", "enum", "items", "additionalProperties", "properties"}
+var keywordOrder = []string{"type", "description", "enum", "if", "then", "else", "items", "additionalProperties", "properties"}
 
 // ordered turns a generated schema into objects.
 func ordered(s map[string]any) *object {
