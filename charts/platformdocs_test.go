@@ -256,8 +256,17 @@ func TestPlatformPages(t *testing.T) {
 						t.Errorf("%s: the page does not say why it sets %s (a list item \"- `%s...`: why\")", in.line, k, k)
 					}
 				}
-				for _, kube := range []string{kube133.kubeVersion, kube136.kubeVersion} {
-					o := onCluster(renderOpts{kubeVersion: kube, apiVersions: apis, files: files, set: in.set})
+				// The oldest tested release, and a current one, which serves the
+				// MutatingAdmissionPolicy the chart renders by default there.
+				for _, cl := range []struct {
+					kube string
+					apis []string
+				}{
+					{kube133.kubeVersion, clusterAdmissionAPIs()},
+					{kube136.kubeVersion, clusterAdmissionAPIs("MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding")},
+				} {
+					kube := cl.kube
+					o := renderOpts{kubeVersion: kube, apiVersions: append(slices.Clone(apis), cl.apis...), files: files, set: in.set}
 					out, err := helmTemplate(t, o)
 					if err != nil {
 						t.Errorf("Kubernetes %s: the page's %s does not render: %v", kube, in.line, err)
@@ -271,6 +280,15 @@ func TestPlatformPages(t *testing.T) {
 						}
 					}
 					checkKnownTypes(t, typed)
+					// Where the chart admits pods with its policy, the page says what users
+					// see then.
+					if r.get("MutatingAdmissionPolicy", fullname+"-runtime") != nil {
+						for _, want := range []string{"gpu-injector.io/admission: policy", fullname + "-policy"} {
+							if !strings.Contains(text, want) {
+								t.Errorf("Kubernetes %s: %s renders the admission policy, and the page does not say %q", kube, in.line, want)
+							}
+						}
+					}
 					checkConfigMap(t, r)
 					if v := hookVerdict(t, r); !v.Valid() {
 						t.Errorf("Kubernetes %s: %s: the install hook refuses the configuration: %v %v", kube, in.line, v.Err, messages(v.Errs))
