@@ -47,13 +47,19 @@ func anchors(t *testing.T, path string) map[string]bool {
 	return out
 }
 
-// TestDocLinks: every relative link of README.md and docs/*.md names a file or folder of
-// the repository and, into a Markdown file, one of its headings.
+// TestDocLinks: every relative link of README.md, docs/*.md and docs/platforms/*.md
+// names a file or folder of the repository and, into a Markdown file, one of its
+// headings.
 func TestDocLinks(t *testing.T) {
 	docs, err := filepath.Glob("docs/*.md")
 	if err != nil {
 		t.Fatal(err)
 	}
+	platforms, err := filepath.Glob("docs/platforms/*.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	docs = append(docs, platforms...)
 	for _, doc := range append([]string{"README.md"}, docs...) {
 		data, err := os.ReadFile(doc)
 		if err != nil {

@@ -91,11 +91,13 @@ const (
 
 // How the driver reaches a GPU container (driverDelivery).
 const (
-	// DeliveryPreferRuntime injects at the runtime (gpu-injector's NRI plugin)
-	// when every known GPU node the pod can use has its plugin registered, or
-	// when it can use none yet (a pool at zero) and some node has it;
-	// hostPath volumes otherwise, except in a namespace whose Pod Security
-	// level forbids them, where nodes with the plugin are chosen.
+	// DeliveryPreferRuntime injects at the runtime (gpu-injector's NRI plugin,
+	// or the node's own runtime) when no known GPU node the pod can use needs
+	// hostPath volumes: each has its plugin registered or injects the driver
+	// itself (toolkit, CDI, GKE's device plugin), or the pod can use none yet
+	// (every pool at zero, a node not yet probed), whether or not any node has
+	// the plugin; hostPath volumes otherwise, except in a namespace whose Pod
+	// Security level forbids them, where nodes with the plugin are chosen.
 	DeliveryPreferRuntime = "PreferRuntime"
 	// DeliveryHostPath always uses hostPath volumes, as before NRI.
 	DeliveryHostPath = "HostPath"

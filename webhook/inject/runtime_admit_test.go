@@ -1,13 +1,8 @@
 package inject_test
 
 import (
-	"os"
 	"strings"
 	"testing"
-
-	corev1 "k8s.io/api/core/v1"
-
-	"github.com/gpu-injector/gpu-injector/webhook/internal/gputest"
 
 	. "github.com/gpu-injector/gpu-injector/webhook/inject"
 	"github.com/gpu-injector/gpu-injector/webhook/internal/clustertest"
@@ -81,24 +76,5 @@ func TestRuntimeDeliveryPatch(t *testing.T) {
 			t.Errorf("%s: %d operations, want 3 and no %s:\n%s", size.Name, len(res.Patch), EnvLDLibraryPath, patch)
 		}
 		t.Logf("%s pod (%d bytes of JSON): %d operations, %d bytes of patch", size.Name, podBytes, len(res.Patch), len(patch))
-	}
-}
-
-// TestNoNodeWarningDocumented: the warning a pod gets when no GPU node is
-// ready yet is quoted word for word in docs/troubleshooting.md, where users
-// search for it.
-func TestNoNodeWarningDocumented(t *testing.T) {
-	cfg := config.Default()
-	pod := gputest.Pod("nvidia.com/gpu", func(p *corev1.Pod) { p.Namespace = "ml" })
-	res := Mutate(Input{Pod: pod}, cfg)
-	if res.Decision != DecisionInjected || len(res.Warnings) != 1 {
-		t.Fatalf("decision %s, warnings %q: want the pod admitted with one warning", res.Decision, res.Warnings)
-	}
-	doc, err := os.ReadFile("../../docs/troubleshooting.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(string(doc), res.Warnings[0]) {
-		t.Errorf("docs/troubleshooting.md does not quote the warning:\n%s", res.Warnings[0])
 	}
 }
