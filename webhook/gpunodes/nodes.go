@@ -588,7 +588,7 @@ func (idx *Index) factsOf(n *corev1.Node, old *nodeState, dra int64) nodeFacts {
 	if !probedNodes.Matches(labels.Set(n.Labels)) {
 		return f
 	}
-	f.selected, f.dra, f.ready, f.unschedulable = true, dra, nodeReady(n), n.Spec.Unschedulable
+	f.selected, f.dra, f.ready, f.unschedulable = true, dra, NodeReady(n), n.Spec.Unschedulable
 	if old != nil && old.info.Labels.SameAs(n.Labels) {
 		info.Labels = old.info.Labels
 	} else {
