@@ -18,8 +18,8 @@ import (
 // Bounds of the offline file, checked before anything is built from it:
 // `kubectl get nodes,ns -o yaml` of a cluster at Kubernetes' tested limit
 // (5,000 nodes, each with a layout annotation of a few KiB) is well under
-// them.
-const (
+// them. Variables only so that tests can reach them with small files.
+var (
 	maxFileBytes  = 256 << 20
 	maxDocuments  = 10000
 	maxNodes      = 20000
@@ -57,7 +57,7 @@ func readBounded(file string, stdin io.Reader) ([]byte, error) {
 		defer f.Close()
 		in = f
 	}
-	data, err := io.ReadAll(io.LimitReader(in, maxFileBytes+1))
+	data, err := io.ReadAll(io.LimitReader(in, int64(maxFileBytes)+1))
 	if err != nil {
 		return nil, fmt.Errorf("failed to read %s: %w", file, err)
 	}

@@ -1,6 +1,7 @@
 package precheck
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"strings"
@@ -12,16 +13,31 @@ import (
 // render writes the report as the table a person reads. Values quote what
 // nodes published, so every cell goes through layout.Printable.
 func render(out io.Writer, r *Report) error {
-	ew := &errWriter{w: out}
+	var b bytes.Buffer
+	renderTo(&b, r)
+	// tabwriter pads an empty last cell.
+	lines := strings.SplitAfter(b.String(), "\n")
+	for i, l := range lines {
+		if strings.HasSuffix(l, "\n") {
+			lines[i] = strings.TrimRight(l, " \n") + "\n"
+		}
+	}
+	if _, err := io.WriteString(out, strings.Join(lines, "")); err != nil {
+		return fmt.Errorf("failed to write the report: %w", err)
+	}
+	return nil
+}
+
+func renderTo(b *bytes.Buffer, r *Report) {
 	cfg := r.Config
-	ew.printf("CONFIGURATION  %s: driverDelivery %s, podSecurity %s, GPU resources %s\n\n",
+	fmt.Fprintf(b, "CONFIGURATION  %s: driverDelivery %s, podSecurity %s, GPU resources %s\n\n",
 		cfg.Source, cfg.DriverDelivery, cfg.PodSecurity, strings.Join(cfg.Resources, ", "))
 
-	ew.printf("GPU NODES (what a GPU pod that lands there gets)\n")
+	fmt.Fprintf(b, "GPU NODES (what a GPU pod that lands there gets)\n")
 	if len(r.Nodes) == 0 {
-		ew.printf("  none\n")
+		fmt.Fprintf(b, "  none\n")
 	} else {
-		tw := tabwriter.NewWriter(ew, 0, 4, 2, ' ', 0)
+		tw := tabwriter.NewWriter(b, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "  NODE\tDELIVERY\tGPUS\tWHY")
 		for _, n := range r.Nodes {
 			fmt.Fprintf(tw, "  %s\t%s\t%d\t%s\n", layout.Printable(n.Name), n.Delivery, n.AllocatableGPUs, layout.Printable(n.Why))
@@ -34,27 +50,26 @@ func render(out io.Writer, r *Report) error {
 	if len(d.Without) > 0 {
 		plugin += "; none on " + strings.Join(d.Without, ", ")
 	}
-	ew.printf("\nDEVICE PLUGIN  %s\n", layout.Printable(plugin))
-	ew.printf("WEBHOOK        %s: %s\n", r.Webhook.Outcome, layout.Printable(r.Webhook.Message))
+	fmt.Fprintf(b, "\nDEVICE PLUGIN  %s\n", layout.Printable(plugin))
+	fmt.Fprintf(b, "WEBHOOK        %s: %s\n", r.Webhook.Outcome, layout.Printable(r.Webhook.Message))
 
-	ew.printf("\nOPTED-IN NAMESPACES (%s=%s)\n", layout.LabelInject, layout.InjectEnabled)
+	fmt.Fprintf(b, "\nOPTED-IN NAMESPACES (%s=%s)\n", layout.LabelInject, layout.InjectEnabled)
 	if len(r.Namespaces) == 0 {
-		ew.printf("  none\n")
+		fmt.Fprintf(b, "  none\n")
 	} else {
-		tw := tabwriter.NewWriter(ew, 0, 4, 2, ' ', 0)
+		tw := tabwriter.NewWriter(b, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "  NAMESPACE\tENFORCE\tNOTE")
 		for _, ns := range r.Namespaces {
 			fmt.Fprintf(tw, "  %s\t%s\t%s\n", ns.Name, dash(ns.Enforce), layout.Printable(namespaceNote(ns)))
 		}
 		tw.Flush()
 	}
-	list(ew, "NOTES", r.Notes)
+	list(b, "NOTES", r.Notes)
 	if len(r.Attention) == 0 {
-		ew.printf("\nOK: nothing needs attention\n")
+		fmt.Fprintf(b, "\nOK: nothing needs attention\n")
 	} else {
-		list(ew, "NEEDS ATTENTION (docs/troubleshooting.md)", r.Attention)
+		list(b, "NEEDS ATTENTION (docs/troubleshooting.md)", r.Attention)
 	}
-	return ew.err
 }
 
 func namespaceNote(ns NamespaceCheck) string {
@@ -69,13 +84,13 @@ func namespaceNote(ns NamespaceCheck) string {
 	return ""
 }
 
-func list(ew *errWriter, title string, lines []string) {
+func list(b *bytes.Buffer, title string, lines []string) {
 	if len(lines) == 0 {
 		return
 	}
-	ew.printf("\n%s\n", title)
+	fmt.Fprintf(b, "\n%s\n", title)
 	for _, l := range lines {
-		ew.printf("  -  %s\n", layout.Printable(l))
+		fmt.Fprintf(b, "  -  %s\n", layout.Printable(l))
 	}
 }
 
@@ -85,20 +100,3 @@ func dash(s string) string {
 	}
 	return s
 }
-
-// errWriter keeps the first write error, so that rendering reads straight.
-type errWriter struct {
-	w   io.Writer
-	err error
-}
-
-func (e *errWriter) Write(p []byte) (int, error) {
-	if e.err != nil {
-		return 0, e.err
-	}
-	n, err := e.w.Write(p)
-	e.err = err
-	return n, err
-}
-
-func (e *errWriter) printf(format string, args ...any) { fmt.Fprintf(e, format, args...) }
