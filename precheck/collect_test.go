@@ -197,3 +197,20 @@ func TestOnlineReadErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestOnlineWithoutTheRelease: a user who may not read the release, or
+// before the install, is checked against the defaults, and told so.
+func TestOnlineWithoutTheRelease(t *testing.T) {
+	client := healthyCluster(t)
+	client.PrependReactor("list", "deployments", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewForbidden(schema.GroupResource{Group: "apps", Resource: "deployments"}, "", errors.New("RBAC"))
+	})
+	r := collect(t, &Collector{Client: client, DryRun: &stubDryRun{pod: injectedPod()}, Namespace: release})
+	if !strings.HasPrefix(r.Config.Source, "the defaults (failed to list the webhook Deployments") || r.Config.DriverDelivery != "PreferRuntime" {
+		t.Errorf("config %+v, want the defaults and why", r.Config)
+	}
+	r = collect(t, &Collector{Client: healthyCluster(t), DryRun: &stubDryRun{pod: injectedPod()}})
+	if !strings.Contains(r.Config.Source, "defaults assumed") {
+		t.Errorf("before the install: config %+v, want the defaults, said", r.Config)
+	}
+}

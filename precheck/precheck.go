@@ -122,15 +122,7 @@ func (c *Collector) Collect(ctx context.Context) (*Report, error) {
 	sc := &status.Collector{Client: c.Client, DryRun: c.DryRun, Namespace: c.Namespace, DryRunNamespace: c.DryRunNamespace, RetryEvery: c.RetryEvery}
 	cfg, source, release := c.Config, c.ConfigSource, c.Namespace
 	if cfg == nil {
-		got, ns, note, err := sc.Config(ctx)
-		if err != nil {
-			return nil, err
-		}
-		cfg, release = got, ns
-		source = "the release's ConfigMap in " + ns
-		if note != "" {
-			source = note
-		}
+		cfg, source, release = c.releaseConfig(ctx, sc)
 	}
 	nodes, err := c.listNodes(ctx)
 	if err != nil {
@@ -147,6 +139,22 @@ func (c *Collector) Collect(ctx context.Context) (*Report, error) {
 	}
 	r.summarize()
 	return r, nil
+}
+
+// releaseConfig is the release's configuration as `status` finds it, the
+// words that say where it came from, and the release's namespace. A user
+// who may not read the release (a precheck before the install, or with
+// rights to Nodes and Namespaces alone) is checked against the defaults,
+// and told so, rather than refused.
+func (c *Collector) releaseConfig(ctx context.Context, sc *status.Collector) (*config.Configuration, string, string) {
+	cfg, ns, note, err := sc.Config(ctx)
+	switch {
+	case err != nil:
+		return config.Default(), "the defaults (" + err.Error() + "; pass --config)", c.Namespace
+	case note != "":
+		return cfg, note, ns
+	}
+	return cfg, "the release's ConfigMap in " + ns, ns
 }
 
 // listNodes lists every Node, a page at a time, bounded as a file is.
