@@ -214,3 +214,42 @@ func TestOnlineWithoutTheRelease(t *testing.T) {
 		t.Errorf("before the install: config %+v, want the defaults, said", r.Config)
 	}
 }
+
+// policyDryRun answers as an API server whose admission policy takes the
+// modern pod: the webhook is asked only about the legacy one.
+type policyDryRun struct {
+	legacy *stubDryRun
+}
+
+func (p *policyDryRun) DryRunPod(ctx context.Context, ns string, pod *corev1.Pod) (*corev1.Pod, []string, error) {
+	if _, ok := pod.Spec.Containers[0].Resources.Limits[legacyResource]; ok {
+		return p.legacy.DryRunPod(ctx, ns, pod)
+	}
+	out := injectedPod()
+	out.Labels = map[string]string{layout.LabelAdmission: layout.AdmissionPolicy}
+	return out, nil, nil
+}
+
+// TestOnlineAdmissionPolicy: where the chart's admission policy marks the
+// dry-run pod, the webhook is asked with a pod only it takes.
+func TestOnlineAdmissionPolicy(t *testing.T) {
+	for name, tc := range map[string]struct {
+		legacy  *stubDryRun
+		outcome string
+		says    string
+	}{
+		"webhook up":   {legacy: &stubDryRun{pod: injectedPod()}, outcome: WebhookOK, says: "which only the webhook takes: a dry-run GPU pod in ml came back injected"},
+		"webhook down": {legacy: &stubDryRun{err: errors.New(`Internal error occurred: failed calling webhook "pods.gpu-injector.io": no endpoints available`)}, outcome: WebhookFailed, says: "which only the webhook takes: the API server CANNOT REACH the webhook"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			r := collect(t, &Collector{Client: healthyCluster(t), DryRun: &policyDryRun{legacy: tc.legacy}, Config: parseConfig(t, "")})
+			w := r.Webhook
+			if w.Outcome != tc.outcome || !strings.Contains(w.Message, "the chart's MutatingAdmissionPolicy marked the dry-run GPU pod in ml") || !strings.Contains(w.Message, tc.says) {
+				t.Errorf("webhook %+v, want %s saying %q", w, tc.outcome, tc.says)
+			}
+			if len(tc.legacy.asked) != 1 || tc.legacy.asked[0] != "ml" {
+				t.Errorf("the legacy pod was tried in %v", tc.legacy.asked)
+			}
+		})
+	}
+}

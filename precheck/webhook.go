@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"strings"
 
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+
 	"github.com/gpu-injector/gpu-injector/layout"
 	"github.com/gpu-injector/gpu-injector/status"
 	"github.com/gpu-injector/gpu-injector/webhook/inject"
@@ -32,7 +35,30 @@ func (c *Collector) webhook(ctx context.Context, sc *status.Collector, namespace
 		}
 		d = sc.TryPod(ctx, candidates)
 	}
-	return webhookCheck(d), nil
+	if d.Outcome != status.DryRunInjected || !d.Policy {
+		return webhookCheck(d), nil
+	}
+	// The chart's admission policy answered, in the API server itself: a pod
+	// with the legacy limit, which only the webhook renames, asks the webhook.
+	legacy, err := sc.TryPodOf(ctx, d.Namespace, legacyPod())
+	if err != nil {
+		return WebhookCheck{}, err
+	}
+	w := webhookCheck(legacy)
+	w.Message = layout.OneLine("the chart's MutatingAdmissionPolicy marked the dry-run GPU pod in "+d.Namespace+
+		" for gpu-injector's NRI plugin, without the webhook; the same pod with the legacy "+legacyResource+
+		" limit, which only the webhook takes: "+w.Message, 1000)
+	return w, nil
+}
+
+// legacyResource is the GPU name of Kubernetes before 1.10, which the
+// webhook rewrites and the admission policy never takes.
+const legacyResource = "alpha.kubernetes.io/nvidia-gpu"
+
+func legacyPod() *corev1.Pod {
+	p := status.DryRunPod()
+	p.Spec.Containers[0].Resources.Limits = corev1.ResourceList{legacyResource: resource.MustParse("1")}
+	return p
 }
 
 // webhookCheck reads the API server's answer: the webhook was reached when

@@ -521,10 +521,14 @@ func (c *Collector) TryPod(ctx context.Context, namespaces []NamespaceStatus) Dr
 }
 
 func (c *Collector) dryRunIn(ctx context.Context, ns string) DryRunLog {
+	return c.dryRunOf(ctx, ns, DryRunPod())
+}
+
+func (c *Collector) dryRunOf(ctx context.Context, ns string, pod *corev1.Pod) DryRunLog {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	pod, warnings, err := c.DryRun.DryRunPod(ctx, ns, DryRunPod())
-	return classify(ns, pod, warnings, err)
+	out, warnings, err := c.DryRun.DryRunPod(ctx, ns, pod)
+	return classify(ns, out, warnings, err)
 }
 
 func boolInt(b bool) int {
@@ -550,6 +554,7 @@ func classify(ns string, pod *corev1.Pod, warnings []string, err error) DryRunLo
 		}
 		return d
 	}
+	d.Policy = pod.Labels[layout.LabelAdmission] == layout.AdmissionPolicy
 	v, ok := pod.Annotations[layout.AnnotationInjected]
 	if !ok {
 		d.Outcome = DryRunUnchanged

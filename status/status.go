@@ -114,14 +114,19 @@ func dryRunOnly(ctx context.Context, c *Collector, stdout io.Writer) (int, error
 // the controller manager adds it, and the API server refuses every pod
 // there until then. An error means ctx ended first.
 func (c *Collector) TryPodIn(ctx context.Context, ns string) (DryRunLog, error) {
-	d := c.dryRunIn(ctx, ns)
+	return c.TryPodOf(ctx, ns, DryRunPod())
+}
+
+// TryPodOf is TryPodIn with another pod than DryRunPod.
+func (c *Collector) TryPodOf(ctx context.Context, ns string, pod *corev1.Pod) (DryRunLog, error) {
+	d := c.dryRunOf(ctx, ns, pod.DeepCopy())
 	for wait := 0; d.Outcome == DryRunError && strings.Contains(d.Message, "error looking up service account") && wait < 60; wait++ {
 		select {
 		case <-ctx.Done():
 			return d, fmt.Errorf("failed to try the GPU pod: %w", ctx.Err())
 		case <-time.After(c.retryEvery()):
 		}
-		d = c.dryRunIn(ctx, ns)
+		d = c.dryRunOf(ctx, ns, pod.DeepCopy())
 	}
 	return d, nil
 }

@@ -372,6 +372,15 @@ func TestClassify(t *testing.T) {
 			}
 		})
 	}
+	// The chart's admission policy's mark says who answered.
+	p := injectedPod("fp-gpu-a")
+	if d := classify("ml", p, nil, nil); d.Policy {
+		t.Errorf("a pod the webhook injected: %+v", d)
+	}
+	p.Labels = map[string]string{layout.LabelAdmission: layout.AdmissionPolicy}
+	if d := classify("ml", p, nil, nil); !d.Policy || d.Outcome != DryRunInjected {
+		t.Errorf("a pod the admission policy marked: %+v", d)
+	}
 }
 
 func TestPools(t *testing.T) {
