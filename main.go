@@ -30,6 +30,8 @@ Usage:
   gpu-injector status [flags]      what gpu-injector does in your cluster; exit 3 when something needs attention
   gpu-injector status pod NAMESPACE/NAME [-f POD.yaml]
                                    one pod: its injection, its node's driver, why it waits or was refused
+  gpu-injector precheck [flags]    before or after helm install: how each GPU node gets the driver, the device plugin,
+                                   the webhook, Pod Security; -f reads kubectl get nodes,ns -o yaml offline
   gpu-injector cleanup [flags]     remove what gpu-injector wrote to the Nodes (the chart's uninstall hook)
   gpu-injector version             print the version
 
@@ -76,6 +78,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		err = cmd.Mutate(args[1:], stdin, stdout, stderr)
 	case "status":
 		return cmd.Status(ctx, args[1:], stdout, stderr)
+	case "precheck":
+		return cmd.Precheck(ctx, args[1:], stdin, stdout, stderr)
 	case "config":
 		return cmd.Config(args[1:], stdin, stdout, stderr)
 	case "cleanup":

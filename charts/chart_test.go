@@ -47,6 +47,8 @@ const (
 	// uninstall hook's.
 	testNamespace = "gpu-injector-test"
 	cleanupName   = "gpu-injector-cleanup"
+	// precheckName is the helm test's precheck pod, its account and roles.
+	precheckName = "gpu-injector-precheck"
 )
 
 // helmBinary finds helm where the repository's tool cache puts it; a missing helm is

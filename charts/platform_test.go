@@ -331,8 +331,9 @@ func TestHelmTest(t *testing.T) {
 		}
 	}
 	// helm test --logs reads the logs of every test hook as a pod of the release
-	// namespace: the pod must be the only one, and be there.
-	if want := []string{"Pod/" + namespace + "/" + testNamespace}; !slices.Equal(hooks, want) {
+	// namespace, of one container: the pods must be the only hooks, and be there.
+	slices.Sort(hooks)
+	if want := []string{"Pod/" + namespace + "/" + precheckName, "Pod/" + namespace + "/" + testNamespace}; !slices.Equal(hooks, want) {
 		t.Errorf("test hooks %v, want %v", hooks, want)
 	}
 	ns := mustGet[corev1.Namespace](t, r, "Namespace", testNamespace)
@@ -350,8 +351,9 @@ func TestHelmTest(t *testing.T) {
 		t.Errorf("test Role in %s: %+v, want pods create alone, in the test's namespace", role.Namespace, role.Rules)
 	}
 	rb := mustGet[rbacv1.RoleBinding](t, r, "RoleBinding", testNamespace)
-	if len(rb.Subjects) != 1 || rb.Subjects[0].Name != testNamespace || rb.Subjects[0].Namespace != namespace {
-		t.Errorf("test RoleBinding subjects %+v", rb.Subjects)
+	if len(rb.Subjects) != 2 || rb.Subjects[0].Name != testNamespace || rb.Subjects[1].Name != precheckName ||
+		rb.Subjects[0].Namespace != namespace || rb.Subjects[1].Namespace != namespace {
+		t.Errorf("test RoleBinding subjects %+v, want the two tests' accounts", rb.Subjects)
 	}
 	pod := mustGet[corev1.Pod](t, r, "Pod", testNamespace)
 	if pod.Namespace != namespace || pod.Spec.ServiceAccountName != testNamespace ||
@@ -364,10 +366,11 @@ func TestHelmTest(t *testing.T) {
 	if reasons := restricted(t, corev1.PodTemplateSpec{Spec: pod.Spec}); len(reasons) > 0 {
 		t.Errorf("Pod Security restricted refuses the test pod: %v", reasons)
 	}
+	checkPrecheckTest(t, r)
 	checkTestPolicy(t, r)
 	off := render(t, with(kube136, "tests.enabled=false"))
 	for _, o := range off.objects {
-		if o.GetName() == testNamespace {
+		if o.GetName() == testNamespace || o.GetName() == precheckName {
 			t.Errorf("tests.enabled=false renders %s %s", o.GetKind(), o.GetName())
 		}
 	}
@@ -376,7 +379,57 @@ func TestHelmTest(t *testing.T) {
 	}
 }
 
-// checkTestPolicy: the test's account may create pods only with dry run.
+// checkPrecheckTest: the precheck pod runs gpu-injector precheck with the
+// release's configuration as a file, and its account may list Nodes and
+// Namespaces and nothing else of the cluster: no read of ConfigMaps,
+// Secrets or workloads.
+func checkPrecheckTest(t *testing.T, r rendered) {
+	t.Helper()
+	pod := mustGet[corev1.Pod](t, r, "Pod", precheckName)
+	c := pod.Spec.Containers[0]
+	wantArgs := []string{"precheck", "--namespace=" + namespace, "--config=/etc/gpu-injector/config.yaml", "--dry-run-namespace=" + testNamespace}
+	if pod.Namespace != namespace || pod.Spec.ServiceAccountName != precheckName || !slices.Equal(c.Args, wantArgs) {
+		t.Errorf("precheck pod in %s, account %q, args %q; want args %q", pod.Namespace, pod.Spec.ServiceAccountName, c.Args, wantArgs)
+	}
+	if p := pod.Annotations["helm.sh/hook-delete-policy"]; p != "before-hook-creation" {
+		t.Errorf("precheck pod delete policy %q: kept for its logs until the next test", p)
+	}
+	if len(pod.Spec.Volumes) != 1 || pod.Spec.Volumes[0].ConfigMap == nil || pod.Spec.Volumes[0].ConfigMap.Name != fullname+"-config" ||
+		len(c.VolumeMounts) != 1 || c.VolumeMounts[0].MountPath != "/etc/gpu-injector" || !c.VolumeMounts[0].ReadOnly {
+		t.Errorf("precheck volumes %+v, mounts %+v: want the release's ConfigMap read-only at /etc/gpu-injector", pod.Spec.Volumes, c.VolumeMounts)
+	}
+	if lim := c.Resources.Limits.Memory(); lim.String() != "256Mi" {
+		t.Errorf("precheck memory limit %s, want tests.precheck.resources' 256Mi", lim)
+	}
+	if reasons := restricted(t, corev1.PodTemplateSpec{Spec: pod.Spec}); len(reasons) > 0 {
+		t.Errorf("Pod Security restricted refuses the precheck pod: %v", reasons)
+	}
+	cr := mustGet[rbacv1.ClusterRole](t, r, "ClusterRole", precheckName)
+	want := []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"list"}},
+		{APIGroups: []string{""}, Resources: []string{"namespaces"}, Verbs: []string{"list"}},
+	}
+	if !reflect.DeepEqual(cr.Rules, want) {
+		t.Errorf("precheck ClusterRole %+v\nwant %+v", cr.Rules, want)
+	}
+	crb := mustGet[rbacv1.ClusterRoleBinding](t, r, "ClusterRoleBinding", precheckName)
+	if crb.RoleRef.Name != precheckName || len(crb.Subjects) != 1 || crb.Subjects[0].Name != precheckName || crb.Subjects[0].Namespace != namespace {
+		t.Errorf("precheck ClusterRoleBinding %+v", crb)
+	}
+	// No other binding gives the precheck account anything.
+	for _, kind := range []string{"ClusterRoleBinding", "RoleBinding"} {
+		for _, u := range r.all(kind) {
+			b := typed[rbacv1.ClusterRoleBinding](t, u)
+			for _, s := range b.Subjects {
+				if s.Name == precheckName && b.Name != precheckName && !(kind == "RoleBinding" && b.Namespace == testNamespace) {
+					t.Errorf("%s %s/%s also grants the precheck account rights", kind, b.Namespace, b.Name)
+				}
+			}
+		}
+	}
+}
+
+// checkTestPolicy: the tests' accounts may create pods only with dry run.
 func checkTestPolicy(t *testing.T, r rendered) {
 	t.Helper()
 	vap := mustGet[admissionregistrationv1.ValidatingAdmissionPolicy](t, r, "ValidatingAdmissionPolicy", testNamespace)
@@ -392,6 +445,8 @@ func checkTestPolicy(t *testing.T, r rendered) {
 	}{
 		{user: "system:serviceaccount:" + namespace + ":" + testNamespace, dryRun: true, match: true},
 		{user: "system:serviceaccount:" + namespace + ":" + testNamespace, dryRun: false, match: true, denied: true},
+		{user: "system:serviceaccount:" + namespace + ":" + precheckName, dryRun: true, match: true},
+		{user: "system:serviceaccount:" + namespace + ":" + precheckName, dryRun: false, match: true, denied: true},
 		{user: "system:serviceaccount:other:" + testNamespace, dryRun: false},
 	} {
 		va := attributes(pod, nil, podGVK, podGVR, "", admission.Create, &user.DefaultInfo{Name: tc.user})
@@ -412,7 +467,7 @@ func TestCleanupHook(t *testing.T) {
 	r := render(t, kube136)
 	job := mustGet[batchv1.Job](t, r, "Job", cleanupName)
 	wantArgs := []string{"cleanup", "--namespace=" + namespace, "--webhook-configuration-name=" + fullname, "--webhook-deployment=" + fullname + "-webhook",
-		"--probe-daemonset=" + probeSA, "--pool-memory-name=" + fullname + "-pools", "--policy-switch-name=" + fullname + "-policy", "--delete-pods=" + testNamespace, "--timeout=2m"}
+		"--probe-daemonset=" + probeSA, "--pool-memory-name=" + fullname + "-pools", "--policy-switch-name=" + fullname + "-policy", "--delete-pods=" + testNamespace + "," + precheckName, "--timeout=2m"}
 	if got := job.Spec.Template.Spec.Containers[0].Args; !slices.Equal(got, wantArgs) {
 		t.Errorf("cleanup args %q, want %q", got, wantArgs)
 	}
@@ -447,7 +502,7 @@ func TestCleanupHook(t *testing.T) {
 		{APIGroups: []string{""}, Resources: []string{"configmaps"}, ResourceNames: []string{fullname + "-pools"}, Verbs: []string{"delete"}},
 		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, ResourceNames: []string{fullname + "-pools"}, Verbs: []string{"delete"}},
 		{APIGroups: []string{""}, Resources: []string{"configmaps"}, ResourceNames: []string{fullname + "-policy"}, Verbs: []string{"delete"}},
-		{APIGroups: []string{""}, Resources: []string{"pods"}, ResourceNames: []string{testNamespace}, Verbs: []string{"delete"}},
+		{APIGroups: []string{""}, Resources: []string{"pods"}, ResourceNames: []string{testNamespace, precheckName}, Verbs: []string{"delete"}},
 	}
 	if !reflect.DeepEqual(role.Rules, wantRole) {
 		t.Errorf("cleanup Role %+v\nwant %+v", role.Rules, wantRole)

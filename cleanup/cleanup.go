@@ -2,7 +2,7 @@
 // objects its chart installs: the probes' labels, annotations and
 // GPUDriverWedged condition on every Node, and the webhook's memory of pools
 // (a ConfigMap and its leader election Lease), the admission policy's switch
-// (a ConfigMap), and the helm test's pod. The chart's pre-delete hook
+// (a ConfigMap), and the helm test's pods. The chart's pre-delete hook
 // runs it (`gpu-injector cleanup`), so that helm uninstall leaves the
 // cluster as it found it.
 //

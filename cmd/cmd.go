@@ -1,6 +1,7 @@
 // Package cmd is gpu-injector's command line: each command's flags, checked
 // and turned into the options of the package that does the work (webhook,
-// nodeprobe, nriplugin, mutate, status), and the wiring the commands share.
+// nodeprobe, nriplugin, mutate, status, precheck), and the wiring the commands
+// share.
 // Those packages parse no flags; main dispatches to the functions here.
 package cmd
 

@@ -143,7 +143,7 @@ func (c *Collector) Collect(ctx context.Context) (*Report, error) {
 		return nil, err
 	}
 	c.readImagesUnread(ctx, &r.ImagesUnread)
-	r.Webhook.DryRun = c.dryRun(ctx, r.Namespaces)
+	r.Webhook.DryRun = c.TryPod(ctx, r.Namespaces)
 
 	// What needs an operator, in the order the report prints it.
 	switch {
@@ -330,34 +330,46 @@ func (c *Collector) readNodes(ctx context.Context, cfg *config.Configuration, r 
 	if err != nil {
 		return fmt.Errorf("failed to list nodes: %w", err)
 	}
-	for _, n := range list.Items {
-		var gpus int64
-		for name, q := range n.Status.Capacity {
-			if cfg.IsGPUResource(string(name)) {
-				gpus += q.Value()
-			}
-		}
-		_, hasLayout := n.Annotations[layout.AnnotationLayout]
-		state, hasState := n.Labels[layout.LabelState]
-		_, hasFP := n.Labels[layout.LabelFingerprint]
-		if !hasLayout && !hasState && !hasFP && gpus == 0 {
+	for i := range list.Items {
+		ns, ok := NodeStatusOf(&list.Items[i], cfg)
+		if !ok {
 			continue
 		}
-		ns := NodeStatus{Name: n.Name, State: state, GPUs: gpus, Unschedulable: n.Spec.Unschedulable,
-			Reason:        StateReason(n.Annotations),
-			DriverVersion: n.Labels[layout.LabelDriverVersion], Fingerprint: n.Labels[layout.LabelFingerprint],
-			NRIPlugin: n.Labels[layout.LabelNRIPlugin], DriverMounts: n.Labels[layout.LabelDriverMounts]}
-		if hasLayout {
-			if plan, err := layout.Decode(n.Annotations[layout.AnnotationLayout]); err == nil {
-				ns.Runtime = plan.RuntimeInjection
-			}
-		}
-		readStaleDriver(&ns, n.Annotations)
 		c.confirmStalePods(ctx, &ns)
 		r.Nodes = append(r.Nodes, ns)
 	}
 	sort.Slice(r.Nodes, func(i, j int) bool { return r.Nodes[i].Name < r.Nodes[j].Name })
 	return nil
+}
+
+// NodeStatusOf is the GPU NODES row of a Node, as its probe published it,
+// and false for a node with no layout, no probe state and no GPU capacity
+// of cfg's resources. The stale driver record's pods are as the node names
+// them: Collect keeps only those that run there.
+func NodeStatusOf(n *corev1.Node, cfg *config.Configuration) (NodeStatus, bool) {
+	var gpus int64
+	for name, q := range n.Status.Capacity {
+		if cfg.IsGPUResource(string(name)) {
+			gpus += q.Value()
+		}
+	}
+	_, hasLayout := n.Annotations[layout.AnnotationLayout]
+	state, hasState := n.Labels[layout.LabelState]
+	_, hasFP := n.Labels[layout.LabelFingerprint]
+	if !hasLayout && !hasState && !hasFP && gpus == 0 {
+		return NodeStatus{}, false
+	}
+	ns := NodeStatus{Name: n.Name, State: state, GPUs: gpus, Unschedulable: n.Spec.Unschedulable,
+		Reason:        StateReason(n.Annotations),
+		DriverVersion: n.Labels[layout.LabelDriverVersion], Fingerprint: n.Labels[layout.LabelFingerprint],
+		NRIPlugin: n.Labels[layout.LabelNRIPlugin], DriverMounts: n.Labels[layout.LabelDriverMounts]}
+	if hasLayout {
+		if plan, err := layout.Decode(n.Annotations[layout.AnnotationLayout]); err == nil {
+			ns.Runtime = plan.RuntimeInjection
+		}
+	}
+	readStaleDriver(&ns, n.Annotations)
+	return ns, true
 }
 
 // runtimeInjects says whether some ready GPU node puts the driver in at the
@@ -466,10 +478,10 @@ func eventTime(ev corev1.Event) time.Time {
 	return ev.CreationTimestamp.Time
 }
 
-// dryRunPod is the smallest GPU pod a user writes. It meets Pod Security's
-// restricted level, so that in a namespace enforcing it only what the
-// webhook adds can be refused.
-func dryRunPod() *corev1.Pod {
+// DryRunPod is the smallest GPU pod a user writes, the one the dry run
+// tries. It meets Pod Security's restricted level, so that in a namespace
+// enforcing it only what the webhook adds can be refused.
+func DryRunPod() *corev1.Pod {
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{GenerateName: "gpu-injector-status-", Labels: map[string]string{"app.kubernetes.io/name": "gpu-injector-status"}},
 		Spec: corev1.PodSpec{
@@ -486,9 +498,10 @@ func dryRunPod() *corev1.Pod {
 	}
 }
 
-// dryRun tries a GPU pod in an opted-in namespace, preferring one where Pod
-// Security allows hostPath, so that the answer is about the webhook.
-func (c *Collector) dryRun(ctx context.Context, namespaces []NamespaceStatus) DryRunLog {
+// TryPod is the report's dry run: the GPU pod tried in DryRunNamespace
+// when set, else in one of the opted-in namespaces, preferring one where
+// Pod Security allows hostPath, so that the answer is about the webhook.
+func (c *Collector) TryPod(ctx context.Context, namespaces []NamespaceStatus) DryRunLog {
 	if c.DryRunNamespace != "" {
 		return c.dryRunIn(ctx, c.DryRunNamespace)
 	}
@@ -508,10 +521,14 @@ func (c *Collector) dryRun(ctx context.Context, namespaces []NamespaceStatus) Dr
 }
 
 func (c *Collector) dryRunIn(ctx context.Context, ns string) DryRunLog {
+	return c.dryRunOf(ctx, ns, DryRunPod())
+}
+
+func (c *Collector) dryRunOf(ctx context.Context, ns string, pod *corev1.Pod) DryRunLog {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	pod, warnings, err := c.DryRun.DryRunPod(ctx, ns, dryRunPod())
-	return classify(ns, pod, warnings, err)
+	out, warnings, err := c.DryRun.DryRunPod(ctx, ns, pod)
+	return classify(ns, out, warnings, err)
 }
 
 func boolInt(b bool) int {
@@ -537,6 +554,7 @@ func classify(ns string, pod *corev1.Pod, warnings []string, err error) DryRunLo
 		}
 		return d
 	}
+	d.Policy = pod.Labels[layout.LabelAdmission] == layout.AdmissionPolicy
 	v, ok := pod.Annotations[layout.AnnotationInjected]
 	if !ok {
 		d.Outcome = DryRunUnchanged

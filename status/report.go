@@ -77,6 +77,9 @@ type DryRunLog struct {
 	NodeSelector  map[string]string `json:"nodeSelector,omitempty"`
 	RuntimeInject string            `json:"runtimeInject,omitempty"`
 	Warnings      []string          `json:"warnings,omitempty"`
+	// Policy: the chart's MutatingAdmissionPolicy admitted the pod (its label
+	// gpu-injector.io/admission=policy), so the webhook was not called.
+	Policy bool `json:"policy,omitempty"`
 }
 
 // ProbeStatus is the probe DaemonSet.

@@ -72,7 +72,7 @@ func Run(ctx context.Context, o Options, stdout io.Writer) (int, error) {
 	if err != nil {
 		return ExitError, fmt.Errorf("failed to create a Kubernetes client: %w", err)
 	}
-	c := &Collector{Client: client, DryRun: clientDryRunner{cfg: cfg}, Namespace: o.Namespace, DryRunNamespace: o.DryRunNamespace}
+	c := &Collector{Client: client, DryRun: NewDryRunner(cfg), Namespace: o.Namespace, DryRunNamespace: o.DryRunNamespace}
 	if o.DryRunOnly {
 		return dryRunOnly(ctx, c, stdout)
 	}
@@ -92,17 +92,9 @@ func dryRunOnly(ctx context.Context, c *Collector, stdout io.Writer) (int, error
 	if c.DryRunNamespace == "" {
 		return ExitUsage, fmt.Errorf("a dry run alone needs the namespace to try it in")
 	}
-	d := c.dryRunIn(ctx, c.DryRunNamespace)
-	// A namespace just created (the helm test's) has no default
-	// ServiceAccount until the controller manager adds it, and the API
-	// server refuses every pod there until then.
-	for wait := 0; d.Outcome == DryRunError && strings.Contains(d.Message, "error looking up service account") && wait < 60; wait++ {
-		select {
-		case <-ctx.Done():
-			return ExitError, fmt.Errorf("failed to try the GPU pod: %w", ctx.Err())
-		case <-time.After(c.retryEvery()):
-		}
-		d = c.dryRunIn(ctx, c.DryRunNamespace)
+	d, err := c.TryPodIn(ctx, c.DryRunNamespace)
+	if err != nil {
+		return ExitError, err
 	}
 	b, err := yaml.Marshal(d)
 	if err != nil {
@@ -115,6 +107,28 @@ func dryRunOnly(ctx context.Context, c *Collector, stdout io.Writer) (int, error
 		return ExitAttention, nil
 	}
 	return ExitOK, nil
+}
+
+// TryPodIn tries the GPU pod in ns, and again while ns has no default
+// ServiceAccount: a namespace just created (the helm test's) has none until
+// the controller manager adds it, and the API server refuses every pod
+// there until then. An error means ctx ended first.
+func (c *Collector) TryPodIn(ctx context.Context, ns string) (DryRunLog, error) {
+	return c.TryPodOf(ctx, ns, DryRunPod())
+}
+
+// TryPodOf is TryPodIn with another pod than DryRunPod.
+func (c *Collector) TryPodOf(ctx context.Context, ns string, pod *corev1.Pod) (DryRunLog, error) {
+	d := c.dryRunOf(ctx, ns, pod.DeepCopy())
+	for wait := 0; d.Outcome == DryRunError && strings.Contains(d.Message, "error looking up service account") && wait < 60; wait++ {
+		select {
+		case <-ctx.Done():
+			return d, fmt.Errorf("failed to try the GPU pod: %w", ctx.Err())
+		case <-time.After(c.retryEvery()):
+		}
+		d = c.dryRunOf(ctx, ns, pod.DeepCopy())
+	}
+	return d, nil
 }
 
 // exitStatus is ExitAttention when the report lists anything to act on.
@@ -159,6 +173,9 @@ func write(w io.Writer, r *Report, o Options) error {
 // warning handler keeps the admission warnings (the webhook's among them)
 // for the report instead of printing them to stderr.
 type clientDryRunner struct{ cfg *rest.Config }
+
+// NewDryRunner sends dry runs to the API server cfg reaches.
+func NewDryRunner(cfg *rest.Config) DryRunner { return clientDryRunner{cfg: cfg} }
 
 type warnings struct {
 	mu   sync.Mutex

@@ -49,7 +49,7 @@ func (s *stubDryRun) DryRunPod(_ context.Context, ns string, pod *corev1.Pod) (*
 }
 
 func injectedPod(fp string) *corev1.Pod {
-	p := dryRunPod()
+	p := DryRunPod()
 	p.Annotations = map[string]string{layout.AnnotationInjected: fmt.Sprintf(`{"fingerprint":%q,"driverVersion":"550.54.14","containers":["gpu"]}`, fp)}
 	p.Spec.NodeSelector = map[string]string{layout.LabelFingerprint: fp}
 	p.Spec.Volumes = []corev1.Volume{{Name: "nvidia-lib", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/usr/lib/nvidia-550"}}}}
@@ -211,7 +211,7 @@ func TestAttention(t *testing.T) {
 			want:   "is denied: ",
 		},
 		"admitted unchanged": {
-			dryRun: &stubDryRun{pod: dryRunPod()},
+			dryRun: &stubDryRun{pod: DryRunPod()},
 			want:   "admitted without injection",
 		},
 		"no configuration": {
@@ -341,7 +341,7 @@ func TestDryRunPrefersNamespaceThatAllowsHostPath(t *testing.T) {
 }
 
 func TestDryRunWarningsAndRuntimeMarker(t *testing.T) {
-	p := dryRunPod()
+	p := DryRunPod()
 	p.Annotations = map[string]string{layout.AnnotationInjected: `{"runtime":"nri","containers":["gpu"]}`, layout.AnnotationRuntimeInject: "gpu"}
 	r := collect(t, &stubDryRun{pod: p, warnings: []string{"namespace ml enforces baseline"}}, healthy()...)
 	var out bytes.Buffer
@@ -371,6 +371,15 @@ func TestClassify(t *testing.T) {
 				t.Errorf("outcome %s, want %s", got.Outcome, tc.want)
 			}
 		})
+	}
+	// The chart's admission policy's mark says who answered.
+	p := injectedPod("fp-gpu-a")
+	if d := classify("ml", p, nil, nil); d.Policy {
+		t.Errorf("a pod the webhook injected: %+v", d)
+	}
+	p.Labels = map[string]string{layout.LabelAdmission: layout.AdmissionPolicy}
+	if d := classify("ml", p, nil, nil); !d.Policy || d.Outcome != DryRunInjected {
+		t.Errorf("a pod the admission policy marked: %+v", d)
 	}
 }
 
@@ -557,7 +566,7 @@ func TestDryRunOnly(t *testing.T) {
 		says string
 	}{
 		"injected":  {dr: &stubDryRun{pod: injectedPod("fp-gpu-a")}, want: ExitOK, says: "fingerprint: fp-gpu-a"},
-		"unchanged": {dr: &stubDryRun{pod: dryRunPod()}, want: ExitAttention, says: "outcome: unchanged"},
+		"unchanged": {dr: &stubDryRun{pod: DryRunPod()}, want: ExitAttention, says: "outcome: unchanged"},
 		"denied": {dr: &stubDryRun{err: errors.New(`admission webhook "pods.gpu-injector.io" denied the request: no layout`)},
 			want: ExitAttention, says: "outcome: denied"},
 	} {

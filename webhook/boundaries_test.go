@@ -13,7 +13,8 @@ const module = "github.com/gpu-injector/gpu-injector"
 // TestPackageBoundaries keeps the arrows between the webhook's three rooms
 // one way (docs/webhook.md): the injection talks to no cluster, the node
 // index never reaches into the admission server, and the offline
-// `gpu-injector mutate` links neither the server nor what only it needs.
+// `gpu-injector mutate` and `gpu-injector precheck` link neither the server
+// nor what only it needs.
 func TestPackageBoundaries(t *testing.T) {
 	// Trees: a path and everything below it.
 	cluster := []string{"k8s.io/client-go", "sigs.k8s.io/controller-runtime", "k8s.io/apiserver", "net/http/httptest"}
@@ -23,6 +24,7 @@ func TestPackageBoundaries(t *testing.T) {
 		module + "/webhook/inject":   {[]string{module + "/webhook", module + "/webhook/gpunodes"}, cluster},
 		module + "/webhook/gpunodes": {[]string{module + "/webhook"}, nil},
 		module + "/mutate":           {[]string{module + "/webhook"}, []string{"github.com/open-policy-agent/cert-controller", "sigs.k8s.io/controller-runtime/pkg/manager", "sigs.k8s.io/controller-runtime/pkg/webhook"}},
+		module + "/precheck":         {[]string{module + "/webhook"}, []string{"github.com/open-policy-agent/cert-controller", "sigs.k8s.io/controller-runtime/pkg/manager", "sigs.k8s.io/controller-runtime/pkg/webhook"}},
 	}
 	for pkg, tc := range tests {
 		t.Run(filepath.Base(pkg), func(t *testing.T) {

@@ -199,8 +199,8 @@ func normalize(v any) any {
 var succeeded = regexp.MustCompile(`Phase:\s+Succeeded`)
 
 // TestHelmTest: helm test passes against the running release, twice in a row
-// (the kept pod of the first is replaced), prints the webhook's answer with
-// --logs, and fails while no webhook replica answers.
+// (the kept pods of the first are replaced), prints the webhook's answer and
+// precheck's report with --logs, and fails while no webhook replica answers.
 func TestHelmTest(t *testing.T) {
 	ctx := context.Background()
 	for i := range 2 {
@@ -210,6 +210,9 @@ func TestHelmTest(t *testing.T) {
 		}
 		if !succeeded.MatchString(out) || !strings.Contains(out, "outcome: injected") {
 			t.Fatalf("helm test, run %d, did not report the injected pod:\n%s", i+1, out)
+		}
+		if !strings.Contains(out, "GPU NODES") || !strings.Contains(out, "WEBHOOK        ok: ") {
+			t.Fatalf("helm test, run %d, did not print precheck's report:\n%s", i+1, out)
 		}
 		if i == 0 {
 			t.Logf("helm test:\n%s", out)
@@ -297,9 +300,11 @@ func TestUninstall(t *testing.T) {
 	if _, err := client().CoordinationV1().Leases(env.Namespace).Get(ctx, pools, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("Lease %s: %v, want it deleted", pools, err)
 	}
-	// The helm test's pod is a hook, which helm keeps: the cleanup deletes it.
-	if _, err := client().CoreV1().Pods(env.Namespace).Get(ctx, env.Release+"-test", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
-		t.Errorf("the helm test's pod: %v, want it deleted", err)
+	// The helm test's pods are hooks, which helm keeps: the cleanup deletes them.
+	for _, pod := range []string{env.Release + "-test", env.Release + "-precheck"} {
+		if _, err := client().CoreV1().Pods(env.Namespace).Get(ctx, pod, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			t.Errorf("the helm test's pod %s: %v, want it deleted", pod, err)
+		}
 	}
 	poll(t, 2*time.Minute, "the helm test's namespace to go", func(ctx context.Context) (bool, error) {
 		_, err := client().CoreV1().Namespaces().Get(ctx, env.Release+"-test", metav1.GetOptions{})

@@ -425,32 +425,40 @@ func (idx *Index) admit(f *nodeFacts, st *nodeState) {
 		st.fingerprint = label
 		return
 	}
-	reject := func(reason string, err error) {
+	plan, reason, err := CheckPublished(st.source.annotation.Value(), f.hasLayout, label, idx.rules)
+	if err != nil {
 		st.rejected = true
 		layoutsRejected.WithLabelValues(reason).Inc()
 		idx.log.Info("ignoring the layout published by node", "node", f.info.Name, "reason", reason, "error", err.Error())
-	}
-	if !f.hasLayout {
-		reject(RejectDecode, fmt.Errorf("node is labelled %s=%s but has no %s annotation", layout.LabelState, layout.StateReady, layout.AnnotationLayout))
-		return
-	}
-	plan, err := layout.Decode(st.source.annotation.Value())
-	if err != nil {
-		reject(RejectDecode, err)
-		return
-	}
-	if errs := plan.Validate(idx.rules); len(errs) > 0 {
-		reject(RejectInvalid, errs.ToAggregate())
-		return
-	}
-	if fp := plan.Fingerprint(); fp != label {
-		reject(RejectFingerprint, fmt.Errorf("label %s is %q but the layout's fingerprint is %q", layout.LabelFingerprint, label, fp))
 		return
 	}
 	st.fingerprint = label
 	if _, ok := idx.layouts[label]; !ok {
 		idx.layouts[label] = &layoutState{plan: plan, source: st.source}
 	}
+}
+
+// CheckPublished is the index's test of the layout a ready node publishes:
+// its layout annotation (has: whether the node has one) and fingerprint
+// label. It
+// returns the plan the node lends, or the rejection's reason (RejectDecode,
+// RejectInvalid, RejectFingerprint) and what is wrong, so that a command that
+// explains a node says exactly why the webhook ignores it.
+func CheckPublished(annotation string, has bool, fingerprint string, rules layout.Rules) (layout.Plan, string, error) {
+	if !has {
+		return layout.Plan{}, RejectDecode, fmt.Errorf("node is labelled %s=%s but has no %s annotation", layout.LabelState, layout.StateReady, layout.AnnotationLayout)
+	}
+	plan, err := layout.Decode(annotation)
+	if err != nil {
+		return layout.Plan{}, RejectDecode, err
+	}
+	if errs := plan.Validate(rules); len(errs) > 0 {
+		return layout.Plan{}, RejectInvalid, errs.ToAggregate()
+	}
+	if fp := plan.Fingerprint(); fp != fingerprint {
+		return layout.Plan{}, RejectFingerprint, fmt.Errorf("label %s is %q but the layout's fingerprint is %q", layout.LabelFingerprint, fingerprint, fp)
+	}
+	return plan, "", nil
 }
 
 // putNode inserts or replaces a node in its layout. A node list that may be
@@ -580,7 +588,7 @@ func (idx *Index) factsOf(n *corev1.Node, old *nodeState, dra int64) nodeFacts {
 	if !probedNodes.Matches(labels.Set(n.Labels)) {
 		return f
 	}
-	f.selected, f.dra, f.ready, f.unschedulable = true, dra, nodeReady(n), n.Spec.Unschedulable
+	f.selected, f.dra, f.ready, f.unschedulable = true, dra, NodeReady(n), n.Spec.Unschedulable
 	if old != nil && old.info.Labels.SameAs(n.Labels) {
 		info.Labels = old.info.Labels
 	} else {

@@ -121,7 +121,9 @@ func (idx *Index) setPoolMember(name string, old, st *nodeState, f *nodeFacts) b
 	return (old != nil && old.isMember) || (st != nil && st.isMember)
 }
 
-func nodeReady(n *corev1.Node) bool {
+// NodeReady reports the kubelet's Ready condition: only a Ready node lends
+// its layout to the index.
+func NodeReady(n *corev1.Node) bool {
 	for _, c := range n.Status.Conditions {
 		if c.Type == corev1.NodeReady {
 			return c.Status == corev1.ConditionTrue

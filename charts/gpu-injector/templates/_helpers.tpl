@@ -261,6 +261,10 @@ other setting stays. The install and test hooks run with the same.
 {{- printf "%s-test" (include "gpu-injector.fullname" .) }}
 {{- end }}
 
+{{- define "gpu-injector.tests.precheckName" -}}
+{{- printf "%s-precheck" (include "gpu-injector.fullname" .) }}
+{{- end }}
+
 {{- define "gpu-injector.tests.labels" -}}
 {{ include "gpu-injector.labels" . }}
 app.kubernetes.io/component: test
