@@ -389,7 +389,9 @@ func (c *Collector) readNamespaces(ctx context.Context, cfg *config.Configuratio
 	if err != nil {
 		return fmt.Errorf("failed to list namespaces: %w", err)
 	}
-	runtime := runtimeInjects(r.Nodes)
+	// With no GPU node yet (every pool at zero), the webhook marks a GPU pod
+	// for the runtime of the node that will take it, which needs no hostPath.
+	runtime := runtimeInjects(r.Nodes) || (len(r.Nodes) == 0 && cfg.DriverDelivery != config.DeliveryHostPath)
 	for _, ns := range list.Items {
 		s := NamespaceStatus{Name: ns.Name, Enforce: ns.Labels[labelEnforce]}
 		s.Excluded = ns.Name == own || slices.Contains(cfg.ExcludedNamespaces, ns.Name)

@@ -609,3 +609,25 @@ func (s *noServiceAccountYet) DryRunPod(ctx context.Context, ns string, pod *cor
 	}
 	return s.stubDryRun.DryRunPod(ctx, ns, pod)
 }
+
+// TestBaselineNamespaceWithPoolsAtZero: with no GPU node yet, a baseline
+// namespace's GPU pods are marked for the runtime of the node an autoscaler
+// adds, not refused; under HostPath they would be.
+func TestBaselineNamespaceWithPoolsAtZero(t *testing.T) {
+	objs := []runtime.Object{
+		webhookDeployment(2, 2), probeDaemonSet(0, 0), webhookConfiguration(), configMap(""),
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "plain"}},
+		namespace("ml-baseline", optedIn("baseline")),
+	}
+	r := collect(t, &stubDryRun{pod: injectedPod("fp-gpu-a")}, objs...)
+	for _, ns := range r.Namespaces {
+		if ns.Refused != "" {
+			t.Errorf("namespace %s flagged with no GPU node: %s", ns.Name, ns.Refused)
+		}
+	}
+	objs[3] = configMap("apiVersion: config.gpu-injector.io/v1alpha1\nkind: InjectorConfiguration\ndriverDelivery: HostPath\n")
+	r = collect(t, &stubDryRun{pod: injectedPod("fp-gpu-a")}, objs...)
+	if len(r.Namespaces) != 1 || r.Namespaces[0].Refused != refusedMessage {
+		t.Errorf("under HostPath, namespaces %+v, want ml-baseline refused", r.Namespaces)
+	}
+}
