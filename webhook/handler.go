@@ -16,7 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/gpu-injector/gpu-injector/config"
-	"github.com/gpu-injector/gpu-injector/internal/imageconfig"
+	"github.com/gpu-injector/gpu-injector/webhook/admitinput"
 	"github.com/gpu-injector/gpu-injector/webhook/gpunodes"
 	"github.com/gpu-injector/gpu-injector/webhook/inject"
 )
@@ -24,32 +24,18 @@ import (
 // Path is where the API server sends Pod admission reviews.
 const Path = "/mutate-v1-pod"
 
-// LayoutSource gives the current candidate layouts and the nodes whose
-// driver is wedged; *Index is one.
-type LayoutSource interface {
-	Layouts() []*inject.Layout
-	Wedged() []*inject.WedgedNode
-}
-
-// NamespaceLabeler gives a namespace's labels for the Pod Security check.
-type NamespaceLabeler interface {
-	NamespaceLabels(ctx context.Context, name string) (map[string]string, error)
-}
-
 // Handler admits Pod CREATE requests through the pure Mutate.
 type Handler struct {
-	cfg        *config.Configuration
-	layouts    LayoutSource
-	namespaces NamespaceLabeler
-	dra        *gpunodes.DRA
-	images     ImageReader
-	secrets    imageconfig.SecretGetter
+	input admitinput.Builder
 }
 
 // WithDRA makes the handler recognise GPUs that come through DRA: claims of
-// GPU DeviceClasses and the extended resources those classes serve.
+// GPU DeviceClasses and the extended resources those classes serve. A nil d
+// (an API server that serves no DRA) leaves them unrecognised.
 func (h *Handler) WithDRA(d *gpunodes.DRA) *Handler {
-	h.dra = d
+	if d != nil {
+		h.input.DRA = d
+	}
 	return h
 }
 
@@ -57,8 +43,8 @@ var _ admission.Handler = &Handler{}
 
 // NewHandler returns a handler; namespaces may be nil, then Pod Security
 // levels are not checked.
-func NewHandler(cfg *config.Configuration, layouts LayoutSource, namespaces NamespaceLabeler) *Handler {
-	return &Handler{cfg: cfg, layouts: layouts, namespaces: namespaces}
+func NewHandler(cfg *config.Configuration, layouts admitinput.LayoutSource, namespaces admitinput.NamespaceLabeler) *Handler {
+	return &Handler{input: admitinput.Builder{Config: cfg, Layouts: layouts, Namespaces: namespaces}}
 }
 
 var podKind = metav1.GroupVersionKind{Group: "", Version: "v1", Kind: "Pod"}
@@ -87,46 +73,13 @@ func (h *Handler) Handle(ctx context.Context, req admission.Request) admission.R
 
 // admit decides on a pod CREATE request's decoded pod.
 func (h *Handler) admit(ctx context.Context, namespace string, uid types.UID, pod *corev1.Pod) admission.Response {
-	// At CREATE the pod's namespace may be unset; the request's is the truth.
-	// No edit touches it, so the patch never carries it.
-	pod.Namespace = namespace
 	// controller-runtime's request logger already carries namespace, user and requestID.
 	log := logf.FromContext(ctx).WithValues("pod", podName(pod))
-
-	var nsLabels map[string]string
-	if h.namespaces != nil {
-		var err error
-		if nsLabels, err = h.namespaces.NamespaceLabels(ctx, namespace); err != nil {
-			// The API server's own Pod Security admission still enforces the
-			// level; only our early warning is lost.
-			log.Error(err, "failed to get the namespace's labels; the Pod Security check is skipped")
-		}
-	}
 
 	// The patch is the mutation's own operations, each at a path it names:
 	// no diff of the pod, and a field this build's API types do not know (a
 	// newer API server's) is never in a patch, so it is never removed.
-	in := inject.Input{Pod: pod, NamespaceLabels: nsLabels, Layouts: h.layouts.Layouts(), Wedged: h.layouts.Wedged(), Seed: inject.Seed(string(uid))}
-	var draWarnings []string
-	if h.dra != nil {
-		in.GPUResources = h.dra.GPUResources()
-		if len(pod.Spec.ResourceClaims) > 0 {
-			in.GPUClaims, draWarnings = h.dra.GPUClaims(ctx, pod, namespace)
-			for _, w := range draWarnings {
-				log.Error(nil, "failed to read a claim of the pod; it is not counted as a GPU claim", "detail", w)
-			}
-		}
-	}
-	images := h.readImages(ctx, pod)
-	in.Images, in.ImagesUnread = images.configs, images.unread
-	for _, w := range images.warnings {
-		log.Info("admitting without an image's configuration", "detail", w)
-	}
-	res := inject.MutateContext(ctx, in, h.cfg)
-	for _, w := range draWarnings {
-		res.Warnings = append(res.Warnings, inject.WarnPrefix+w+"; the claim was not counted as a GPU claim")
-	}
-	res.Warnings = append(res.Warnings, images.warnings...)
+	res := h.input.Decide(logf.IntoContext(ctx, log), pod, namespace, uid)
 
 	log = log.WithValues("decision", res.Decision, "reason", res.Reason)
 	if res.Layout != nil {

@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
@@ -29,6 +30,8 @@ import (
 	"github.com/gpu-injector/gpu-injector/config"
 	"github.com/gpu-injector/gpu-injector/layout"
 	"github.com/gpu-injector/gpu-injector/layout/pools"
+	"github.com/gpu-injector/gpu-injector/internal/imageconfig"
+	"github.com/gpu-injector/gpu-injector/webhook/admitinput"
 	"github.com/gpu-injector/gpu-injector/webhook/gpunodes"
 	"github.com/gpu-injector/gpu-injector/webhook/inject"
 	"github.com/gpu-injector/gpu-injector/webhook/internal/gputest"
@@ -195,13 +198,46 @@ func decodeDRA(t testing.TB, kind string, doc []byte) (any, bool) {
 	return obj, true
 }
 
-// Input builds the mutation's input as the webhook would: layouts from the
-// nodes, counted with the case's ResourceSlices, and the DRA facts.
+// Input builds the mutation's input as the webhook does, through its
+// builder: layouts from the nodes, counted with the case's ResourceSlices,
+// the pool memory, the DRA facts, the namespace's labels and what the
+// case's registry says of the images.
 func (gc Case) Input(t *testing.T, pod *corev1.Pod) inject.Input {
 	t.Helper()
 	idx, d := gc.Sources(t)
-	claims, _ := d.GPUClaims(context.Background(), pod, pod.Namespace)
-	return inject.Input{Pod: pod, NamespaceLabels: gc.NamespaceLabels, Layouts: idx.Layouts(), Wedged: idx.Wedged(), GPUResources: d.GPUResources(), GPUClaims: claims, Images: gc.Images, ImagesUnread: gc.ImagesUnread}
+	// The case gives what a registry said of its images: they are read as
+	// with images.mode On, whatever its configuration says of reading.
+	cfg := *gc.Config
+	cfg.Images.Mode = config.ImagesOn
+	cfg.Images.Namespaces = nil
+	b := admitinput.Builder{Config: &cfg, Layouts: idx, Namespaces: caseNamespace(gc.NamespaceLabels), DRA: d, Images: caseImages(gc)}
+	in, _ := b.Build(context.Background(), pod, pod.Namespace, "")
+	// No request names a case: every case chooses with the seed 0.
+	in.Seed = 0
+	return in
+}
+
+// caseNamespace is the case's Namespace, whatever the pod's namespace.
+type caseNamespace map[string]string
+
+func (c caseNamespace) NamespaceLabels(context.Context, string) (map[string]string, error) {
+	return c, nil
+}
+
+// caseImages is the case's registry: the images of its ImageConfig
+// documents, and the answers of its ImageUnread documents.
+type caseImages Case
+
+func (c caseImages) Read(_ context.Context, image string, _ imageconfig.Credentials) (*imageconfig.Facts, error) {
+	if ic, ok := c.Images[image]; ok {
+		return &imageconfig.Facts{Env: ic.Env, Labels: ic.Labels}, nil
+	}
+	for _, u := range c.ImagesUnread {
+		if u.Image == image {
+			return nil, &imageconfig.Error{Image: image, Err: errors.New(u.Reason)}
+		}
+	}
+	return nil, &imageconfig.Error{Image: image, Err: imageconfig.ErrNotListed}
 }
 
 // Sources are the case's node index and DRA objects.
