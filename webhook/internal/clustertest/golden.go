@@ -28,9 +28,9 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/gpu-injector/gpu-injector/config"
+	"github.com/gpu-injector/gpu-injector/internal/imageconfig"
 	"github.com/gpu-injector/gpu-injector/layout"
 	"github.com/gpu-injector/gpu-injector/layout/pools"
-	"github.com/gpu-injector/gpu-injector/internal/imageconfig"
 	"github.com/gpu-injector/gpu-injector/webhook/admitinput"
 	"github.com/gpu-injector/gpu-injector/webhook/gpunodes"
 	"github.com/gpu-injector/gpu-injector/webhook/inject"
