@@ -8,6 +8,7 @@ import (
 
 	"github.com/gpu-injector/gpu-injector/config"
 	"github.com/gpu-injector/gpu-injector/mutate"
+	"github.com/gpu-injector/gpu-injector/webhook/admitinput/offline"
 )
 
 type mutateFlags struct {
@@ -59,13 +60,13 @@ func Mutate(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	}
 	switch {
 	case len(f.images) > 0:
-		local, err := mutate.ReadLocalImages(f.images)
+		local, err := offline.ReadLocalImages(f.images)
 		if err != nil {
 			return err
 		}
 		f.opts.Images = local
 	case f.pull:
-		f.opts.Images = mutate.NewPulledImages(&f.opts.Config.Images)
+		f.opts.Images = offline.NewPulledImages(&f.opts.Config.Images)
 	}
 	return mutate.Run(f.opts, stdin, stdout, stderr)
 }

@@ -8,11 +8,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	clocktesting "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/yaml"
 
 	"github.com/gpu-injector/gpu-injector/config"
-	"github.com/gpu-injector/gpu-injector/webhook/gpunodes"
+	"github.com/gpu-injector/gpu-injector/webhook/admitinput/offline"
 )
 
 // FuzzManifests feeds `gpu-injector mutate` arbitrary input: a YAML or JSON
@@ -21,16 +23,12 @@ import (
 // same kind, name and namespace; a document left alone keeps its bytes; and
 // mutating the output again changes nothing.
 func FuzzManifests(f *testing.F) {
-	nodes, err := ReadNodes(nodesFile)
-	if err != nil {
+	var cluster offline.Cluster
+	if err := cluster.AddFile(nodesFile, nil); err != nil {
 		f.Fatal(err)
 	}
-	cfg := config.Default()
-	idx := gpunodes.NewIndex(cfg, stderrLogger(io.Discard))
-	for i := range nodes {
-		idx.Update(&nodes[i])
-	}
-	m := &mutator{cfg: cfg, layouts: idx.Layouts(), namespace: "default", stderr: io.Discard}
+	input, _ := cluster.Builder(config.Default(), clocktesting.NewFakePassiveClock(time.Date(2026, 3, 8, 12, 0, 0, 0, time.UTC)), logr.Discard())
+	m := &mutator{input: input, namespace: "default", stderr: io.Discard}
 
 	classic, err := os.ReadFile("testdata/classic.yaml")
 	if err != nil {
@@ -49,12 +47,12 @@ func FuzzManifests(f *testing.F) {
 
 	f.Fuzz(func(t *testing.T, data []byte) {
 		start := time.Now()
-		docs, isJSON, err := splitDocuments(data)
+		docs, isJSON, err := offline.SplitDocuments(data)
 		if err != nil {
 			return
 		}
 		for _, doc := range docs {
-			out, err := m.document(doc, isJSON)
+			out, err := mutateDocument(m, doc, isJSON)
 			if d := time.Since(start); d > 2*time.Second {
 				t.Fatalf("%d bytes took %v", len(data), d)
 			}
@@ -79,11 +77,11 @@ func FuzzManifests(f *testing.F) {
 			if isJSON && !json.Valid(out) {
 				t.Fatalf("output is not JSON:\n%s", out)
 			}
-			split, again, err := splitDocuments(out)
+			split, again, err := offline.SplitDocuments(out)
 			if err != nil || len(split) != 1 || again != isJSON {
 				t.Fatalf("output splits into %d documents (%v):\n%s", len(split), err, out)
 			}
-			out2, err := m.document(out, isJSON)
+			out2, err := mutateDocument(m, out, isJSON)
 			if err != nil {
 				t.Fatalf("mutating the output fails: %v\n%s", err, out)
 			}
@@ -92,4 +90,10 @@ func FuzzManifests(f *testing.F) {
 			}
 		}
 	})
+}
+
+// mutateDocument decodes doc and mutates it, as Run does.
+func mutateDocument(m *mutator, doc []byte, isJSON bool) ([]byte, error) {
+	decoded, errs := offline.Decode([][]byte{doc})
+	return m.document(doc, decoded[0], errs[0], isJSON)
 }

@@ -20,6 +20,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"github.com/gpu-injector/gpu-injector/config"
+	"github.com/gpu-injector/gpu-injector/webhook/admitinput"
+	"github.com/gpu-injector/gpu-injector/webhook/admitinput/offline"
 )
 
 const cudaNodesFile = "../webhook/inject/testdata/nodes-cuda.yaml"
@@ -57,7 +59,7 @@ spec:
 `
 }
 
-func runWithImages(t *testing.T, src ImageSource, in string) (string, string, error) {
+func runWithImages(t *testing.T, src admitinput.ImageReader, in string) (string, string, error) {
 	t.Helper()
 	cfg := config.Default()
 	cfg.Images.Mode = config.ImagesOn
@@ -109,7 +111,7 @@ func TestLocalImages(t *testing.T) {
 	if err := tarball.WriteToFile(tarFile, tag, newer); err != nil {
 		t.Fatal(err)
 	}
-	local, err := ReadLocalImages([]string{filepath.Join(dir, "oci"), tarFile})
+	local, err := offline.ReadLocalImages([]string{filepath.Join(dir, "oci"), tarFile})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,7 +149,7 @@ func TestPulledImages(t *testing.T) {
 	cfg := config.Default()
 	cfg.Images.Registries = []string{host}
 	cfg.Images.InsecureRegistries = []string{host}
-	out, stderr, err := runWithImages(t, NewPulledImages(&cfg.Images), manifest(host+"/team/app:v1", host+"/team/newer:v2"))
+	out, stderr, err := runWithImages(t, offline.NewPulledImages(&cfg.Images), manifest(host+"/team/app:v1", host+"/team/newer:v2"))
 	checkImageOutput(t, out, stderr, err)
 	if strings.Contains(stderr, "images.mode") {
 		t.Errorf("with images.mode On, stderr warns of it:\n%s", stderr)

@@ -3,14 +3,11 @@
 package mutate
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 
 	jsonpatchv5 "github.com/evanphx/json-patch/v5"
@@ -20,11 +17,14 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
-	"sigs.k8s.io/controller-runtime/pkg/client"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/clock"
 	"sigs.k8s.io/yaml"
 
 	"github.com/gpu-injector/gpu-injector/config"
+	"github.com/gpu-injector/gpu-injector/internal/wallclock"
+	"github.com/gpu-injector/gpu-injector/webhook/admitinput"
+	"github.com/gpu-injector/gpu-injector/webhook/admitinput/offline"
 	"github.com/gpu-injector/gpu-injector/webhook/gpunodes"
 	"github.com/gpu-injector/gpu-injector/webhook/inject"
 )
@@ -47,10 +47,13 @@ var templatePaths = map[string][]string{
 // Options say what to mutate, against which cluster.
 type Options struct {
 	// File holds the manifests: multi-document YAML or JSON of Pods and
-	// workloads; "-" reads stdin.
+	// workloads, and the Namespaces, claims, claim templates and
+	// DeviceClasses applied with them; "-" reads stdin.
 	File string
-	// NodeFiles hold Node objects (YAML or JSON; `kubectl get nodes -o
-	// yaml` output works as is), and any DRA objects that come with them.
+	// NodeFiles hold the cluster (YAML or JSON, also Lists): Node objects
+	// (`kubectl get nodes -o yaml` and `gpu-injector nodeprobe --once`
+	// output work as they are), Namespaces, DRA objects and the pool
+	// memory's ConfigMap.
 	NodeFiles []string
 	// Config is the injector configuration; nil means the defaults.
 	Config *config.Configuration
@@ -58,7 +61,9 @@ type Options struct {
 	Namespace string
 	// Images, when set, give the images' configuration, as the webhook
 	// reads it from registries with images.mode On.
-	Images ImageSource
+	Images admitinput.ImageReader
+	// Clock ages the pool memory's entries; nil is the real clock.
+	Clock clock.PassiveClock
 }
 
 // Run prints the documents of opts.File to stdout as the webhook would mutate
@@ -73,83 +78,113 @@ func Run(opts Options, stdin io.Reader, stdout, stderr io.Writer) error {
 	if namespace == "" {
 		namespace = "default"
 	}
-	var nodes []corev1.Node
-	var draObjects []client.Object
+	clk := opts.Clock
+	if clk == nil {
+		clk = wallclock.Real()
+	}
+	var cluster offline.Cluster
+	nodesStdin := stdin
+	if opts.File == "-" {
+		nodesStdin = nil
+	}
 	for _, nf := range opts.NodeFiles {
-		ns, objs, err := readCluster(nf)
-		if err != nil {
+		if err := cluster.AddFile(nf, nodesStdin); err != nil {
 			return err
 		}
-		nodes = append(nodes, ns...)
-		draObjects = append(draObjects, objs...)
 	}
-	in, err := readInput(opts.File, stdin)
+	in, err := offline.ReadFile(opts.File, stdin)
 	if err != nil {
 		return err
 	}
-	docs, isJSON, err := splitDocuments(in)
+	docs, isJSON, err := offline.SplitDocuments(in)
 	if err != nil {
 		return fmt.Errorf("failed to read %s: %w", opts.File, err)
 	}
-	// Claims and claim templates applied with the workloads say which pods
-	// claim GPUs, as the cluster's would.
-	for _, doc := range docs {
-		if obj := draDocument(doc, namespace); obj != nil {
-			draObjects = append(draObjects, obj)
-		}
+	decoded, decodeErrs := offline.Decode(docs)
+	if err := addApplied(&cluster, decoded, namespace); err != nil {
+		return fmt.Errorf("failed to read %s: %w", opts.File, err)
 	}
-	idx := gpunodes.NewIndex(cfg, stderrLogger(stderr))
-	dra := gpunodes.NewDRA(cfg, idx, nil, stderrLogger(stderr))
-	for _, o := range draObjects {
-		dra.Add(o)
-	}
-	for i := range nodes {
-		idx.Update(&nodes[i])
-	}
-	layouts := idx.Layouts()
-	// With driverDelivery: Runtime no layout is read: the node a pod lands
-	// on mounts its own driver.
-	if len(layouts) == 0 && cfg.DriverDelivery != config.DeliveryRuntime {
-		fmt.Fprintf(stderr, "warning: none of the %d nodes publishes a usable layout\n", len(nodes))
-	}
-	if w := idx.Wedged(); len(w) > 0 {
-		fmt.Fprintf(stderr, "warning: %d nodes have a wedged NVIDIA driver and get no GPU pods\n", len(w))
+	input, notes := cluster.Builder(cfg, clk, stderrLogger(stderr))
+	input.Images = opts.Images
+	for _, n := range notes {
+		fmt.Fprintf(stderr, "warning: %s\n", n)
 	}
 	if opts.Images != nil && cfg.Images.Mode != config.ImagesOn {
 		// The images were asked for, so they are read; the warning says
 		// whose answer this is not.
 		fmt.Fprintf(stderr, "warning: mutate reads the images, as asked, but the webhook itself does not read images (config images.mode: %s); its answer would differ wherever an image's configuration counts\n", cfg.Images.Mode)
 	}
-	m := &mutator{cfg: cfg, layouts: layouts, wedged: idx.Wedged(), dra: dra, namespace: namespace, stderr: stderr, images: opts.Images}
-	var out [][]byte
+	m := &mutator{input: input, namespace: namespace, stderr: stderr}
+	out := make([][]byte, len(docs))
 	for i, doc := range docs {
-		res, err := m.document(doc, isJSON)
-		if err != nil {
+		if out[i], err = m.document(doc, decoded[i], decodeErrs[i], isJSON); err != nil {
 			return fmt.Errorf("failed to mutate document %d of %s: %w", i+1, opts.File, err)
 		}
-		out = append(out, res)
 	}
+	if err := write(stdout, out, isJSON); err != nil {
+		return err
+	}
+	if m.denied > 0 {
+		return fmt.Errorf("%w: %d denied", ErrDenied, m.denied)
+	}
+	return nil
+}
+
+// write prints the documents as a stream of the input's kind.
+func write(stdout io.Writer, out [][]byte, isJSON bool) error {
 	if isJSON {
 		for _, o := range out {
 			if _, err := stdout.Write(append(o, '\n')); err != nil {
 				return err
 			}
 		}
-	} else {
-		for i, o := range out {
-			if i > 0 {
-				fmt.Fprintln(stdout, "---")
-			}
-			if _, err := stdout.Write(o); err != nil {
-				return err
-			}
-			if len(o) > 0 && o[len(o)-1] != '\n' {
-				fmt.Fprintln(stdout)
-			}
+		return nil
+	}
+	for i, o := range out {
+		if i > 0 {
+			fmt.Fprintln(stdout, "---")
+		}
+		if _, err := stdout.Write(o); err != nil {
+			return err
+		}
+		if len(o) > 0 && o[len(o)-1] != '\n' {
+			fmt.Fprintln(stdout)
 		}
 	}
-	if m.denied > 0 {
-		return fmt.Errorf("%w: %d denied", ErrDenied, m.denied)
+	return nil
+}
+
+// appliedKinds are the kinds applied with the workloads that the cluster
+// holds when their pods are admitted, and that the decision reads: a
+// Namespace's Pod Security labels, and which claims request GPUs.
+var appliedKinds = map[string]bool{"Namespace": true, "ResourceClaim": true, "ResourceClaimTemplate": true, "DeviceClass": true}
+
+// addApplied adds to the cluster the Namespaces, claims, claim templates
+// and DeviceClasses of the manifests, a claim in the namespace it would be
+// applied to. One that does not convert is left out: the API server would
+// refuse it, and this command is no validator.
+func addApplied(cluster *offline.Cluster, decoded []map[string]any, namespace string) error {
+	objs, err := offline.Objects(decoded)
+	if err != nil {
+		return err
+	}
+	for _, o := range objs {
+		kind := o.GetKind()
+		if !appliedKinds[kind] {
+			continue
+		}
+		if kind == "Namespace" {
+			_, _ = cluster.Add(o)
+			continue
+		}
+		obj := gpunodes.NewDRAObject(kind)
+		if runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, obj) != nil {
+			continue
+		}
+		if obj.GetNamespace() == "" && kind != "DeviceClass" {
+			obj.SetNamespace(namespace)
+		}
+		cluster.DRA = append(cluster.DRA, obj)
 	}
 	return nil
 }
@@ -160,85 +195,19 @@ func stderrLogger(w io.Writer) logr.Logger {
 	}, funcr.Options{Verbosity: 0})
 }
 
-func readInput(file string, stdin io.Reader) ([]byte, error) {
-	if file == "-" {
-		b, err := io.ReadAll(stdin)
-		if err != nil {
-			return nil, fmt.Errorf("failed to read stdin: %w", err)
-		}
-		return b, nil
-	}
-	b, err := os.ReadFile(file)
-	if err != nil {
-		return nil, fmt.Errorf("failed to read %s: %w", file, err)
-	}
-	return b, nil
-}
-
-// splitDocuments splits a YAML stream, or a JSON stream of objects, into
-// documents, keeping each one's bytes so untouched documents pass through
-// exactly as written.
-func splitDocuments(data []byte) ([][]byte, bool, error) {
-	trimmed := bytes.TrimSpace(data)
-	if len(trimmed) > 0 && trimmed[0] == '{' {
-		dec := json.NewDecoder(bytes.NewReader(trimmed))
-		var docs [][]byte
-		for {
-			var raw json.RawMessage
-			err := dec.Decode(&raw)
-			if errors.Is(err, io.EOF) {
-				return docs, true, nil
-			}
-			if err != nil {
-				return nil, true, fmt.Errorf("invalid JSON after %d documents: %w", len(docs), err)
-			}
-			docs = append(docs, raw)
-		}
-	}
-	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
-	var docs [][]byte
-	for {
-		doc, err := r.Read()
-		if errors.Is(err, io.EOF) {
-			return docs, false, nil
-		}
-		if err != nil {
-			return nil, false, fmt.Errorf("invalid YAML after %d documents: %w", len(docs), err)
-		}
-		if isBlank(doc) {
-			continue
-		}
-		docs = append(docs, doc)
-	}
-}
-
-func isBlank(doc []byte) bool {
-	for _, l := range bytes.Split(doc, []byte("\n")) {
-		l = bytes.TrimSpace(l)
-		if len(l) > 0 && l[0] != '#' && !bytes.Equal(l, []byte("---")) {
-			return false
-		}
-	}
-	return true
-}
-
 type mutator struct {
-	cfg       *config.Configuration
-	layouts   []*inject.Layout
-	wedged    []*inject.WedgedNode
+	input     *admitinput.Builder
 	namespace string
 	stderr    io.Writer
 	denied    int
-	dra       *gpunodes.DRA
-	images    ImageSource
 }
 
-// document mutates one document and returns its new bytes, or the original
-// bytes when nothing in it changed.
-func (m *mutator) document(doc []byte, isJSON bool) ([]byte, error) {
-	obj := map[string]any{}
-	if err := yaml.Unmarshal(doc, &obj); err != nil {
-		return nil, fmt.Errorf("invalid document: %w", err)
+// document mutates one document, decoded as obj (or not, with decodeErr),
+// and returns its new bytes, or the original bytes when nothing in it
+// changed.
+func (m *mutator) document(doc []byte, obj map[string]any, decodeErr error, isJSON bool) ([]byte, error) {
+	if decodeErr != nil {
+		return nil, fmt.Errorf("invalid document: %w", decodeErr)
 	}
 	u := &unstructured.Unstructured{Object: obj}
 	changed, err := m.object(u)
@@ -376,19 +345,8 @@ func applyOps(doc map[string]any, ops []jsonpatch.Operation) error {
 // pod mutates and reports, and returns the patch; false means leave the
 // document as written.
 func (m *mutator) pod(what string, pod *corev1.Pod) ([]jsonpatch.Operation, bool) {
-	in := inject.Input{Pod: pod, Layouts: m.layouts, Wedged: m.wedged, Seed: inject.Seed(pod.Namespace + "/" + what)}
-	if m.dra != nil {
-		in.GPUResources = m.dra.GPUResources()
-		in.GPUClaims, _ = m.dra.GPUClaims(context.Background(), pod, pod.Namespace)
-	}
-	if m.images != nil {
-		var warnings []string
-		in.Images, warnings = podImages(m.images, pod)
-		for _, w := range warnings {
-			fmt.Fprintf(m.stderr, "warning: %s: %s\n", what, w)
-		}
-	}
-	res := inject.Mutate(in, m.cfg)
+	// Offline a document names the request, as a UID does an admission.
+	res := m.input.Decide(context.Background(), pod, pod.Namespace, types.UID(pod.Namespace+"/"+what))
 	for _, w := range res.Warnings {
 		fmt.Fprintf(m.stderr, "warning: %s: %s\n", what, w)
 	}
@@ -408,93 +366,4 @@ func (m *mutator) pod(what string, pod *corev1.Pod) ([]jsonpatch.Operation, bool
 		fmt.Fprintf(m.stderr, "skipped: %s: %s\n", what, res.Reason)
 		return nil, false
 	}
-}
-
-// ReadNodes reads Node objects from a YAML or JSON file, also a List such
-// as kubectl get -o yaml writes; DRA objects in it are skipped.
-func ReadNodes(file string) ([]corev1.Node, error) {
-	nodes, _, err := readCluster(file)
-	return nodes, err
-}
-
-// draDocument decodes a ResourceClaim or ResourceClaimTemplate of the
-// manifests, in the namespace it would be applied to; nil for anything else.
-func draDocument(doc []byte, namespace string) client.Object {
-	var meta struct {
-		Kind string `json:"kind"`
-	}
-	if yaml.Unmarshal(doc, &meta) != nil || (meta.Kind != "ResourceClaim" && meta.Kind != "ResourceClaimTemplate" && meta.Kind != "DeviceClass") {
-		return nil
-	}
-	obj := gpunodes.NewDRAObject(meta.Kind)
-	if yaml.Unmarshal(doc, obj) != nil {
-		return nil
-	}
-	if obj.GetNamespace() == "" && meta.Kind != "DeviceClass" {
-		obj.SetNamespace(namespace)
-	}
-	return obj
-}
-
-// readCluster reads Node objects, and the DRA objects that say how many GPUs
-// nodes have and which classes are GPUs (ResourceSlices, DeviceClasses,
-// ResourceClaims, ResourceClaimTemplates), from a YAML or JSON file, also a
-// List such
-// as `kubectl get nodes -o yaml` prints.
-func readCluster(file string) ([]corev1.Node, []client.Object, error) {
-	data, err := os.ReadFile(file)
-	if err != nil {
-		return nil, nil, fmt.Errorf("failed to read nodes %s: %w", file, err)
-	}
-	docs, _, err := splitDocuments(data)
-	if err != nil {
-		return nil, nil, fmt.Errorf("failed to read nodes %s: %w", file, err)
-	}
-	var nodes []corev1.Node
-	var objs []client.Object
-	var add func(obj map[string]any, where string) error
-	add = func(obj map[string]any, where string) error {
-		u := unstructured.Unstructured{Object: obj}
-		switch {
-		case strings.HasSuffix(u.GetKind(), "List"):
-			items, _, err := unstructured.NestedSlice(obj, "items")
-			if err != nil {
-				return fmt.Errorf("%s: %w", where, err)
-			}
-			for i, it := range items {
-				o, ok := it.(map[string]any)
-				if !ok {
-					return fmt.Errorf("%s items[%d] is not an object", where, i)
-				}
-				if err := add(o, fmt.Sprintf("%s items[%d]", where, i)); err != nil {
-					return err
-				}
-			}
-		case u.GetKind() == "Node":
-			var n corev1.Node
-			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(obj, &n); err != nil {
-				return fmt.Errorf("%s: invalid Node: %w", where, err)
-			}
-			nodes = append(nodes, n)
-		case gpunodes.IsDRAKind(u.GetKind()):
-			o := gpunodes.NewDRAObject(u.GetKind())
-			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(obj, o); err != nil {
-				return fmt.Errorf("%s: invalid %s: %w", where, u.GetKind(), err)
-			}
-			objs = append(objs, o)
-		default:
-			return fmt.Errorf("%s is a %q, not a Node or a DRA object", where, u.GetKind())
-		}
-		return nil
-	}
-	for i, doc := range docs {
-		obj := map[string]any{}
-		if err := yaml.Unmarshal(doc, &obj); err != nil {
-			return nil, nil, fmt.Errorf("failed to read nodes %s: document %d: %w", file, i+1, err)
-		}
-		if err := add(obj, fmt.Sprintf("document %d", i+1)); err != nil {
-			return nil, nil, fmt.Errorf("failed to read nodes %s: %w", file, err)
-		}
-	}
-	return nodes, objs, nil
 }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/gpu-injector/gpu-injector/config"
 	"github.com/gpu-injector/gpu-injector/layout"
+	"github.com/gpu-injector/gpu-injector/webhook/admitinput/offline"
 )
 
 const nodesFile = "../webhook/inject/testdata/nodes.yaml"
@@ -33,7 +34,7 @@ func runMutate(t *testing.T, stdin, file string, nodes ...string) (string, strin
 
 func docs(t *testing.T, s string) []string {
 	t.Helper()
-	parts, _, err := splitDocuments([]byte(s))
+	parts, _, err := offline.SplitDocuments([]byte(s))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,7 +154,7 @@ func TestJSONListAndKubectlNodes(t *testing.T) {
 
 func loadNodeList(t *testing.T) []byte {
 	t.Helper()
-	nodes, err := ReadNodes(nodesFile)
+	nodes, err := readNodes(nodesFile)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -261,7 +262,7 @@ spec:
 // would on such a cluster.
 func gkeNodes(t *testing.T) string {
 	t.Helper()
-	nodes, err := ReadNodes(nodesFile)
+	nodes, err := readNodes(nodesFile)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -536,4 +537,11 @@ func hostPathOnly() *config.Configuration {
 	c := config.Default()
 	c.DriverDelivery = config.DeliveryHostPath
 	return c
+}
+
+// readNodes reads the Nodes of a file of the cluster.
+func readNodes(file string) ([]corev1.Node, error) {
+	var c offline.Cluster
+	err := c.AddFile(file, nil)
+	return c.Nodes, err
 }

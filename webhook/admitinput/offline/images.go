@@ -1,4 +1,4 @@
-package mutate
+package offline
 
 import (
 	"context"
@@ -15,25 +15,17 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
-	corev1 "k8s.io/api/core/v1"
 
 	"github.com/gpu-injector/gpu-injector/config"
 	"github.com/gpu-injector/gpu-injector/internal/imageconfig"
-	"github.com/gpu-injector/gpu-injector/webhook/inject"
 )
-
-// ImageSource gives the offline mutation an image's configuration, as the
-// webhook reads it from the registry.
-type ImageSource interface {
-	ImageConfig(ctx context.Context, image string) (*inject.ImageConfig, error)
-}
 
 // LocalImages are the images of OCI layout folders and `docker save`
 // tarballs, by the references they were saved under (an OCI layout's
 // io.containerd.image.name or org.opencontainers.image.ref.name
 // annotation, a tarball's RepoTags): a pipeline reads what it built,
 // without a registry or cluster credentials.
-type LocalImages map[string]*inject.ImageConfig
+type LocalImages map[string]*imageconfig.Facts
 
 // ReadLocalImages reads every image of the paths: a folder is an OCI
 // layout, a file a tarball.
@@ -155,7 +147,7 @@ func (li LocalImages) add(ref string, img v1.Image) error {
 	if err != nil {
 		return fmt.Errorf("image %s: %w", ref, err)
 	}
-	li[key] = &inject.ImageConfig{Env: cf.Config.Env, Labels: cf.Config.Labels}
+	li[key] = &imageconfig.Facts{Env: cf.Config.Env, Labels: cf.Config.Labels}
 	return nil
 }
 
@@ -170,8 +162,9 @@ func normalize(ref string) (string, error) {
 	return r.Name(), nil
 }
 
-// ImageConfig implements ImageSource.
-func (li LocalImages) ImageConfig(_ context.Context, image string) (*inject.ImageConfig, error) {
+// Read implements admitinput.ImageReader; the credentials are not asked
+// for.
+func (li LocalImages) Read(_ context.Context, image string, _ imageconfig.Credentials) (*imageconfig.Facts, error) {
 	key, err := normalize(image)
 	if err != nil {
 		return nil, err
@@ -203,38 +196,10 @@ func NewPulledImages(im *config.Images) *PulledImages {
 	return &PulledImages{reader: imageconfig.New(o)}
 }
 
-// ImageConfig implements ImageSource.
-func (p *PulledImages) ImageConfig(ctx context.Context, image string) (*inject.ImageConfig, error) {
+// Read implements admitinput.ImageReader, with the user's docker
+// credentials in place of the pod's.
+func (p *PulledImages) Read(ctx context.Context, image string, _ imageconfig.Credentials) (*imageconfig.Facts, error) {
 	ctx, cancel := context.WithTimeout(ctx, pullTimeout)
 	defer cancel()
-	f, err := p.reader.Read(ctx, image, imageconfig.Credentials{Keychain: authn.DefaultKeychain, ID: "docker-config"})
-	if err != nil {
-		return nil, err
-	}
-	return &inject.ImageConfig{Env: f.Env, Labels: f.Labels}, nil
-}
-
-// podImages reads the images of the pod's containers, each once, and says
-// which it could not read, as the webhook's warnings do.
-func podImages(src ImageSource, pod *corev1.Pod) (map[string]*inject.ImageConfig, []string) {
-	out := map[string]*inject.ImageConfig{}
-	var warnings []string
-	for _, c := range inject.AllContainers(pod) {
-		if _, done := out[c.Image]; done || c.Image == "" {
-			continue
-		}
-		cfg, err := src.ImageConfig(context.Background(), c.Image)
-		if err != nil {
-			warnings = append(warnings, fmt.Sprintf("%v; mutated without the image's configuration (its own LD_LIBRARY_PATH is not kept)", err))
-			out[c.Image] = nil
-			continue
-		}
-		out[c.Image] = cfg
-	}
-	for k, v := range out {
-		if v == nil {
-			delete(out, k)
-		}
-	}
-	return out, warnings
+	return p.reader.Read(ctx, image, imageconfig.Credentials{Keychain: authn.DefaultKeychain, ID: "docker-config"})
 }
