@@ -176,4 +176,3 @@ func (c *Cluster) memory(idx *gpunodes.Index, cfg *config.Configuration, clk clo
 	}
 	return []string{fmt.Sprintf("the pool memory %s: %d entries ignored: %v", c.MemoryName, len(errs), errors.Join(errs...))}
 }
-
