@@ -28,8 +28,10 @@ Usage:
   gpu-injector config validate -f FILE
                                    check a configuration file (or the chart's rendered ConfigMap) as the webhook would
   gpu-injector status [flags]      what gpu-injector does in your cluster; exit 3 when something needs attention
-  gpu-injector status pod NAMESPACE/NAME [-f POD.yaml]
-                                   one pod: its injection, its node's driver, why it waits or was refused
+  gpu-injector status pod NAMESPACE/NAME [--manifest FILE]
+  gpu-injector status pod [NAMESPACE/NAME] -f FILE [--nodes FILE]
+                                   one pod: its injection, its node's driver, why it waits or was refused;
+                                   with -f, offline from the pod's and the cluster's files
   gpu-injector precheck [flags]    before or after helm install: how each GPU node gets the driver, the device plugin,
                                    the webhook, Pod Security; -f reads kubectl get nodes,ns -o yaml offline
   gpu-injector cleanup [flags]     remove what gpu-injector wrote to the Nodes (the chart's uninstall hook)

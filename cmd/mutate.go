@@ -8,14 +8,12 @@ import (
 
 	"github.com/gpu-injector/gpu-injector/config"
 	"github.com/gpu-injector/gpu-injector/mutate"
-	"github.com/gpu-injector/gpu-injector/webhook/admitinput/offline"
 )
 
 type mutateFlags struct {
 	opts       mutate.Options
 	configFile string
-	images     []string
-	pull       bool
+	images     imageFlags
 }
 
 func parseMutateFlags(args []string, stderr io.Writer) (*mutateFlags, error) {
@@ -25,12 +23,11 @@ func parseMutateFlags(args []string, stderr io.Writer) (*mutateFlags, error) {
 	fs.SetOutput(stderr)
 	// A back-quoted word of a usage string is the flag's argument name in
 	// -h (flag.UnquoteUsage): only argument names are back-quoted here.
-	fs.StringVar(&o.File, "f", "", "a `file` of manifests to mutate: multi-document YAML or JSON of Pods and workloads; - for stdin (required)")
-	fs.Var((*stringList)(&o.NodeFiles), "nodes", "a `file` of Node objects, YAML or JSON, as kubectl get nodes -o yaml prints them; repeatable (required)")
+	fs.StringVar(&o.File, "f", "", "a `file` of manifests to mutate: multi-document YAML or JSON of Pods and workloads, with the Namespaces and claims applied beside them; - for stdin (required)")
+	fs.Var((*stringList)(&o.NodeFiles), "nodes", "a `file` of the cluster, YAML or JSON: Node objects as kubectl get nodes -o yaml or gpu-injector nodeprobe --once print them, Namespaces, DRA objects, the pool memory's ConfigMap; repeatable (required)")
 	fs.StringVar(&f.configFile, "config", "", "configuration `file` (InjectorConfiguration); defaults when empty")
 	fs.StringVar(&o.Namespace, "namespace", "default", "`namespace` of documents that name none")
-	fs.Var((*stringList)(&f.images), "images", "the `path` of an OCI layout folder, or of a tarball as docker save writes it, holding images the manifests run: read as the webhook reads their registry (images.mode On); repeatable")
-	fs.BoolVar(&f.pull, "pull", false, "read the images' configuration from their registries (those of images.registries, or any when it lists none), with your docker credentials")
+	f.images.register(fs)
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "Usage: gpu-injector mutate -f FILE --nodes FILE [--config FILE] [--images PATH ... | --pull]\n\nPrints the documents of FILE as the webhook would mutate them; warnings go to stderr.")
 		fs.PrintDefaults()
@@ -42,7 +39,7 @@ func parseMutateFlags(args []string, stderr io.Writer) (*mutateFlags, error) {
 		fs.Usage()
 		return nil, usageErrorf("-f and --nodes are required")
 	}
-	if f.pull && len(f.images) > 0 {
+	if f.images.pull && len(f.images.files) > 0 {
 		fs.Usage()
 		return nil, usageErrorf("--images and --pull exclude each other")
 	}
@@ -58,15 +55,8 @@ func Mutate(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	if f.opts.Config, err = config.Load(f.configFile); err != nil {
 		return err
 	}
-	switch {
-	case len(f.images) > 0:
-		local, err := offline.ReadLocalImages(f.images)
-		if err != nil {
-			return err
-		}
-		f.opts.Images = local
-	case f.pull:
-		f.opts.Images = offline.NewPulledImages(&f.opts.Config.Images)
+	if f.opts.Images, err = f.images.reader(f.opts.Config); err != nil {
+		return err
 	}
 	return mutate.Run(f.opts, stdin, stdout, stderr)
 }

@@ -29,7 +29,7 @@ func parseStatusFlags(args []string, stderr io.Writer) (*statusFlags, error) {
 	fs.StringVar(&o.Output, "o", "table", "output: table, json or yaml")
 	fs.StringVar(&o.Color, "color", "auto", "colour the table: auto (when stdout is a terminal and NO_COLOR is unset), always or never")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "Usage: gpu-injector status [--namespace NS] [-o table|json|yaml]\n       gpu-injector status pod NAMESPACE/NAME [-f POD.yaml] [-o table|json|yaml]\n\n"+
+		fmt.Fprintln(stderr, "Usage: gpu-injector status [--namespace NS] [-o table|json|yaml]\n       gpu-injector status pod NAMESPACE/NAME [--manifest FILE] [-o table|json|yaml]\n       gpu-injector status pod [NAMESPACE/NAME] -f FILE [--nodes FILE ...] [-o table|json|yaml]\n\n"+
 			"What gpu-injector does in the cluster of your kubeconfig. Exit status 3 when something needs attention, 1 when the cluster cannot be read.")
 		fs.PrintDefaults()
 	}

@@ -8,19 +8,25 @@ import (
 
 func TestParseStatusPodFlags(t *testing.T) {
 	for name, tc := range map[string]struct {
-		args      []string
-		ns, pod   string
-		file, out string
-		usage     bool
+		args           []string
+		ns, pod        string
+		manifest, file string
+		out            string
+		usage          bool
 	}{
-		"target first":      {args: []string{"ml/train-0", "-o", "json"}, ns: "ml", pod: "train-0", out: "json"},
-		"flags first":       {args: []string{"-f", "p.yaml", "ml/train-0"}, ns: "ml", pod: "train-0", file: "p.yaml", out: "table"},
-		"no target":         {args: []string{"-o", "json"}, usage: true},
-		"no namespace":      {args: []string{"train-0"}, usage: true},
-		"bad name":          {args: []string{"ml/Train_0"}, usage: true},
-		"two targets":       {args: []string{"ml/a", "ml/b"}, usage: true},
-		"bad output":        {args: []string{"ml/a", "-o", "wide"}, usage: true},
-		"slash in the name": {args: []string{"ml/a/b"}, usage: true},
+		"target first":            {args: []string{"ml/train-0", "-o", "json"}, ns: "ml", pod: "train-0", out: "json"},
+		"flags first":             {args: []string{"--manifest", "p.yaml", "ml/train-0"}, ns: "ml", pod: "train-0", manifest: "p.yaml", out: "table"},
+		"offline":                 {args: []string{"-f", "p.yaml", "--nodes", "n.yaml", "ml/train-0"}, ns: "ml", pod: "train-0", file: "p.yaml", out: "table"},
+		"offline, one pod":        {args: []string{"-f", "p.yaml", "--pull"}, file: "p.yaml", out: "table"},
+		"offline, a cluster flag": {args: []string{"-f", "p.yaml", "--kubeconfig", "k"}, usage: true},
+		"nodes without -f":        {args: []string{"ml/a", "--nodes", "n.yaml"}, usage: true},
+		"images and pull":         {args: []string{"-f", "p.yaml", "--pull", "--images", "d"}, usage: true},
+		"no target":               {args: []string{"-o", "json"}, usage: true},
+		"no namespace":            {args: []string{"train-0"}, usage: true},
+		"bad name":                {args: []string{"ml/Train_0"}, usage: true},
+		"two targets":             {args: []string{"ml/a", "ml/b"}, usage: true},
+		"bad output":              {args: []string{"ml/a", "-o", "wide"}, usage: true},
+		"slash in the name":       {args: []string{"ml/a/b"}, usage: true},
 	} {
 		t.Run(name, func(t *testing.T) {
 			f, err := parseStatusPodFlags(tc.args, io.Discard)
@@ -33,7 +39,7 @@ func TestParseStatusPodFlags(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if o := f.opts; o.PodNamespace != tc.ns || o.PodName != tc.pod || o.ManifestFile != tc.file || o.Output != tc.out {
+			if o := f.opts; o.PodNamespace != tc.ns || o.PodName != tc.pod || o.ManifestFile != tc.manifest || o.File != tc.file || o.Output != tc.out {
 				t.Errorf("options %+v", o)
 			}
 		})

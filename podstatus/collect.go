@@ -7,23 +7,22 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/clock"
 
-	"github.com/gpu-injector/gpu-injector/config"
+	"github.com/gpu-injector/gpu-injector/internal/wallclock"
 	"github.com/gpu-injector/gpu-injector/layout"
 	"github.com/gpu-injector/gpu-injector/status"
-	"github.com/gpu-injector/gpu-injector/webhook/gpunodes"
+	"github.com/gpu-injector/gpu-injector/webhook/admitinput"
 	"github.com/gpu-injector/gpu-injector/webhook/inject"
 )
 
 // ErrNotFound: the pod does not exist and no manifest stands in for it.
 var ErrNotFound = errors.New("pod not found")
 
-// Collector reads one pod and what decides its driver.
+// Collector reads one pod and what decides its driver, from the API server
+// of Client, or from Files without any API server.
 type Collector struct {
 	Client kubernetes.Interface
 	// Namespace is where gpu-injector runs; empty finds it by the chart's
@@ -32,40 +31,44 @@ type Collector struct {
 	// Manifest stands in for a pod the API server does not have (the webhook
 	// refused it): its spec is decided as the webhook would now.
 	Manifest *corev1.Pod
+	// Files, when set, stand in for the API server: the pod, its node and
+	// the cluster the decision reads are theirs, and Client is not used.
+	Files *Files
+	// Images, when set, give the images' configuration to the decision.
+	Images admitinput.ImageReader
+	// Clock ages the pool memory's entries; nil is the real clock.
+	Clock clock.PassiveClock
+}
+
+func (c *Collector) source() source {
+	if c.Files != nil {
+		return fileSource{files: c.Files}
+	}
+	return apiSource{client: c.Client, namespace: c.Namespace}
 }
 
 // Collect reads the pod namespace/name.
 func (c *Collector) Collect(ctx context.Context, namespace, name string) (*Report, error) {
-	cfg, _, cfgNote, err := (&status.Collector{Client: c.Client, Namespace: c.Namespace}).Config(ctx)
+	src := c.source()
+	rel, err := src.release(ctx)
 	if err != nil {
 		return nil, err
 	}
 	r := &Report{Pod: namespace + "/" + name, Attention: []string{}}
-	pod, err := c.Client.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
-	switch {
-	case apierrors.IsNotFound(err) && c.Manifest != nil:
-		pod = c.Manifest.DeepCopy()
-		pod.Namespace, pod.Name = namespace, name
-		r.Phase = "NotCreated"
-	case apierrors.IsNotFound(err):
-		return nil, fmt.Errorf("%w: %s/%s; for a pod the webhook refused, pass its manifest with -f to see why", ErrNotFound, namespace, name)
-	case err != nil:
-		return nil, fmt.Errorf("failed to get pod %s/%s: %w", namespace, name, err)
-	default:
-		r.Phase = string(pod.Status.Phase)
-		r.Node = pod.Spec.NodeName
+	pod, err := c.pod(ctx, src, namespace, name, r)
+	if err != nil {
+		return nil, err
 	}
-
 	readRecord(pod, r)
 	readContainers(pod, r)
 	r.Scheduling = schedulingMessage(pod)
 	if r.Node != "" {
-		node, err := c.Client.CoreV1().Nodes().Get(ctx, r.Node, metav1.GetOptions{})
+		node, err := src.node(ctx, r.Node)
 		switch {
-		case apierrors.IsNotFound(err):
-			r.attention("its node %s no longer exists", r.Node)
 		case err != nil:
-			return nil, fmt.Errorf("failed to get node %s: %w", r.Node, err)
+			return nil, err
+		case node == nil:
+			r.attention("%s", src.missing(r.Node))
 		default:
 			r.NodeLayout = nodeLayout(node, r)
 			r.StaleDriver = staleDriver(node, r.Pod)
@@ -74,8 +77,8 @@ func (c *Collector) Collect(ctx context.Context, namespace, name string) (*Repor
 	if r.StaleDriver == "" {
 		r.StaleDriver = "unknown: the pod runs on no node"
 	}
-	if r.Phase == "NotCreated" || r.Phase == string(corev1.PodPending) || refused(r) {
-		adm, err := c.decide(ctx, cfg, cfgNote, pod, r)
+	if r.Phase == phaseNotCreated || r.Phase == string(corev1.PodPending) || refused(r) {
+		adm, err := c.decide(ctx, src, rel, pod, r)
 		if err != nil {
 			return nil, err
 		}
@@ -83,6 +86,34 @@ func (c *Collector) Collect(ctx context.Context, namespace, name string) (*Repor
 	}
 	r.summarize()
 	return r, nil
+}
+
+// phaseNotCreated is the phase of a pod no API server stored: a manifest.
+const phaseNotCreated = "NotCreated"
+
+// pod reads the pod and its phase and node; a pod the source does not have
+// is the manifest, if one stands in for it, and a pod without a status (a
+// manifest in the files) is one not created.
+func (c *Collector) pod(ctx context.Context, src source, namespace, name string, r *Report) (*corev1.Pod, error) {
+	pod, err := src.pod(ctx, namespace, name)
+	switch {
+	case err != nil:
+		return nil, err
+	case pod == nil && c.Manifest != nil:
+		pod = c.Manifest.DeepCopy()
+		pod.Namespace, pod.Name = namespace, name
+		r.Phase = phaseNotCreated
+	case pod == nil && c.Files != nil:
+		return nil, fmt.Errorf("%w: %s/%s is in none of the pods of %s", ErrNotFound, namespace, name, c.Files.Name)
+	case pod == nil:
+		return nil, fmt.Errorf("%w: %s/%s; for a pod the webhook refused, pass its manifest with --manifest to see why, or with -f and the cluster's files to see it offline", ErrNotFound, namespace, name)
+	case pod.Status.Phase == "":
+		r.Phase = phaseNotCreated
+	default:
+		r.Phase = string(pod.Status.Phase)
+		r.Node = pod.Spec.NodeName
+	}
+	return pod, nil
 }
 
 func (r *Report) attention(format string, args ...any) {
@@ -246,38 +277,27 @@ func staleDriver(n *corev1.Node, pod string) string {
 	return "no (the node's scan has said the same since " + s.CheckedAt.UTC().Format("2006-01-02T15:04:05Z") + ")"
 }
 
-// decide runs the webhook's mutation on the pod as it was before the webhook
-// changed it, against every node as the webhook's index reads them now.
-func (c *Collector) decide(ctx context.Context, cfg *config.Configuration, cfgNote string, pod *corev1.Pod, r *Report) (*Admission, error) {
-	nodes, err := c.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+// decide runs the webhook's decision on the pod as it was before the webhook
+// changed it, through the webhook's builder of its input, over the cluster
+// as the source reads it now.
+func (c *Collector) decide(ctx context.Context, src source, rel status.Release, pod *corev1.Pod, r *Report) (*Admission, error) {
+	clk := c.Clock
+	if clk == nil {
+		clk = wallclock.Real()
+	}
+	input, notes, err := builder(ctx, src, rel, pod, c.Images, clk)
 	if err != nil {
-		return nil, fmt.Errorf("failed to list nodes: %w", err)
+		return nil, err
 	}
-	idx := gpunodes.NewIndex(cfg, logr.Discard())
-	for i := range nodes.Items {
-		idx.Update(&nodes.Items[i])
-	}
-	var nsLabels map[string]string
-	if ns, err := c.Client.CoreV1().Namespaces().Get(ctx, pod.Namespace, metav1.GetOptions{}); err == nil {
-		nsLabels = ns.Labels
-	} else if !apierrors.IsNotFound(err) && !apierrors.IsForbidden(err) {
-		return nil, fmt.Errorf("failed to get namespace %s: %w", pod.Namespace, err)
-	}
-	fresh := asSubmitted(pod, r.Record)
-	res := inject.Mutate(inject.Input{Pod: fresh, NamespaceLabels: nsLabels, Layouts: idx.Layouts(), Wedged: idx.Wedged(),
-		Seed: inject.Seed(string(pod.UID))}, cfg)
+	res := input.Decide(ctx, asSubmitted(pod, r.Record), pod.Namespace, pod.UID)
 	a := &Admission{Decision: string(res.Decision), Reason: res.Reason, Warnings: res.Warnings}
 	if res.Layout != nil {
 		a.Runtime = res.Layout.Runtime
 		a.Fingerprint = res.Layout.Fingerprint
 		a.DriverVersion = res.Layout.Plan.DriverVersion
 	}
-	var notes []string
-	if cfgNote != "" {
-		notes = append(notes, cfgNote)
-	}
-	if len(pod.Spec.ResourceClaims) > 0 {
-		notes = append(notes, "the pod's resource claims (DRA) are not read here")
+	if rel.Note != "" {
+		notes = append([]string{rel.Note}, notes...)
 	}
 	a.Note = strings.Join(notes, "; ")
 	return a, nil

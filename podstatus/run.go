@@ -3,6 +3,7 @@ package podstatus
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -15,8 +16,10 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/yaml"
 
+	"github.com/gpu-injector/gpu-injector/config"
 	"github.com/gpu-injector/gpu-injector/layout"
 	"github.com/gpu-injector/gpu-injector/status"
+	"github.com/gpu-injector/gpu-injector/webhook/admitinput"
 )
 
 // Options of Run.
@@ -25,11 +28,21 @@ type Options struct {
 	// Namespace is the one gpu-injector runs in; empty: found by the
 	// chart's labels.
 	Namespace string
-	// Pod is NAMESPACE/NAME.
+	// Pod is NAMESPACE/NAME; empty with File: the file's one pod.
 	PodNamespace, PodName string
 	// ManifestFile holds the pod's manifest, for a pod the webhook refused
 	// (the API server never stored it); empty: none.
 	ManifestFile string
+	// File, when set, holds the pod and, beside it, the cluster (Nodes,
+	// Namespaces, DRA objects, the pool memory's ConfigMap); ClusterFiles
+	// hold more of the cluster. With File no API server is contacted and
+	// RESTConfig is not used.
+	File         string
+	ClusterFiles []string
+	// Config is the configuration with File; nil: the defaults.
+	Config *config.Configuration
+	// Images, when set, give the images' configuration to the decision.
+	Images admitinput.ImageReader
 	// Output is table, json or yaml.
 	Output string
 }
@@ -38,20 +51,20 @@ type Options struct {
 // server's 1.5 MiB request limit.
 const maxManifestBytes = 3 << 20
 
+// ErrWhichPod: the file holds more than one pod and none was named.
+var ErrWhichPod = errors.New("the file holds more than one pod: name one as NAMESPACE/NAME")
+
 // Run reads the pod, writes the report and returns the exit status as
 // `status` has it: status.ExitAttention when something needs someone.
 func Run(ctx context.Context, o Options, stdout io.Writer) (int, error) {
-	cfg := rest.CopyConfig(o.RESTConfig)
-	cfg.Timeout = 30 * time.Second
-	cfg.QPS, cfg.Burst = 50, 100
-	client, err := kubernetes.NewForConfig(cfg)
+	c, err := o.collector()
 	if err != nil {
-		return status.ExitError, fmt.Errorf("failed to create a Kubernetes client: %w", err)
+		return status.ExitError, err
 	}
-	c := &Collector{Client: client, Namespace: o.Namespace}
-	if o.ManifestFile != "" {
-		if c.Manifest, err = readManifest(o.ManifestFile); err != nil {
-			return status.ExitError, err
+	if c.Files != nil && o.PodName == "" {
+		var ok bool
+		if o.PodNamespace, o.PodName, ok = c.Files.Only(); !ok {
+			return status.ExitError, fmt.Errorf("failed to read %s: %w", o.File, ErrWhichPod)
 		}
 	}
 	r, err := c.Collect(ctx, o.PodNamespace, o.PodName)
@@ -65,6 +78,34 @@ func Run(ctx context.Context, o Options, stdout io.Writer) (int, error) {
 		return status.ExitAttention, nil
 	}
 	return status.ExitOK, nil
+}
+
+// collector reads the files, or makes the API server's client.
+func (o Options) collector() (*Collector, error) {
+	c := &Collector{Namespace: o.Namespace, Images: o.Images}
+	if o.File != "" {
+		files, err := ReadFiles(o.File, o.ClusterFiles)
+		if err != nil {
+			return nil, err
+		}
+		files.Config = o.Config
+		c.Files = files
+		return c, nil
+	}
+	cfg := rest.CopyConfig(o.RESTConfig)
+	cfg.Timeout = 30 * time.Second
+	cfg.QPS, cfg.Burst = 50, 100
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("failed to create a Kubernetes client: %w", err)
+	}
+	c.Client = client
+	if o.ManifestFile != "" {
+		if c.Manifest, err = readManifest(o.ManifestFile); err != nil {
+			return nil, err
+		}
+	}
+	return c, nil
 }
 
 func readManifest(file string) (*corev1.Pod, error) {

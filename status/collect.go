@@ -582,21 +582,36 @@ func classify(ns string, pod *corev1.Pod, warnings []string, err error) DryRunLo
 	return d
 }
 
-// Config finds the release and reads its configuration, as Collect does:
-// the namespace gpu-injector runs in ("" when no webhook was found), the
-// configuration (the defaults when it cannot be read), and a note saying so.
-func (c *Collector) Config(ctx context.Context) (*config.Configuration, string, string, error) {
+// Release is what Config finds of the release gpu-injector runs as.
+type Release struct {
+	// Config is the release's configuration, the defaults when it cannot
+	// be read; Note says so.
+	Config *config.Configuration
+	Note   string
+	// Namespace is where it runs, "" when no webhook was found.
+	Namespace string
+	// PoolMemory names the pool memory's ConfigMap in Namespace.
+	PoolMemory string
+}
+
+// Config finds the release and reads its configuration, as Collect does.
+func (c *Collector) Config(ctx context.Context) (Release, error) {
 	dep, err := c.findWebhook(ctx)
 	if err != nil {
-		return nil, "", "", err
+		return Release{}, err
 	}
-	ns, configMap := c.Namespace, ""
+	rel := Release{Namespace: c.Namespace, PoolMemory: defaultPoolMemory}
+	configMap := ""
 	if dep != nil {
-		ns = dep.Namespace
-		_, configMap = deploymentArgs(dep)
+		var args map[string]string
+		rel.Namespace = dep.Namespace
+		args, configMap = deploymentArgs(dep)
+		if v, ok := args["--pool-memory-name"]; ok {
+			rel.PoolMemory = v
+		}
 	}
-	cfg, note := c.readConfig(ctx, ns, configMap)
-	return cfg, ns, note, nil
+	rel.Config, rel.Note = c.readConfig(ctx, rel.Namespace, configMap)
+	return rel, nil
 }
 
 // StateReason is the node's state-reason annotation, or why it is not shown.

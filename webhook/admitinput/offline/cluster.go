@@ -33,52 +33,56 @@ type Cluster struct {
 	MemoryName string
 }
 
-// Kinds a file of the cluster may hold, for the messages that refuse
-// another.
-const clusterKinds = "a Node, a Namespace, a DRA object or the pool memory's ConfigMap"
+// ClusterKinds are the kinds a file of the cluster may hold, for the
+// messages that refuse another.
+const ClusterKinds = "a Node, a Namespace, a DRA object or the pool memory's ConfigMap"
 
 // AddFile reads the objects of file, "-" for stdin: every one must be a
 // Node, a Namespace, a DRA object or a ConfigMap, which is taken as the
 // pool memory.
 func (c *Cluster) AddFile(file string, stdin io.Reader) error {
-	data, err := ReadFile(file, stdin)
+	objs, err := ReadObjects(file, stdin)
 	if err != nil {
 		return err
 	}
-	docs, _, err := SplitDocuments(data)
-	if err != nil {
-		return fmt.Errorf("failed to read %s: %w", file, err)
-	}
-	maps, errs := Decode(docs)
-	for i, err := range errs {
-		if err != nil {
-			return fmt.Errorf("failed to read %s: document %d: %w", file, i+1, err)
-		}
-	}
-	objs, err := Objects(maps)
-	if err != nil {
-		return fmt.Errorf("failed to read %s: %w", file, err)
-	}
 	for _, o := range objs {
-		if o.GetKind() == "ConfigMap" {
-			if err := c.addMemory(o); err != nil {
-				return fmt.Errorf("failed to read %s: %w", file, err)
-			}
-			continue
-		}
 		ok, err := c.Add(o)
 		if err != nil {
 			return fmt.Errorf("failed to read %s: %w", file, err)
 		}
 		if !ok {
-			return fmt.Errorf("failed to read %s: %s is a %q, not %s", file, o.Where, o.GetKind(), clusterKinds)
+			return fmt.Errorf("failed to read %s: %s is a %q, not %s", file, o.Where, o.GetKind(), ClusterKinds)
 		}
 	}
 	return nil
 }
 
-// Add records o if it is a Node, a Namespace or a DRA object, and says
-// whether it was one.
+// ReadObjects reads the objects of file, "-" for stdin, within MaxFileBytes
+// and MaxObjects.
+func ReadObjects(file string, stdin io.Reader) ([]Object, error) {
+	data, err := ReadFile(file, stdin)
+	if err != nil {
+		return nil, err
+	}
+	docs, _, err := SplitDocuments(data)
+	if err != nil {
+		return nil, fmt.Errorf("failed to read %s: %w", file, err)
+	}
+	maps, errs := Decode(docs)
+	for i, err := range errs {
+		if err != nil {
+			return nil, fmt.Errorf("failed to read %s: document %d: %w", file, i+1, err)
+		}
+	}
+	objs, err := Objects(maps)
+	if err != nil {
+		return nil, fmt.Errorf("failed to read %s: %w", file, err)
+	}
+	return objs, nil
+}
+
+// Add records o if it is a Node, a Namespace, a DRA object or a ConfigMap,
+// taken as the pool memory, and says whether it was one.
 func (c *Cluster) Add(o Object) (bool, error) {
 	switch kind := o.GetKind(); {
 	case kind == "Node":
@@ -105,12 +109,16 @@ func (c *Cluster) Add(o Object) (bool, error) {
 			return true, fmt.Errorf("%s: invalid %s: %w", o.Where, kind, err)
 		}
 		c.DRA = append(c.DRA, obj)
+	case kind == "ConfigMap":
+		return true, c.addMemory(o)
 	default:
 		return false, nil
 	}
 	return true, nil
 }
 
+// addMemory records the ConfigMap o as the pool memory; a second one is an
+// error.
 func (c *Cluster) addMemory(o Object) error {
 	var cm corev1.ConfigMap
 	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, &cm); err != nil {
