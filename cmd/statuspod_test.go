@@ -1,9 +1,16 @@
 package cmd
 
 import (
+	"bytes"
+	"context"
 	"errors"
 	"io"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
+
+	"github.com/gpu-injector/gpu-injector/status"
 )
 
 func TestParseStatusPodFlags(t *testing.T) {
@@ -43,5 +50,25 @@ func TestParseStatusPodFlags(t *testing.T) {
 				t.Errorf("options %+v", o)
 			}
 		})
+	}
+}
+
+// TestStatusPodOfflineReadsNoCluster: with -f, status pod answers from the
+// file without a kubeconfig or a cluster to find.
+func TestStatusPodOfflineReadsNoCluster(t *testing.T) {
+	t.Setenv("KUBECONFIG", filepath.Join(t.TempDir(), "none"))
+	t.Setenv("KUBERNETES_SERVICE_HOST", "")
+	file := filepath.Join(t.TempDir(), "pod.yaml")
+	pod := "apiVersion: v1\nkind: Pod\nmetadata: {name: train, namespace: ml}\nspec:\n  containers: [{name: c, image: x, resources: {limits: {nvidia.com/gpu: 1}}}]\n"
+	if err := os.WriteFile(file, []byte(pod), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr bytes.Buffer
+	code := StatusPod(context.Background(), []string{"-f", file, "-o", "json"}, &stdout, &stderr)
+	if code == status.ExitError || code == status.ExitUsage || stderr.Len() > 0 {
+		t.Fatalf("exit %d\n%s", code, stderr.String())
+	}
+	if !strings.Contains(stdout.String(), `"pod": "ml/train"`) || !strings.Contains(stdout.String(), `"admission"`) {
+		t.Errorf("report:\n%s", stdout.String())
 	}
 }

@@ -10,10 +10,12 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/utils/ptr"
 
 	"github.com/gpu-injector/gpu-injector/layout"
 )
@@ -103,6 +105,12 @@ func TestStatusPod(t *testing.T) {
 	delete(hostPathOnly.Labels, layout.LabelNRIPlugin)
 	elsewhere := gpuPod("elsewhere")
 	elsewhere.Spec.NodeSelector = map[string]string{"kubernetes.io/hostname": "cpu-1"}
+	// A pod whose GPU comes through a DRA claim, not a limit.
+	claims := gpuPod("claims")
+	claims.Spec.Containers[0].Resources = corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "gpu"}}}
+	claims.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimName: ptr.To("one-gpu")}}
+	claim := &resourcev1.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "one-gpu", Namespace: "ml"},
+		Spec: resourcev1.ResourceClaimSpec{Devices: resourcev1.DeviceClaim{Requests: []resourcev1.DeviceRequest{{Name: "gpu", Exactly: &resourcev1.ExactDeviceRequest{DeviceClassName: "gpu.nvidia.com"}}}}}}
 
 	for name, tc := range map[string]struct {
 		objs      []runtime.Object
@@ -141,6 +149,11 @@ func TestStatusPod(t *testing.T) {
 			objs: []runtime.Object{gpuNode(t, "gpu-1", plan, staleOn()), refusedPod}, pod: "refused",
 			delivery: DeliveryNRI, stillHas: true, stale: "no", decision: "Injected",
 			attention: []string{`container gpu was refused at creation by the node's gpu-injector NRI plugin: failed to create containerd container: gpu-injector: container "gpu"`},
+		},
+		"pending, its GPU claimed through DRA": {
+			objs: []runtime.Object{gpuNode(t, "gpu-1", plan, nil), withStatus(claims), claim}, pod: "claims",
+			delivery: DeliveryNone, stale: "unknown", decision: "Injected",
+			attention: []string{"not scheduled: Unschedulable"},
 		},
 		// The defaults admit a pod no known node fits, for the node that will.
 		"no known node fits, from its manifest": {

@@ -10,21 +10,26 @@ import (
 
 const module = "github.com/gpu-injector/gpu-injector"
 
-// TestPackageBoundaries keeps the arrows between the webhook's three rooms
-// one way (docs/webhook.md): the injection talks to no cluster, the node
-// index never reaches into the admission server, and the offline
-// `gpu-injector mutate` and `gpu-injector precheck` link neither the server
-// nor what only it needs.
+// TestPackageBoundaries keeps the arrows between the webhook's rooms one
+// way (docs/webhook.md): the injection talks to no cluster, the node index
+// never reaches into the admission server, the builder of the decision's
+// input and its offline sources stand below the server, and the offline
+// commands (`gpu-injector mutate`, `status pod`, `precheck`) link neither
+// the server nor what only it needs.
 func TestPackageBoundaries(t *testing.T) {
 	// Trees: a path and everything below it.
 	cluster := []string{"k8s.io/client-go", "sigs.k8s.io/controller-runtime", "k8s.io/apiserver", "net/http/httptest"}
+	server := []string{"github.com/open-policy-agent/cert-controller", "sigs.k8s.io/controller-runtime/pkg/manager", "sigs.k8s.io/controller-runtime/pkg/webhook"}
 	tests := map[string]struct {
 		packages, trees []string
 	}{
-		module + "/webhook/inject":   {[]string{module + "/webhook", module + "/webhook/gpunodes"}, cluster},
-		module + "/webhook/gpunodes": {[]string{module + "/webhook"}, nil},
-		module + "/mutate":           {[]string{module + "/webhook"}, []string{"github.com/open-policy-agent/cert-controller", "sigs.k8s.io/controller-runtime/pkg/manager", "sigs.k8s.io/controller-runtime/pkg/webhook"}},
-		module + "/precheck":         {[]string{module + "/webhook"}, []string{"github.com/open-policy-agent/cert-controller", "sigs.k8s.io/controller-runtime/pkg/manager", "sigs.k8s.io/controller-runtime/pkg/webhook"}},
+		module + "/webhook/inject":             {[]string{module + "/webhook", module + "/webhook/gpunodes", module + "/webhook/admitinput"}, cluster},
+		module + "/webhook/gpunodes":           {[]string{module + "/webhook", module + "/webhook/admitinput"}, nil},
+		module + "/webhook/admitinput":         {[]string{module + "/webhook", module + "/webhook/gpunodes"}, server},
+		module + "/webhook/admitinput/offline": {[]string{module + "/webhook"}, server},
+		module + "/mutate":                     {[]string{module + "/webhook"}, server},
+		module + "/podstatus":                  {[]string{module + "/webhook"}, server},
+		module + "/precheck":                   {[]string{module + "/webhook"}, server},
 	}
 	for pkg, tc := range tests {
 		t.Run(filepath.Base(pkg), func(t *testing.T) {

@@ -51,12 +51,16 @@ func ReadFile(file string, stdin io.Reader) ([]byte, error) {
 		defer f.Close()
 		r, name = f, file
 	}
-	data, err := io.ReadAll(io.LimitReader(r, MaxFileBytes+1))
+	return readBounded(r, name, MaxFileBytes)
+}
+
+func readBounded(r io.Reader, name string, limit int) ([]byte, error) {
+	data, err := io.ReadAll(io.LimitReader(r, int64(limit)+1))
 	if err != nil {
 		return nil, fmt.Errorf("failed to read %s: %w", name, err)
 	}
-	if len(data) > MaxFileBytes {
-		return nil, fmt.Errorf("failed to read %s: larger than %d bytes", name, MaxFileBytes)
+	if len(data) > limit {
+		return nil, fmt.Errorf("failed to read %s: larger than %d bytes", name, limit)
 	}
 	return data, nil
 }
@@ -66,6 +70,10 @@ func ReadFile(file string, stdin io.Reader) ([]byte, error) {
 // pass through exactly as written; the bool says JSON. More than
 // MaxObjects documents is an error.
 func SplitDocuments(data []byte) ([][]byte, bool, error) {
+	return splitDocuments(data, MaxObjects)
+}
+
+func splitDocuments(data []byte, limit int) ([][]byte, bool, error) {
 	trimmed := bytes.TrimSpace(data)
 	if len(trimmed) > 0 && trimmed[0] == '{' {
 		dec := json.NewDecoder(bytes.NewReader(trimmed))
@@ -79,8 +87,8 @@ func SplitDocuments(data []byte) ([][]byte, bool, error) {
 			if err != nil {
 				return nil, true, fmt.Errorf("invalid JSON after %d documents: %w", len(docs), err)
 			}
-			if len(docs) == MaxObjects {
-				return nil, true, fmt.Errorf("more than %d documents", MaxObjects)
+			if len(docs) == limit {
+				return nil, true, fmt.Errorf("more than %d documents", limit)
 			}
 			docs = append(docs, raw)
 		}
@@ -98,8 +106,8 @@ func SplitDocuments(data []byte) ([][]byte, bool, error) {
 		if isBlank(doc) {
 			continue
 		}
-		if len(docs) == MaxObjects {
-			return nil, false, fmt.Errorf("more than %d documents", MaxObjects)
+		if len(docs) == limit {
+			return nil, false, fmt.Errorf("more than %d documents", limit)
 		}
 		docs = append(docs, doc)
 	}
@@ -140,13 +148,17 @@ func Decode(docs [][]byte) ([]map[string]any, []error) {
 // place, read in place; a nil document is left out. More than MaxObjects in
 // all is an error, found before any is decoded into its type.
 func Objects(docs []map[string]any) ([]Object, error) {
+	return objects(docs, MaxObjects)
+}
+
+func objects(docs []map[string]any, limit int) ([]Object, error) {
 	var out []Object
 	var add func(obj map[string]any, where string) error
 	add = func(obj map[string]any, where string) error {
 		u := &unstructured.Unstructured{Object: obj}
 		if !strings.HasSuffix(u.GetKind(), "List") {
-			if len(out) == MaxObjects {
-				return fmt.Errorf("more than %d objects", MaxObjects)
+			if len(out) == limit {
+				return fmt.Errorf("more than %d objects", limit)
 			}
 			out = append(out, Object{Unstructured: u, Where: where})
 			return nil
@@ -157,8 +169,8 @@ func Objects(docs []map[string]any) ([]Object, error) {
 		if !ok && obj["items"] != nil {
 			return fmt.Errorf("%s: items is a %T, not a list", where, obj["items"])
 		}
-		if len(out)+len(items) > MaxObjects {
-			return fmt.Errorf("more than %d objects", MaxObjects)
+		if len(out)+len(items) > limit {
+			return fmt.Errorf("more than %d objects", limit)
 		}
 		for i, it := range items {
 			o, ok := it.(map[string]any)
