@@ -64,21 +64,27 @@ func ReadObjects(file string, stdin io.Reader) ([]Object, error) {
 	if err != nil {
 		return nil, err
 	}
-	docs, _, err := SplitDocuments(data)
-	if err != nil {
-		return nil, fmt.Errorf("failed to read %s: %w", file, err)
-	}
-	maps, errs := Decode(docs)
-	for i, err := range errs {
-		if err != nil {
-			return nil, fmt.Errorf("failed to read %s: document %d: %w", file, i+1, err)
-		}
-	}
-	objs, err := Objects(maps)
+	objs, err := DecodeObjects(data)
 	if err != nil {
 		return nil, fmt.Errorf("failed to read %s: %w", file, err)
 	}
 	return objs, nil
+}
+
+// DecodeObjects are the objects of a YAML or JSON stream, within
+// MaxObjects; every document must decode.
+func DecodeObjects(data []byte) ([]Object, error) {
+	docs, _, err := SplitDocuments(data)
+	if err != nil {
+		return nil, err
+	}
+	maps, errs := Decode(docs)
+	for i, err := range errs {
+		if err != nil {
+			return nil, fmt.Errorf("document %d: %w", i+1, err)
+		}
+	}
+	return Objects(maps)
 }
 
 // Add records o if it is a Node, a Namespace, a DRA object or a ConfigMap,
