@@ -1,9 +1,11 @@
 // Package podstatus is `gpu-injector status pod NAMESPACE/NAME`: what
 // gpu-injector did to one pod and what stands in its way now. It reads the
 // pod's injection record, the node it runs on and that node's probe and NRI
-// plugin, and, for a pod that is Pending or refused, decides the pod again
-// with the webhook's own mutation (webhook/inject), as `gpu-injector mutate`
-// does, so the reason it prints is the one the webhook would give now.
+// plugin, and, for a pod that is Pending, refused or not created, decides
+// the pod again with the webhook's own builder of its input
+// (webhook/admitinput) and mutation (webhook/inject), as `gpu-injector
+// mutate` does, so the reason it prints is the one the webhook would give
+// now. With -f it reads all of this from files, and no API server.
 package podstatus
 
 import "github.com/gpu-injector/gpu-injector/layout"

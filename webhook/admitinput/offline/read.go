@@ -1,12 +1,13 @@
 // Package offline is a cluster as files describe it, for the commands that
-// decide without an API server (`gpu-injector mutate`, `gpu-injector status
-// pod -f`): its Nodes (as `kubectl get nodes -o yaml` or `gpu-injector
+// decide without the webhook's caches (`gpu-injector mutate`, `gpu-injector
+// status pod`): its Nodes (as `kubectl get nodes -o yaml` or `gpu-injector
 // nodeprobe --once` print them), the labels of its Namespaces, its DRA
 // objects and the pool memory, and the images of OCI layouts, `docker save`
-// tarballs or registries; each is a source of admitinput.Builder. Files are
-// read within bounds, in bytes and in objects, before anything is built of
-// them: they come from a user's repository or a pipeline, not from a
-// trusted API server.
+// tarballs or registries; each is a source of admitinput.Builder, built as
+// the webhook's watches would fill it (`status pod` fills a Cluster from
+// one read of an API server too). Files are read within bounds, in bytes
+// and in objects, before anything is built of them: they come from a
+// user's repository or a pipeline, not from a trusted API server.
 package offline
 
 import (
