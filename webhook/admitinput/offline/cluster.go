@@ -166,7 +166,7 @@ func (c *Cluster) Builder(cfg *config.Configuration, clk clock.PassiveClock, log
 	for i := range c.Nodes {
 		idx.Update(&c.Nodes[i])
 	}
-	notes = append(notes, NodeNotes(c.Nodes, idx, cfg)...)
+	notes = append(notes, nodeNotes(c.Nodes, idx, cfg)...)
 	b := &admitinput.Builder{Config: cfg, Layouts: idx, DRA: dra, Offline: true}
 	if c.Namespaces != nil {
 		b.Namespaces = c.Namespaces

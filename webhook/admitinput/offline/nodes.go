@@ -13,13 +13,23 @@ import (
 // maxNodeNotes bounds the nodes named one by one; the rest are counted.
 const maxNodeNotes = 10
 
-// NodeNotes say why nodes lend the webhook no layout where the files, not
+// nodeNotes say why nodes lend the webhook no layout where the files, not
 // the probe, are the reason: a node whose probe publishes a layout (or a
 // wedged driver) but that is not Ready or is cordoned, as the index reads
-// it; and, when no layout is left and no node is named, that none is
-// usable, and how many nodes are wedged. With driverDelivery Runtime no
-// layout is read, and nothing is said of them.
-func NodeNotes(nodes []corev1.Node, layouts admitinput.LayoutSource, cfg *config.Configuration) []string {
+// it, and, when no layout is left and no node is named, that none is
+// usable (with driverDelivery Runtime no layout is read, and neither is
+// said); and how many nodes are wedged.
+func nodeNotes(nodes []corev1.Node, layouts admitinput.LayoutSource, cfg *config.Configuration) []string {
+	notes := layoutNotes(nodes, layouts, cfg)
+	if w := layouts.Wedged(); len(w) > 0 {
+		notes = append(notes, fmt.Sprintf("%d nodes have a wedged NVIDIA driver and get no GPU pods", len(w)))
+	}
+	return notes
+}
+
+// layoutNotes name the nodes the index does not count, or say that no
+// layout is left.
+func layoutNotes(nodes []corev1.Node, layouts admitinput.LayoutSource, cfg *config.Configuration) []string {
 	if cfg.DriverDelivery == config.DeliveryRuntime {
 		return nil
 	}
@@ -40,9 +50,6 @@ func NodeNotes(nodes []corev1.Node, layouts admitinput.LayoutSource, cfg *config
 	}
 	if len(layouts.Layouts()) == 0 && len(notes) == 0 {
 		notes = append(notes, fmt.Sprintf("none of the %d nodes publishes a usable layout", len(nodes)))
-	}
-	if w := layouts.Wedged(); len(w) > 0 {
-		notes = append(notes, fmt.Sprintf("%d nodes have a wedged NVIDIA driver and get no GPU pods", len(w)))
 	}
 	return notes
 }
