@@ -66,7 +66,7 @@ func runWithImages(t *testing.T, src admitinput.ImageReader, in string) (string,
 	return runWithConfig(t, cfg, src, in)
 }
 
-func runWithConfig(t *testing.T, cfg *config.Configuration, src ImageSource, in string) (string, string, error) {
+func runWithConfig(t *testing.T, cfg *config.Configuration, src admitinput.ImageReader, in string) (string, string, error) {
 	t.Helper()
 	var out, errb bytes.Buffer
 	err := Run(Options{File: "-", NodeFiles: []string{cudaNodesFile}, Config: cfg, Images: src}, strings.NewReader(in), &out, &errb)
@@ -163,7 +163,7 @@ func TestPulledImagesModeOff(t *testing.T) {
 	cfg := config.Default()
 	cfg.Images.Registries = []string{host}
 	cfg.Images.InsecureRegistries = []string{host}
-	out, stderr, err := runWithConfig(t, cfg, NewPulledImages(&cfg.Images), manifest(host+"/team/app:v1", host+"/team/newer:v2"))
+	out, stderr, err := runWithConfig(t, cfg, offline.NewPulledImages(&cfg.Images), manifest(host+"/team/app:v1", host+"/team/newer:v2"))
 	checkImageOutput(t, out, stderr, err)
 	const want = "warning: mutate reads the images, as asked, but the webhook itself does not read images (config images.mode: Off); its answer would differ"
 	if !strings.Contains(stderr, want) {
