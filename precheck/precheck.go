@@ -147,14 +147,14 @@ func (c *Collector) Collect(ctx context.Context) (*Report, error) {
 // rights to Nodes and Namespaces alone) is checked against the defaults,
 // and told so, rather than refused.
 func (c *Collector) releaseConfig(ctx context.Context, sc *status.Collector) (*config.Configuration, string, string) {
-	cfg, ns, note, err := sc.Config(ctx)
+	rel, err := sc.Config(ctx)
 	switch {
 	case err != nil:
 		return config.Default(), "the defaults (" + err.Error() + "; pass --config)", c.Namespace
-	case note != "":
-		return cfg, note, ns
+	case rel.Note != "":
+		return rel.Config, rel.Note, rel.Namespace
 	}
-	return cfg, "the release's ConfigMap in " + ns, ns
+	return rel.Config, "the release's ConfigMap in " + rel.Namespace, rel.Namespace
 }
 
 // listNodes lists every Node, a page at a time, bounded as a file is.
