@@ -28,10 +28,10 @@ var (
 
 // TestProductBoundaries keeps the folders true to the architecture. Product
 // packages (every package of Go code outside hack/ and e2e/ that is not a
-// test helper, the binary's among them) never link hack/ or e2e/, fixtures
-// included; their tests and the test helpers (packages that link package
-// testing, which the binary never does) link the fixtures of hack/testfixtures
-// and nothing else of hack/ or e2e/. A package of tests alone (charts/, the
+// test helper, the binary's among them) never link hack/, e2e/ or a test
+// helper (a package whose own files import package testing); their tests and
+// the test helpers link the fixtures of hack/testfixtures and nothing else of
+// hack/ or e2e/. A package of tests alone (charts/, the
 // chart's tests) is a suite like e2e/'s. The release image is built and
 // signed without the e2e harness, status reads the pool memory through its
 // contract without the webhook's node index, and the probe and the NRI plugin
@@ -45,15 +45,15 @@ func TestProductBoundaries(t *testing.T) {
 			continue
 		}
 		checked++
-		helper := !test && p.helper()
+		product := !test && !p.helper()
 		for _, dep := range p.deps {
 			switch {
-			case !test && !helper && under(dep, fixtures):
-				t.Errorf("%s links the fixture %s outside tests and test helpers", pkg, dep)
-			case !test && !helper && under(dep, tools):
-				t.Errorf("%s links %s: product code never links hack/ or e2e/", pkg, dep)
 			case under(dep, tools) && !under(dep, fixtures):
-				t.Errorf("%s links %s: tests and test helpers link only the fixtures of hack/ and e2e/", name, dep)
+				t.Errorf("%s links %s: product code, its tests and test helpers link nothing of hack/ or e2e/ but the fixtures", name, dep)
+			case product && under(dep, fixtures):
+				t.Errorf("%s links the fixture %s outside tests and test helpers", pkg, dep)
+			case product && mod[dep].helper():
+				t.Errorf("%s links the test helper %s outside tests", pkg, dep)
 			}
 		}
 	}
@@ -156,9 +156,9 @@ type pkgInfo struct {
 	suite bool
 }
 
-// helper reports whether a package is a test helper: it links package
-// testing.
-func (p pkgInfo) helper() bool { return slices.Contains(p.deps, "testing") }
+// helper reports whether a package is a test helper: its own files import
+// package testing.
+func (p pkgInfo) helper() bool { return slices.Contains(p.imports, "testing") }
 
 var (
 	moduleOnce sync.Once
