@@ -6,68 +6,131 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 )
 
 const module = "github.com/gpu-injector/gpu-injector"
 
+// The trees the boundaries are drawn between: a path and everything below it.
+var (
+	// tools are the tools and the harness around the product, never under it.
+	tools = []string{module + "/hack", module + "/e2e"}
+	// fixtures (fake host roots, load workloads) are the one part of tools
+	// that tests and test helpers may link.
+	fixtures = []string{module + "/hack/testfixtures"}
+	// floor is the contract every component reads: it stands on nothing of
+	// ours, so that the configuration and the components may import it.
+	floor = []string{module + "/layout"}
+	// libraries are the product's shared libraries, each of them used by it.
+	libraries = []string{module + "/internal"}
+)
+
 // TestProductBoundaries keeps the folders true to the architecture. Product
-// packages (every package of Go code outside hack/ and e2e/, the binary's
-// among them) and their tests never link hack/ or e2e/: those are tools and
-// a harness around the product, never under it. A package of tests alone
-// (charts/, the chart's tests) is a suite like e2e/'s. Fixtures
-// (internal/testfixtures: fake host roots, load workloads) are linked by
-// tests, test helpers (packages that link package testing) and tools only.
-// The release image is built and signed without the e2e harness, status reads the pool
-// memory through its contract without the webhook's node index, and the
-// probe and the NRI plugin meet only in their contract (layout/statedir).
+// packages (every package of Go code outside hack/ and e2e/ that is not a
+// test helper, the binary's among them) never link hack/, e2e/ or a test
+// helper (a package whose own files import package testing); their tests and
+// the test helpers link the fixtures of hack/testfixtures and nothing else of
+// hack/ or e2e/. A package of tests alone (charts/, the
+// chart's tests) is a suite like e2e/'s. The release image is built and
+// signed without the e2e harness, status reads the pool memory through its
+// contract without the webhook's node index, and the probe and the NRI plugin
+// meet only in their contract (layout/statedir).
 func TestProductBoundaries(t *testing.T) {
-	pkgs, suites := listDeps(t)
-	if len(pkgs) < 20 {
-		t.Fatalf("go list found %d packages, fewer than the module has", len(pkgs))
-	}
-	tools := []string{module + "/hack", module + "/e2e"}
-	fixtures := []string{module + "/internal/testfixtures"}
-	arrows := map[string][]string{
-		// The binary and the packages it runs.
-		module:                 fixtures,
-		module + "/hack/image": {module + "/e2e"},
-		module + "/hack/sign":  {module + "/e2e"},
-		module + "/status":     {module + "/webhook"},
-		module + "/nodeprobe":  {module + "/nriplugin"},
-		module + "/nriplugin":  {module + "/nodeprobe"},
-	}
+	mod := listModule(t)
 	checked := 0
-	for name, deps := range pkgs {
+	for name, p := range mod {
 		pkg, test := strings.CutSuffix(name, ".test")
-		if under(pkg, tools) || suites[pkg] {
+		if under(pkg, tools) || mod[pkg].suite {
 			continue
 		}
 		checked++
-		helper := slices.Contains(deps, "testing")
-		for _, dep := range deps {
-			if under(dep, tools) {
-				t.Errorf("%s links %s: product code, tests included, never links hack/ or e2e/", name, dep)
-			}
-			if !test && !helper && !under(pkg, fixtures) && under(dep, fixtures) {
-				t.Errorf("%s links the fixture %s outside tests", pkg, dep)
+		product := !test && !p.helper()
+		for _, dep := range p.deps {
+			switch {
+			case under(dep, tools) && !under(dep, fixtures):
+				t.Errorf("%s links %s: product code, its tests and test helpers link nothing of hack/ or e2e/ but the fixtures", name, dep)
+			case product && under(dep, fixtures):
+				t.Errorf("%s links the fixture %s outside tests and test helpers", pkg, dep)
+			case product && mod[dep].helper():
+				t.Errorf("%s links the test helper %s outside tests", pkg, dep)
 			}
 		}
 	}
 	if checked == 0 {
 		t.Fatal("no product package was checked")
 	}
+	if slices.Contains(mod[module].deps, "testing") {
+		t.Errorf("%s links package testing: a test helper is in the binary", module)
+	}
+	arrows := map[string][]string{
+		module + "/hack/image": {module + "/e2e"},
+		module + "/hack/sign":  {module + "/e2e"},
+		module + "/status":     {module + "/webhook"},
+		module + "/nodeprobe":  {module + "/nriplugin"},
+		module + "/nriplugin":  {module + "/nodeprobe"},
+	}
 	for pkg, trees := range arrows {
-		deps, ok := pkgs[pkg]
+		p, ok := mod[pkg]
 		if !ok {
 			t.Errorf("%s is not in the module", pkg)
 			continue
 		}
-		for _, dep := range deps {
+		for _, dep := range p.deps {
 			if under(dep, trees) {
 				t.Errorf("%s links %s", pkg, dep)
 			}
 		}
+	}
+}
+
+// TestGroundFloor keeps the layout contract, and its tests, free of every
+// other package of the module: a third party reads it without the rest.
+func TestGroundFloor(t *testing.T) {
+	mod := listModule(t)
+	checked := 0
+	for name, p := range mod {
+		if !under(strings.TrimSuffix(name, ".test"), floor) {
+			continue
+		}
+		checked++
+		for _, dep := range p.deps {
+			if under(dep, []string{module}) && !under(dep, floor) {
+				t.Errorf("%s links %s: the contract imports nothing of ours outside layout/", name, dep)
+			}
+		}
+	}
+	if checked == 0 {
+		t.Fatalf("no package under %s was found", floor[0])
+	}
+}
+
+// TestInternalHoldsProductLibraries keeps internal/ for the product's own
+// libraries: every package there is imported by a product package, so a
+// fixture, a test helper or a tool's library lives beside its users instead.
+func TestInternalHoldsProductLibraries(t *testing.T) {
+	mod := listModule(t)
+	importers := map[string][]string{}
+	for name, p := range mod {
+		if strings.HasSuffix(name, ".test") || under(name, tools) || p.suite || p.helper() {
+			continue
+		}
+		for _, imp := range p.imports {
+			importers[imp] = append(importers[imp], name)
+		}
+	}
+	checked := 0
+	for name, p := range mod {
+		if !under(name, libraries) || strings.HasSuffix(name, ".test") || p.suite {
+			continue
+		}
+		checked++
+		if len(importers[name]) == 0 {
+			t.Errorf("%s is imported by no product package: move it beside its users", name)
+		}
+	}
+	if checked == 0 {
+		t.Fatalf("no package under %s was found", libraries[0])
 	}
 }
 
@@ -81,46 +144,79 @@ func under(pkg string, trees []string) bool {
 	return false
 }
 
-// listDeps maps each package of the module to what it links, and each
-// package's test binary ("pkg.test") to what its tests link, as
-// `go list -deps -test` would list them. suites are the packages of tests
-// alone.
-func listDeps(t *testing.T) (pkgs map[string][]string, suites map[string]bool) {
+// pkgInfo is what `go list -test` says of a package or of a test binary
+// ("pkg.test").
+type pkgInfo struct {
+	// deps is what it links, the packages of a test binary's tests named as
+	// the package they test.
+	deps []string
+	// imports is what its own files import; nil for a test binary.
+	imports []string
+	// suite is a package of tests alone.
+	suite bool
+}
+
+// helper reports whether a package is a test helper: its own files import
+// package testing.
+func (p pkgInfo) helper() bool { return slices.Contains(p.imports, "testing") }
+
+var (
+	moduleOnce sync.Once
+	modulePkgs map[string]pkgInfo
+	moduleErr  string
+)
+
+// listModule maps each package of the module, and each package's test
+// binary, to what go list says of it; it runs go list once for all tests.
+func listModule(t *testing.T) map[string]pkgInfo {
 	t.Helper()
+	moduleOnce.Do(func() { modulePkgs, moduleErr = goList() })
+	if moduleErr != "" {
+		t.Fatal(moduleErr)
+	}
+	if len(modulePkgs) < 20 {
+		t.Fatalf("go list found %d packages, fewer than the module has", len(modulePkgs))
+	}
+	return modulePkgs
+}
+
+func goList() (map[string]pkgInfo, string) {
 	goCmd, err := exec.LookPath("go")
 	if err != nil {
 		goCmd = filepath.Join(runtime.GOROOT(), "bin", "go")
 	}
-	format := `{{.ImportPath}}{{"\t"}}{{len .GoFiles}}{{"\t"}}{{join .Deps ","}}`
+	format := `{{.ImportPath}}{{"\t"}}{{len .GoFiles}}{{"\t"}}{{join .Imports ","}}{{"\t"}}{{join .Deps ","}}`
 	out, err := exec.Command(goCmd, "list", "-test", "-f", format, module+"/...").Output()
 	if err != nil {
-		t.Fatalf("go list -test %s/...: %v", module, err)
+		return nil, "go list -test " + module + "/...: " + err.Error()
 	}
-	pkgs, suites = map[string][]string{}, map[string]bool{}
+	pkgs := map[string]pkgInfo{}
 	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
-		f := strings.SplitN(line, "\t", 3)
-		if len(f) != 3 {
-			t.Fatalf("go list printed %q", line)
+		f := strings.SplitN(line, "\t", 4)
+		if len(f) != 4 {
+			return nil, "go list printed " + line
 		}
-		name, files, deps := f[0], f[1], f[2]
+		name, files, imports, deps := f[0], f[1], f[2], f[3]
 		if strings.Contains(name, " [") {
 			// A package recompiled for its tests: the test binary's list
 			// ("pkg.test") already holds what it links.
 			continue
 		}
+		var p pkgInfo
 		for _, d := range strings.Split(deps, ",") {
-			// A dependency recompiled for a test is named "dep [pkg.test]".
+			// A dependency recompiled for a test is named "dep [pkg.test]",
+			// and a package's external tests "pkg_test".
 			d, _, _ = strings.Cut(d, " [")
 			if d != "" {
-				pkgs[name] = append(pkgs[name], d)
+				p.deps = append(p.deps, strings.TrimSuffix(d, "_test"))
 			}
 		}
-		if _, ok := pkgs[name]; !ok {
-			pkgs[name] = nil
+		test := strings.HasSuffix(name, ".test")
+		if !test && imports != "" {
+			p.imports = strings.Split(imports, ",")
 		}
-		if files == "0" && !strings.HasSuffix(name, ".test") {
-			suites[name] = true
-		}
+		p.suite = files == "0" && !test
+		pkgs[name] = p
 	}
-	return pkgs, suites
+	return pkgs, ""
 }

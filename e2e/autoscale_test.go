@@ -51,7 +51,7 @@ func TestPoolScaledToZero(t *testing.T) {
 		if err != nil {
 			return false, nil
 		}
-		entries, errs := pools.DecodeMemory(cm.Data, cfg, time.Now())
+		entries, errs := pools.DecodeMemory(cm.Data, cfg.Pinning.NodeLabels, cfg.Rules(), time.Now())
 		if len(errs) > 0 {
 			return false, errs[0]
 		}

@@ -12,7 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
 
-	"github.com/gpu-injector/gpu-injector/internal/testfixtures/fakeroot"
+	"github.com/gpu-injector/gpu-injector/hack/testfixtures/fakeroot"
 	"github.com/gpu-injector/gpu-injector/layout"
 	"github.com/gpu-injector/gpu-injector/nodeprobe"
 	"github.com/gpu-injector/gpu-injector/webhook/admitinput/offline"

@@ -253,7 +253,9 @@ func (h hostFS) mountOf(file, p string) (mountEntry, error) {
 }
 
 // eachMount calls fn with each line of a mountinfo file until it returns
-// false.
+// false. Parsed here, not by moby/sys/mountinfo: it fails the whole table on
+// one malformed line and caps a line at 64 KiB, where any line that is no
+// mount is skipped and an overlay's line may be longer.
 func (h hostFS) eachMount(file string, fn func(mountEntry) bool) error {
 	f, err := h.openFile(file, noLimit)
 	if err != nil {

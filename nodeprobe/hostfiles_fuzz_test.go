@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpu-injector/gpu-injector/internal/testfixtures/fakeroot"
+	"github.com/gpu-injector/gpu-injector/hack/testfixtures/fakeroot"
 	"github.com/gpu-injector/gpu-injector/layout"
 	"github.com/gpu-injector/gpu-injector/nodeprobe/hostroot"
 )

@@ -21,7 +21,7 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
 
-	"github.com/gpu-injector/gpu-injector/internal/testfixtures/fakeroot"
+	"github.com/gpu-injector/gpu-injector/hack/testfixtures/fakeroot"
 	"github.com/gpu-injector/gpu-injector/layout"
 	"github.com/gpu-injector/gpu-injector/mutate"
 	"github.com/gpu-injector/gpu-injector/nodeprobe"

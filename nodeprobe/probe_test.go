@@ -16,7 +16,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/gpu-injector/gpu-injector/config"
-	"github.com/gpu-injector/gpu-injector/internal/testfixtures/fakeroot"
+	"github.com/gpu-injector/gpu-injector/hack/testfixtures/fakeroot"
 	"github.com/gpu-injector/gpu-injector/layout"
 )
 

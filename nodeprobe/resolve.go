@@ -131,7 +131,9 @@ var openat2 = unix.Openat2
 // openConfined opens a resolved host path with flags, following no link:
 // openat2 confines the whole lookup to the root and refuses a link in any
 // element (Linux 5.6). Where the kernel or the seccomp profile has no
-// openat2, only the last element's link is refused (O_NOFOLLOW).
+// openat2, only the last element's link is refused (O_NOFOLLOW). Not
+// filepath-securejoin's OpenInRoot: it follows links inside the root, where
+// this open of a path already resolved must follow none.
 func (h hostFS) openConfined(real string, flags int) (int, error) {
 	flags |= unix.O_NOFOLLOW | unix.O_CLOEXEC
 	root, err := unix.Open(h.root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)

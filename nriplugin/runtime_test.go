@@ -20,8 +20,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/gpu-injector/gpu-injector/config"
+	"github.com/gpu-injector/gpu-injector/hack/testfixtures/workload"
 	"github.com/gpu-injector/gpu-injector/internal/nodeagent"
-	"github.com/gpu-injector/gpu-injector/internal/testfixtures/workload"
 	"github.com/gpu-injector/gpu-injector/layout"
 	"github.com/gpu-injector/gpu-injector/layout/statedir"
 )

@@ -424,7 +424,7 @@ func (c *Collector) readPools(ctx context.Context, cfg *config.Configuration, cf
 		out.Note = fmt.Sprintf("%d entries, unused: pinning.nodeLabels is empty", len(cm.Data))
 		return nil
 	}
-	mem, errs := pools.DecodeMemory(cm.Data, cfg, now)
+	mem, errs := pools.DecodeMemory(cm.Data, cfg.Pinning.NodeLabels, cfg.Rules(), now)
 	for _, m := range mem {
 		out.Pools = append(out.Pools, PoolStatus{Pool: m.Pool, Fingerprint: m.Plan.Fingerprint(), DriverVersion: m.Plan.DriverVersion,
 			LastSeen: m.LastSeen, Expires: m.LastSeen.Add(cfg.Pinning.Remember())})

@@ -19,7 +19,7 @@ import (
 	kjson "sigs.k8s.io/json"
 
 	"github.com/gpu-injector/gpu-injector/config"
-	"github.com/gpu-injector/gpu-injector/internal/testfixtures/workload"
+	"github.com/gpu-injector/gpu-injector/hack/testfixtures/workload"
 	"github.com/gpu-injector/gpu-injector/layout"
 	"github.com/gpu-injector/gpu-injector/webhook/gpunodes"
 	"github.com/gpu-injector/gpu-injector/webhook/internal/gputest"

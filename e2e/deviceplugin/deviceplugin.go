@@ -23,7 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gpu-injector/gpu-injector/e2e/cluster"
-	"github.com/gpu-injector/gpu-injector/internal/ociimage"
+	"github.com/gpu-injector/gpu-injector/hack/ociimage"
 )
 
 // Version is the release of NVIDIA's plugin that hack/tools.sh builds

@@ -6,7 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 
-	"github.com/gpu-injector/gpu-injector/internal/ociimage"
+	"github.com/gpu-injector/gpu-injector/hack/ociimage"
 )
 
 // AppCheck is where BuildAppCheck places app-check in an image, and AppLibDir

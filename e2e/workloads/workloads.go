@@ -11,7 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 
-	"github.com/gpu-injector/gpu-injector/internal/ociimage"
+	"github.com/gpu-injector/gpu-injector/hack/ociimage"
 )
 
 //go:embed csrc/cuda-check.c

@@ -24,7 +24,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/types"
 
 	"github.com/gpu-injector/gpu-injector/e2e/standin"
-	"github.com/gpu-injector/gpu-injector/internal/ociimage"
+	"github.com/gpu-injector/gpu-injector/hack/ociimage"
 )
 
 const testRef = "gpu-injector.local/test:1"

@@ -10,7 +10,7 @@ import (
 	"runtime"
 	"strings"
 
-	"github.com/gpu-injector/gpu-injector/internal/ociimage"
+	"github.com/gpu-injector/gpu-injector/hack/ociimage"
 )
 
 const binaryPath = "/usr/local/bin/gpu-injector"

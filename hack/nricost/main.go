@@ -22,7 +22,7 @@ import (
 	"github.com/containerd/nri/pkg/api"
 	nrilog "github.com/containerd/nri/pkg/log"
 
-	"github.com/gpu-injector/gpu-injector/internal/testfixtures/workload"
+	"github.com/gpu-injector/gpu-injector/hack/testfixtures/workload"
 	"github.com/gpu-injector/gpu-injector/layout"
 	"github.com/gpu-injector/gpu-injector/layout/statedir"
 )

@@ -27,7 +27,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/gpu-injector/gpu-injector/internal/testfixtures/fakeroot"
+	"github.com/gpu-injector/gpu-injector/hack/testfixtures/fakeroot"
 )
 
 func main() {

@@ -25,7 +25,7 @@ import (
 	"os/signal"
 
 	"github.com/google/go-containerregistry/pkg/name"
-	"github.com/gpu-injector/gpu-injector/internal/ociimage"
+	"github.com/gpu-injector/gpu-injector/hack/ociimage"
 	"github.com/sigstore/sigstore/pkg/signature"
 )
 

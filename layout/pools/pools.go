@@ -21,7 +21,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 
-	"github.com/gpu-injector/gpu-injector/config"
 	"github.com/gpu-injector/gpu-injector/layout"
 )
 
@@ -166,21 +165,21 @@ func EncodeMemory(mem []Memory) (map[string]string, error) {
 	return data, nil
 }
 
-// DecodeMemory reads ConfigMap data as pool memories for cfg, checking each
-// entry as strictly as a node's layout. Entries of other pinning labels (the
+// DecodeMemory reads ConfigMap data as the memories of the pools that the
+// node label keys (the pinning labels) make, checking each entry against
+// rules as strictly as a node's layout. Entries of other pinning labels (the
 // configuration changed) are skipped silently; broken ones are skipped and
 // returned as errors, to be logged and counted.
-func DecodeMemory(data map[string]string, cfg *config.Configuration, now time.Time) ([]Memory, []error) {
+func DecodeMemory(data map[string]string, keys []string, rules layout.Rules, now time.Time) ([]Memory, []error) {
 	var out []Memory
 	var errs []error
-	keys := slices.Sorted(maps.Keys(data))
-	if len(keys) > MaxMemory {
-		errs = append(errs, fmt.Errorf("the memory holds %d entries, more than %d: the rest is ignored", len(keys), MaxMemory))
-		keys = keys[:MaxMemory]
+	names := slices.Sorted(maps.Keys(data))
+	if len(names) > MaxMemory {
+		errs = append(errs, fmt.Errorf("the memory holds %d entries, more than %d: the rest is ignored", len(names), MaxMemory))
+		names = names[:MaxMemory]
 	}
-	rules := cfg.Rules()
-	for _, k := range keys {
-		m, skip, err := decodeEntry(k, data[k], cfg, rules, now)
+	for _, k := range names {
+		m, skip, err := decodeEntry(k, data[k], keys, rules, now)
 		switch {
 		case err != nil:
 			errs = append(errs, fmt.Errorf("entry %s: %w", k, err))
@@ -191,7 +190,7 @@ func DecodeMemory(data map[string]string, cfg *config.Configuration, now time.Ti
 	return out, errs
 }
 
-func decodeEntry(key, value string, cfg *config.Configuration, rules layout.Rules, now time.Time) (Memory, bool, error) {
+func decodeEntry(key, value string, keys []string, rules layout.Rules, now time.Time) (Memory, bool, error) {
 	var m Memory
 	if !strings.HasPrefix(key, memoryKeyPrefix) {
 		return m, false, errors.New("not a pool entry")
@@ -203,11 +202,11 @@ func decodeEntry(key, value string, cfg *config.Configuration, rules layout.Rule
 	if err := layout.UnmarshalStrict([]byte(value), &e); err != nil {
 		return m, false, fmt.Errorf("failed to decode: %w", err)
 	}
-	if len(e.Pool) != len(cfg.Pinning.NodeLabels) || Key(e.Pool, cfg.Pinning.NodeLabels) == "" {
+	if len(e.Pool) != len(keys) || Key(e.Pool, keys) == "" {
 		// Written under other pinning labels: not an error, just not ours now.
 		return m, true, nil
 	}
-	m.Pool = Key(e.Pool, cfg.Pinning.NodeLabels)
+	m.Pool = Key(e.Pool, keys)
 	if key != MemoryKey(m.Pool) {
 		return m, false, fmt.Errorf("data key does not match pool %q", m.Pool)
 	}

@@ -7,7 +7,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/gpu-injector/gpu-injector/config"
 	"github.com/gpu-injector/gpu-injector/layout"
 )
 
@@ -25,10 +24,13 @@ func folderPlan(version string) layout.Plan {
 }
 
 func TestDecodeMemoryIsUntrusted(t *testing.T) {
-	cfg, err := config.Parse([]byte("pinning: {nodeLabels: [" + poolLabel + "]}\n"))
-	if err != nil {
-		t.Fatal(err)
+	// The rules of the default configuration that folderPlan meets.
+	rules := layout.Rules{
+		HostPathAllowlist:  []layout.AllowedPath{{Path: "/usr/lib/nvidia-*"}, {Path: "/usr/lib", FilesOnly: true}},
+		DriverFilePatterns: []string{"libcuda.so*", "libnvidia-*.so*", "nvidia-smi"},
+		ContainerPathRoots: []string{"/usr/local/nvidia/lib64", "/usr/local/nvidia/bin"},
 	}
+	keys := []string{poolLabel}
 	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	good := Memory{Pool: "karpenter.sh/nodepool=a", Labels: map[string]string{poolLabel: "a"}, Plan: folderPlan("535.104.05"), LastSeen: now.Add(-time.Hour)}
 	enc := func(m Memory) string {
@@ -73,7 +75,7 @@ func TestDecodeMemoryIsUntrusted(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			mem, errs := DecodeMemory(map[string]string{tc.key: tc.value}, cfg, now)
+			mem, errs := DecodeMemory(map[string]string{tc.key: tc.value}, keys, rules, now)
 			if tc.wantErr == "" {
 				if len(errs) > 0 {
 					t.Fatalf("errors: %v", errs)

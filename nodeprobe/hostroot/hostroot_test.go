@@ -2,6 +2,7 @@ package hostroot
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -39,6 +40,10 @@ func TestResolveStaysInRoot(t *testing.T) {
 	ln("usr/lib/chain", "/lib/rel")
 	ln("usr/lib/loop", "loop")
 	ln("usr/lib/dangling", "/nowhere")
+	for i := range MaxSymlinks + 1 {
+		ln(fmt.Sprintf("usr/lib/c%d", i), fmt.Sprintf("c%d", i+1))
+	}
+	mk(fmt.Sprintf("usr/lib/c%d", MaxSymlinks+1))
 	for name, tc := range map[string]struct {
 		in, want string
 		err      error
@@ -52,6 +57,10 @@ func TestResolveStaysInRoot(t *testing.T) {
 		"dangling":                   {in: "/usr/lib/dangling", err: os.ErrNotExist},
 		"dot-dot in the input":       {in: "/../../usr/./lib/../lib/rel", want: "/usr/lib/libcuda.so.1.real"},
 		"root":                       {in: "/", want: "/"},
+		// As the host's kernel, not as a lexical join: a missing folder
+		// fails the lookup even when a '..' leaves it.
+		"dot-dot after a missing folder": {in: "/nowhere/../etc/passwd", err: os.ErrNotExist},
+		"a chain longer than Linux's":    {in: "/usr/lib/c0", err: ErrTooManyLinks},
 	} {
 		t.Run(name, func(t *testing.T) {
 			got, err := Resolve(root, tc.in)

@@ -99,7 +99,8 @@ func DeletedDriverLibraries(r io.Reader) ([]string, error) {
 // deletedDriverLibraries is DeletedDriverLibraries, but for the mappings
 // live reports as the live file they name: the kernel appends " (deleted)"
 // to the name of a deleted file, but any process can map a file whose name
-// ends so.
+// ends so. Read here, not by procfs's ProcMaps: it keeps every line of the
+// file, unbounded, where a process chooses how many it maps.
 func deletedDriverLibraries(r io.Reader, live func(path string, inode uint64) bool) ([]string, error) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 4096), maxLineBytes)

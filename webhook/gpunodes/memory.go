@@ -129,7 +129,7 @@ func (m *Memory) Watch(ctx context.Context, c cache.Cache) error {
 }
 
 func (m *Memory) load(data map[string]string) {
-	mem, errs := pools.DecodeMemory(data, m.cfg, m.Clock.Now())
+	mem, errs := pools.DecodeMemory(data, m.cfg.Pinning.NodeLabels, m.cfg.Rules(), m.Clock.Now())
 	for _, err := range errs {
 		layoutsRejected.WithLabelValues(RejectMemory).Inc()
 		m.log.Info("ignoring a remembered pool layout", "configMap", m.namespace+"/"+m.name, "error", err.Error())
@@ -178,7 +178,7 @@ func (m *Memory) Sync(ctx context.Context) error {
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("failed to read configmap %s/%s: %w", m.namespace, m.name, err)
 	}
-	stored, errs := pools.DecodeMemory(cm.Data, m.cfg, now)
+	stored, errs := pools.DecodeMemory(cm.Data, m.cfg.Pinning.NodeLabels, m.cfg.Rules(), now)
 	next, changed := NextMemory(stored, m.idx.LivePools(now), now, m.cfg.Pinning.Remember(), m.refresh())
 	if !changed && len(errs) == 0 && len(cm.Data) == len(stored) {
 		return nil

@@ -67,7 +67,7 @@ func FuzzPoolMemory(f *testing.F) {
 		if json.Unmarshal([]byte(value), &e) == nil && !wrongKey {
 			key = pools.MemoryKey(pools.Key(e.Pool, keys))
 		}
-		mem, _ := pools.DecodeMemory(map[string]string{key: value}, cfg, now)
+		mem, _ := pools.DecodeMemory(map[string]string{key: value}, cfg.Pinning.NodeLabels, cfg.Rules(), now)
 		for _, m := range mem {
 			if errs := m.Plan.Validate(rules); len(errs) > 0 {
 				t.Fatalf("remembered plan accepted with errors: %v", errs.ToAggregate())
@@ -104,7 +104,7 @@ func FuzzPoolMemory(f *testing.F) {
 		if err != nil {
 			t.Fatalf("failed to re-encode: %v", err)
 		}
-		again, errs := pools.DecodeMemory(data, cfg, now)
+		again, errs := pools.DecodeMemory(data, cfg.Pinning.NodeLabels, cfg.Rules(), now)
 		if len(errs) > 0 || len(again) != len(mem) {
 			t.Fatalf("re-encoded memory does not decode: %v", errs)
 		}

@@ -163,7 +163,7 @@ func TestIndexRememberedPools(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mem, errs := pools.DecodeMemory(data, cfg, now)
+	mem, errs := pools.DecodeMemory(data, cfg.Pinning.NodeLabels, cfg.Rules(), now)
 	if len(errs) > 0 || len(mem) != 1 {
 		t.Fatalf("decode: %v %v", mem, errs)
 	}
@@ -338,7 +338,7 @@ func TestMemorySync(t *testing.T) {
 		t.Fatal(err)
 	}
 	first := get()
-	mem, errs := pools.DecodeMemory(first.Data, cfg, now)
+	mem, errs := pools.DecodeMemory(first.Data, cfg.Pinning.NodeLabels, cfg.Rules(), now)
 	if len(errs) > 0 || len(mem) != 1 || mem[0].Pool != "karpenter.sh/nodepool=a" || !mem[0].LastSeen.Equal(now) {
 		t.Fatalf("memory after the first sync: %+v %v", mem, errs)
 	}

@@ -8,7 +8,7 @@ import (
 	"github.com/gpu-injector/gpu-injector/webhook/internal/clustertest"
 
 	"github.com/gpu-injector/gpu-injector/config"
-	"github.com/gpu-injector/gpu-injector/internal/testfixtures/workload"
+	"github.com/gpu-injector/gpu-injector/hack/testfixtures/workload"
 	"github.com/gpu-injector/gpu-injector/layout"
 )
 

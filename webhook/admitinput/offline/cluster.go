@@ -183,7 +183,7 @@ func (c *Cluster) memory(idx *gpunodes.Index, cfg *config.Configuration, clk clo
 	if !cfg.Pinning.ByPool() {
 		return []string{fmt.Sprintf("the pool memory %s is unused: pinning.nodeLabels is empty", c.MemoryName)}
 	}
-	mem, errs := pools.DecodeMemory(c.Memory, cfg, clk.Now())
+	mem, errs := pools.DecodeMemory(c.Memory, cfg.Pinning.NodeLabels, cfg.Rules(), clk.Now())
 	idx.SetMemory(mem)
 	if len(errs) == 0 {
 		return nil

@@ -246,7 +246,7 @@ func (gc Case) Sources(t *testing.T) (*gpunodes.Index, *gpunodes.DRA) {
 	idx := gpunodes.NewIndex(gc.Config, logr.Discard())
 	idx.SetClock(clocktesting.NewFakePassiveClock(Now))
 	if gc.Memory != nil {
-		mem, errs := pools.DecodeMemory(gc.Memory, gc.Config, Now)
+		mem, errs := pools.DecodeMemory(gc.Memory, gc.Config.Pinning.NodeLabels, gc.Config.Rules(), Now)
 		if len(errs) > 0 {
 			t.Fatalf("bad memory in the case: %v", errs)
 		}
