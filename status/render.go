@@ -298,7 +298,12 @@ func dryRunLines(d DryRunLog) []cell {
 		if d.Runtime == layout.InjectedByNRI {
 			what = "runtime injection by the node's NRI plugin"
 		}
-		out = append(out, toned(good, fmt.Sprintf("in %s: the API server reaches the webhook, which injected %s", d.Namespace, what)))
+		if d.Policy {
+			// The policy's pod proves nothing of the webhook, which it never called.
+			out = append(out, toned(good, fmt.Sprintf("in %s: the API server's admission policy marked it for %s, with no webhook call", d.Namespace, what)))
+		} else {
+			out = append(out, toned(good, fmt.Sprintf("in %s: the API server reaches the webhook, which injected %s", d.Namespace, what)))
+		}
 		if len(d.HostPaths) > 0 {
 			out = append(out, txt("hostPath "+strings.Join(d.HostPaths, ", ")))
 		}

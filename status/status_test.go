@@ -378,8 +378,17 @@ func TestClassify(t *testing.T) {
 		t.Errorf("a pod the webhook injected: %+v", d)
 	}
 	p.Labels = map[string]string{layout.LabelAdmission: layout.AdmissionPolicy}
-	if d := classify("ml", p, nil, nil); !d.Policy || d.Outcome != DryRunInjected {
+	d := classify("ml", p, nil, nil)
+	if !d.Policy || d.Outcome != DryRunInjected {
 		t.Errorf("a pod the admission policy marked: %+v", d)
+	}
+	r := &Report{Webhook: WebhookStatus{DryRun: d}}
+	var out bytes.Buffer
+	if err := Render(&out, r, RenderOptions{Now: now}); err != nil {
+		t.Fatal(err)
+	}
+	if s := out.String(); !strings.Contains(s, "admission policy marked it") || strings.Contains(s, "reaches the webhook") {
+		t.Errorf("the policy's pod is told as the webhook's:\n%s", s)
 	}
 }
 
