@@ -2,11 +2,6 @@ package inject_test
 
 import (
 	"encoding/json"
-	"go/ast"
-	"go/parser"
-	"go/token"
-	"path/filepath"
-	"strings"
 	"testing"
 
 	. "github.com/gpu-injector/gpu-injector/webhook/inject"
@@ -74,43 +69,4 @@ func deliveredBy(l *Layout) string {
 		return "nodeRuntime"
 	}
 	return "hostPath"
-}
-
-// maxFuncLines is how long a function of the package may be: the mutation
-// reads as a decision and the edits that carry it out, each short enough to
-// follow at once.
-const maxFuncLines = 80
-
-// TestFunctionsAreShort: every function of the package, Mutate and all it
-// calls among them, is under maxFuncLines lines.
-func TestFunctionsAreShort(t *testing.T) {
-	files, err := filepath.Glob("*.go")
-	if err != nil {
-		t.Fatal(err)
-	}
-	fset := token.NewFileSet()
-	n := 0
-	for _, name := range files {
-		if strings.HasSuffix(name, "_test.go") {
-			continue
-		}
-		f, err := parser.ParseFile(fset, name, nil, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, decl := range f.Decls {
-			fd, ok := decl.(*ast.FuncDecl)
-			if !ok {
-				continue
-			}
-			n++
-			start, end := fset.Position(fd.Pos()), fset.Position(fd.End())
-			if lines := end.Line - start.Line + 1; lines >= maxFuncLines {
-				t.Errorf("%s: %s is %d lines, want under %d", start, fd.Name.Name, lines, maxFuncLines)
-			}
-		}
-	}
-	if n == 0 {
-		t.Fatal("no function found")
-	}
 }
