@@ -88,10 +88,7 @@ func Run(ctx context.Context, o Options) error {
 	memoryLimit := nodeagent.SetMemoryLimit(log)
 
 	cfg := o.Config
-	if o.Certs.Namespace != "" && !slices.Contains(cfg.ExcludedNamespaces, o.Certs.Namespace) {
-		// The webhook must never wait on itself to create its own pods.
-		cfg.ExcludedNamespaces = append(slices.Clone(cfg.ExcludedNamespaces), o.Certs.Namespace)
-	}
+	excludeOwnNamespace(cfg, o.Certs.Namespace)
 	restCfg := o.RESTConfig
 
 	var holdWhy error
@@ -117,6 +114,93 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
+	el := electedWork(o, log)
+	server := webhook.NewServer(webhook.Options{Port: o.Port, CertDir: o.Certs.Dir, CertName: certFile, KeyName: keyFile, ClientCAName: o.ClientCA})
+	mgr, err := newManager(o, server, el.any(), cacheByObject(o, draServed, el))
+	if err != nil {
+		return err
+	}
+	mgrCtx, stopMgr, draining := drainAfter(ctx, o.ShutdownDelay, log)
+	defer stopMgr()
+
+	if err := startIndex(mgrCtx, restCfg, idx, holdWhy, log); err != nil {
+		return err
+	}
+	dra, err := watchDRA(mgrCtx, draServed, cfg, idx, mgr, dc, log)
+	if err != nil {
+		return err
+	}
+	namespaces, err := WatchNamespaces(mgrCtx, mgr.GetCache())
+	if err != nil {
+		return err
+	}
+	if err := addElected(mgrCtx, mgr, o, idx, el, log); err != nil {
+		return err
+	}
+	certsReady, err := serveCerts(mgrCtx, mgr, o.Certs, log.WithName("certs"))
+	if err != nil {
+		return err
+	}
+
+	handler := newHandler(o, idx, namespaces, dra, mgr.GetAPIReader(), log)
+	server.Register(Path, closeWhileDraining(draining, bounded(Serve(handler), o.MaxInFlight, o.ReadTimeout)))
+	if err := mgr.Add(startAfter{ready: certsReady, server: server}); err != nil {
+		return fmt.Errorf("failed to add the webhook server: %w", err)
+	}
+	if err := addChecks(mgr, server, idx, namespaces, dra, draining); err != nil {
+		return err
+	}
+	if err := mgr.Start(mgrCtx); err != nil {
+		return fmt.Errorf("failed to run the webhook: %w", err)
+	}
+	return nil
+}
+
+// excludeOwnNamespace adds the webhook's namespace, when it has one, to the
+// namespaces it never injects: the webhook must never wait on itself to
+// create its own pods.
+func excludeOwnNamespace(cfg *config.Configuration, namespace string) {
+	if namespace != "" && !slices.Contains(cfg.ExcludedNamespaces, namespace) {
+		cfg.ExcludedNamespaces = append(slices.Clone(cfg.ExcludedNamespaces), namespace)
+	}
+}
+
+// elected is what the one elected replica (a Lease named like the pool
+// memory) does: pinning by pool and the policy switch elect it to write the
+// memory, to tell pods that landed on another layout, and to keep the
+// switch.
+type elected struct {
+	// pools: pinning by pool, with its mismatch Events.
+	pools bool
+	// remember: pools keeps the memory of pools at zero.
+	remember bool
+	// switches: the admission policy switch is kept.
+	switches bool
+}
+
+// any reports whether a replica must be elected at all.
+func (e elected) any() bool { return e.pools || e.switches }
+
+// electedWork says what the elected replica does: the pinning and the
+// switch that the configuration asks for, each only where a Lease can be
+// named, saying so when one cannot.
+func electedWork(o Options, log logr.Logger) elected {
+	cfg := o.Config
+	canElect := o.PoolMemory != "" && o.Certs.Namespace != ""
+	pools := cfg.Pinning.ByPool() && canElect
+	if cfg.Pinning.ByPool() && !pools {
+		log.Info("pinning by pool without --namespace or --pool-memory-name: no memory of pools at zero and no mismatch Events")
+	}
+	switches := o.PolicySwitch != "" && canElect
+	if o.PolicySwitch != "" && !switches {
+		log.Info("a policy switch without --namespace or --pool-memory-name (its Lease): the admission policy stays off")
+	}
+	return elected{pools: pools, remember: pools && cfg.Pinning.Remember() > 0, switches: switches}
+}
+
+// cacheByObject is what the manager's cache holds beyond its defaults: the
+// DRA kinds where they are served, and only the objects the webhook reads.
+func cacheByObject(o Options, draServed bool, el elected) map[client.Object]cache.ByObject {
 	byObject := map[client.Object]cache.ByObject{}
 	if draServed {
 		maps.Copy(byObject, gpunodes.DRACacheByObject())
@@ -128,30 +212,21 @@ func Run(ctx context.Context, o Options) error {
 			Field:      fields.OneTermEqualSelector("metadata.name", o.Certs.SecretName),
 		}
 	}
-	// Pinning by pool and the policy switch elect one replica (a Lease named
-	// like the memory) to write the memory, to tell pods that landed on
-	// another layout, and to keep the switch.
-	canElect := o.PoolMemory != "" && o.Certs.Namespace != ""
-	pools := cfg.Pinning.ByPool() && canElect
-	if cfg.Pinning.ByPool() && !pools {
-		log.Info("pinning by pool without --namespace or --pool-memory-name: no memory of pools at zero and no mismatch Events")
-	}
-	switches := o.PolicySwitch != "" && canElect
-	if o.PolicySwitch != "" && !switches {
-		log.Info("a policy switch without --namespace or --pool-memory-name (its Lease): the admission policy stays off")
-	}
-	elect := pools || switches
-	remember := pools && cfg.Pinning.Remember() > 0
-	if remember {
+	if el.remember {
 		byObject[&corev1.ConfigMap{}] = gpunodes.MemoryCacheByObject(o.Certs.Namespace, o.PoolMemory)
 	}
-	if pools {
+	if el.pools {
 		byObject[&corev1.Pod{}] = gpunodes.PodCacheByObject()
 	}
-	server := webhook.NewServer(webhook.Options{Port: o.Port, CertDir: o.Certs.Dir, CertName: certFile, KeyName: keyFile, ClientCAName: o.ClientCA})
-	mgr, err := manager.New(restCfg, manager.Options{
+	return byObject
+}
+
+// newManager is the manager that serves server, elects a replica when
+// elect, and caches byObject.
+func newManager(o Options, server webhook.Server, elect bool, byObject map[client.Object]cache.ByObject) (manager.Manager, error) {
+	mgr, err := manager.New(o.RESTConfig, manager.Options{
 		Scheme: clientgoscheme.Scheme,
-		Logger: log,
+		Logger: o.Log,
 		// Only the memory's writer is elected; every replica serves.
 		LeaderElection:                elect,
 		LeaderElectionID:              o.PoolMemory,
@@ -170,17 +245,20 @@ func Run(ctx context.Context, o Options) error {
 		},
 	})
 	if err != nil {
-		return fmt.Errorf("failed to create the manager: %w", err)
+		return nil, fmt.Errorf("failed to create the manager: %w", err)
 	}
+	return mgr, nil
+}
 
-	// A replica that closes its port at SIGTERM fails every request the API
-	// server sends it until the endpoint removal reaches the API server (and
-	// keep-alive connection sticks to one replica). So the manager runs on a
-	// context of its own that ends shutdownDelay after ctx: meanwhile the
-	// server keeps answering and /readyz fails; then the server drains the
-	// requests in flight (http.Server.Shutdown) and the process exits.
+// drainAfter is the manager's context, which ends shutdownDelay after ctx,
+// and draining, which turns true when ctx ends. A replica that closes its
+// port at SIGTERM fails every request the API server sends it until the
+// endpoint removal reaches the API server (and keep-alive connection sticks
+// to one replica). So the manager runs on a context of its own: meanwhile
+// the server keeps answering and /readyz fails; then the server drains the
+// requests in flight (http.Server.Shutdown) and the process exits.
+func drainAfter(ctx context.Context, shutdownDelay time.Duration, log logr.Logger) (context.Context, context.CancelFunc, *atomic.Bool) {
 	mgrCtx, stopMgr := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopMgr()
 	var draining atomic.Bool
 	go func() {
 		select {
@@ -189,66 +267,80 @@ func Run(ctx context.Context, o Options) error {
 			return
 		}
 		draining.Store(true)
-		log.Info("stopping: not ready any more, serving on until the endpoint is gone", "shutdownDelay", o.ShutdownDelay.String())
+		log.Info("stopping: not ready any more, serving on until the endpoint is gone", "shutdownDelay", shutdownDelay.String())
 		select {
-		case <-time.After(o.ShutdownDelay):
+		case <-time.After(shutdownDelay):
 		case <-mgrCtx.Done():
 		}
 		log.Info("stopping: draining the requests in flight")
 		stopMgr()
 	}()
+	return mgrCtx, stopMgr, &draining
+}
 
+// startIndex fills the node index from a watch of the GPU nodes, or, when
+// holdWhy says the memory limit is too small for the first list, holds.
+// Started with the caches, not after them as a manager runnable would be:
+// the pool memory's writer waits for the index.
+func startIndex(ctx context.Context, restCfg *rest.Config, idx *gpunodes.Index, holdWhy error, log logr.Logger) error {
 	nodeLW, err := gpunodes.NodeListWatch(restCfg)
 	if err != nil {
 		return err
 	}
-	// Started with the caches, not after them as a manager runnable would
-	// be: the pool memory's writer waits for the index.
 	if holdWhy != nil {
 		// Not ready, and saying why, rather than killed for its memory over
 		// and over: a crash loop says only OOMKilled.
-		go repeatHold(mgrCtx, holdWhy, log)
-	} else {
-		paceFirstList(mgrCtx, idx, log)
-		go idx.Watch(mgrCtx, nodeLW)
+		go repeatHold(ctx, holdWhy, log)
+		return nil
 	}
-	var dra *gpunodes.DRA
-	if draServed {
-		dra = gpunodes.NewDRA(cfg, idx, mgr.GetAPIReader(), log.WithName("dra"))
-		if err := dra.Watch(mgrCtx, mgr.GetCache()); err != nil {
-			return err
-		}
-		// The field that names a DeviceClass's extended resource arrived with
-		// DRA extended resources (1.36); an older API server drops it.
-		switch v, err := serverVersion(dc); {
-		case err != nil:
-			log.Error(err, "failed to read the API server's version; DeviceClasses are read as the API server serves them")
-		case v.LessThan(utilversion.MajorMinor(1, 36)):
-			log.Info("the API server predates DRA extended resources (Kubernetes 1.36): it keeps a DeviceClass's extendedResourceName only with the DRAExtendedResource feature gate on; the names in resources.names are GPU resources either way", "serverVersion", v.String())
-		}
-	} else {
+	paceFirstList(ctx, idx, log)
+	go idx.Watch(ctx, nodeLW)
+	return nil
+}
+
+// watchDRA fills the DRA cache of the GPUs that ResourceSlices offer and
+// DeviceClasses claim, saying when the API server may drop what it reads
+// of them. Where DRA is not served there is no cache: nil.
+func watchDRA(ctx context.Context, draServed bool, cfg *config.Configuration, idx *gpunodes.Index, mgr manager.Manager, dc discovery.DiscoveryInterface, log logr.Logger) (*gpunodes.DRA, error) {
+	if !draServed {
 		log.Info("the API server does not serve resource.k8s.io/v1 (Kubernetes 1.34+): GPUs are counted from Node allocatable only, and a pod that claims a GPU DeviceClass is not seen as a GPU pod")
+		return nil, nil
 	}
-	namespaces, err := WatchNamespaces(mgrCtx, mgr.GetCache())
-	if err != nil {
-		return err
+	dra := gpunodes.NewDRA(cfg, idx, mgr.GetAPIReader(), log.WithName("dra"))
+	if err := dra.Watch(ctx, mgr.GetCache()); err != nil {
+		return nil, err
 	}
-	if remember {
+	// The field that names a DeviceClass's extended resource arrived with
+	// DRA extended resources (1.36); an older API server drops it.
+	switch v, err := serverVersion(dc); {
+	case err != nil:
+		log.Error(err, "failed to read the API server's version; DeviceClasses are read as the API server serves them")
+	case v.LessThan(utilversion.MajorMinor(1, 36)):
+		log.Info("the API server predates DRA extended resources (Kubernetes 1.36): it keeps a DeviceClass's extendedResourceName only with the DRAExtendedResource feature gate on; the names in resources.names are GPU resources either way", "serverVersion", v.String())
+	}
+	return dra, nil
+}
+
+// addElected adds the elected replica's runnables: the pool memory's writer,
+// the layout mismatch check and the admission policy switch.
+func addElected(ctx context.Context, mgr manager.Manager, o Options, idx *gpunodes.Index, el elected, log logr.Logger) error {
+	cfg := o.Config
+	if el.remember {
 		memory := gpunodes.NewMemory(cfg, idx, mgr.GetClient(), o.Certs.Namespace, o.PoolMemory, log.WithName("pools"))
-		if err := memory.Watch(mgrCtx, mgr.GetCache()); err != nil {
+		if err := memory.Watch(ctx, mgr.GetCache()); err != nil {
 			return err
 		}
 		if err := mgr.Add(memory); err != nil {
 			return fmt.Errorf("failed to add the pool memory writer: %w", err)
 		}
 	}
-	if pools {
+	if el.pools {
 		m := gpunodes.NewMismatches(idx, mgr.GetEventRecorderFor("gpu-injector-webhook"), log.WithName("mismatch"))
 		if err := mgr.Add(mismatchRunner{m: m, c: mgr.GetCache()}); err != nil {
 			return fmt.Errorf("failed to add the layout mismatch check: %w", err)
 		}
 	}
-	if switches {
+	if el.switches {
 		// The API reader: the ConfigMap informer, where there is one, holds
 		// only the memory's object.
 		sw := gpunodes.NewPolicySwitch(cfg, idx, mgr.GetAPIReader(), mgr.GetClient(), o.Certs.Namespace, o.PolicySwitch, log.WithName("policy"))
@@ -256,34 +348,51 @@ func Run(ctx context.Context, o Options) error {
 			return fmt.Errorf("failed to add the admission policy switch: %w", err)
 		}
 	}
-	certsReady, err := setupCerts(mgr, o.Certs, log.WithName("certs"))
-	if err != nil {
-		return err
-	}
-	if o.Certs.Mode == CertModeSelf {
-		if err := watchSecretFiles(mgrCtx, mgr.GetCache(), o.Certs.Dir, log.WithName("certs")); err != nil {
-			return err
-		}
-	}
+	return nil
+}
 
-	handler := NewHandler(cfg, idx, namespaces).WithDRA(dra)
-	if cfg.Images.Mode == config.ImagesOn {
-		var secrets imageconfig.SecretGetter
-		if cfg.Images.PullSecrets == config.PullSecretsRead {
-			secrets = apiSecrets{reader: mgr.GetAPIReader()}
-			if o.ClientCA == "" {
-				// The binary cannot see a NetworkPolicy, which the chart
-				// requires when client certificates are not verified; a
-				// webhook run otherwise must have one of its own.
-				log.Info("pull secrets are read for any caller that reaches the webhook's port: only a NetworkPolicy keeps out reviews of other namespaces", "clientCA", false, "pullSecrets", cfg.Images.PullSecrets)
-			}
+// serveCerts sets up the serving certificate (setupCerts), whose channel
+// closes once it is in --cert-dir, and in self mode keeps the files up to
+// date with the Secret.
+func serveCerts(ctx context.Context, mgr manager.Manager, o CertOptions, log logr.Logger) (<-chan struct{}, error) {
+	certsReady, err := setupCerts(mgr, o, log)
+	if err != nil {
+		return nil, err
+	}
+	if o.Mode == CertModeSelf {
+		if err := watchSecretFiles(ctx, mgr.GetCache(), o.Dir, log); err != nil {
+			return nil, err
 		}
-		handler.WithImages(NewImageReader(&cfg.Images, log.WithName("images")), secrets)
 	}
-	server.Register(Path, closeWhileDraining(&draining, bounded(Serve(handler), o.MaxInFlight, o.ReadTimeout)))
-	if err := mgr.Add(startAfter{ready: certsReady, server: server}); err != nil {
-		return fmt.Errorf("failed to add the webhook server: %w", err)
+	return certsReady, nil
+}
+
+// newHandler is the admission handler over the node index, the namespaces,
+// the DRA cache (nil where DRA is not served) and, where the configuration
+// reads them, the images (their pull secrets through reader).
+func newHandler(o Options, idx *gpunodes.Index, namespaces *NamespaceCache, dra *gpunodes.DRA, reader client.Reader, log logr.Logger) *Handler {
+	cfg := o.Config
+	handler := NewHandler(cfg, idx, namespaces).WithDRA(dra)
+	if cfg.Images.Mode != config.ImagesOn {
+		return handler
 	}
+	var secrets imageconfig.SecretGetter
+	if cfg.Images.PullSecrets == config.PullSecretsRead {
+		secrets = apiSecrets{reader: reader}
+		if o.ClientCA == "" {
+			// The binary cannot see a NetworkPolicy, which the chart
+			// requires when client certificates are not verified; a
+			// webhook run otherwise must have one of its own.
+			log.Info("pull secrets are read for any caller that reaches the webhook's port: only a NetworkPolicy keeps out reviews of other namespaces", "clientCA", false, "pullSecrets", cfg.Images.PullSecrets)
+		}
+	}
+	return handler.WithImages(NewImageReader(&cfg.Images, log.WithName("images")), secrets)
+}
+
+// addChecks adds the readiness checks (the server started, the node index
+// and the namespaces listed, the DRA cache where there is one, not shutting
+// down) and the liveness check.
+func addChecks(mgr manager.Manager, server webhook.Server, idx *gpunodes.Index, namespaces *NamespaceCache, dra *gpunodes.DRA, draining *atomic.Bool) error {
 	checks := map[string]healthz.Checker{
 		"webhook":    server.StartedChecker(),
 		"nodes":      idx.ReadyCheck,
@@ -305,10 +414,6 @@ func Run(ctx context.Context, o Options) error {
 	}
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return fmt.Errorf("failed to add the liveness check: %w", err)
-	}
-
-	if err := mgr.Start(mgrCtx); err != nil {
-		return fmt.Errorf("failed to run the webhook: %w", err)
 	}
 	return nil
 }
