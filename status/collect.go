@@ -92,12 +92,7 @@ func (c *Collector) Collect(ctx context.Context) (*Report, error) {
 	if dep != nil {
 		ns = dep.Namespace
 		args, configMap = deploymentArgs(dep)
-		r.Webhook.Namespace, r.Webhook.Deployment = dep.Namespace, dep.Name
-		r.Webhook.Desired = 1
-		if dep.Spec.Replicas != nil {
-			r.Webhook.Desired = *dep.Spec.Replicas
-		}
-		r.Webhook.Ready = dep.Status.ReadyReplicas
+		readDeployment(dep, &r.Webhook)
 	}
 	cfg, cfgNote := c.readConfig(ctx, ns, configMap)
 
@@ -105,22 +100,7 @@ func (c *Collector) Collect(ctx context.Context) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	external := false
-	if mwc != nil {
-		r.Webhook.Configuration = mwc.Name
-		r.Webhook.CABundle = len(mwc.Webhooks) > 0
-		for _, w := range mwc.Webhooks {
-			if w.FailurePolicy != nil {
-				r.Webhook.FailurePolicy = string(*w.FailurePolicy)
-			}
-			if len(w.ClientConfig.CABundle) == 0 {
-				r.Webhook.CABundle = false
-			}
-			if w.ClientConfig.URL != nil {
-				external = true
-			}
-		}
-	}
+	external := mwc != nil && readConfiguration(mwc, &r.Webhook)
 
 	if err := c.readProbe(ctx, ns, &r.Probe); err != nil {
 		return nil, err
@@ -145,7 +125,44 @@ func (c *Collector) Collect(ctx context.Context) (*Report, error) {
 	c.readImagesUnread(ctx, &r.ImagesUnread)
 	r.Webhook.DryRun = c.TryPod(ctx, r.Namespaces)
 
-	// What needs an operator, in the order the report prints it.
+	r.collectAttention(dep, mwc, external)
+	return r, nil
+}
+
+// readDeployment fills the webhook's status from its Deployment.
+func readDeployment(dep *appsv1.Deployment, wh *WebhookStatus) {
+	wh.Namespace, wh.Deployment = dep.Namespace, dep.Name
+	wh.Desired = 1
+	if dep.Spec.Replicas != nil {
+		wh.Desired = *dep.Spec.Replicas
+	}
+	wh.Ready = dep.Status.ReadyReplicas
+}
+
+// readConfiguration fills the webhook's status from its
+// MutatingWebhookConfiguration, and reports whether it sends pods to a URL:
+// a webhook reached that way, not through a Service, has no Deployment of
+// ours to find.
+func readConfiguration(mwc *admissionregistrationv1.MutatingWebhookConfiguration, wh *WebhookStatus) (external bool) {
+	wh.Configuration = mwc.Name
+	wh.CABundle = len(mwc.Webhooks) > 0
+	for _, w := range mwc.Webhooks {
+		if w.FailurePolicy != nil {
+			wh.FailurePolicy = string(*w.FailurePolicy)
+		}
+		if len(w.ClientConfig.CABundle) == 0 {
+			wh.CABundle = false
+		}
+		if w.ClientConfig.URL != nil {
+			external = true
+		}
+	}
+	return external
+}
+
+// collectAttention lists what needs an operator, in the order the report
+// prints it.
+func (r *Report) collectAttention(dep *appsv1.Deployment, mwc *admissionregistrationv1.MutatingWebhookConfiguration, external bool) {
 	switch {
 	case dep == nil && !external:
 		r.attention("no gpu-injector webhook Deployment found (labels %s)", webhookSelector)
@@ -183,7 +200,6 @@ func (c *Collector) Collect(ctx context.Context) (*Report, error) {
 	if len(r.Events) > 0 {
 		r.attention("%d LayoutMismatch Events in the last hour: pods landed on a node with another driver layout", len(r.Events))
 	}
-	return r, nil
 }
 
 func (r *Report) attention(format string, args ...any) {

@@ -130,8 +130,21 @@ func (w *errWriter) printf(format string, args ...any) {
 // news in red, and what needs attention last, where the eye lands.
 func Render(out io.Writer, r *Report, o RenderOptions) error {
 	w := &errWriter{w: out}
-	wh := r.Webhook
+	renderWebhook(w, r.Webhook, o)
+	renderProbe(w, r.Probe, o)
+	renderNodes(w, r, o)
+	renderPools(w, r.Pools, o)
+	renderNamespaces(w, r.Namespaces, o)
+	renderEvents(w, r.Events, o)
+	w.printf("\nPODS ADMITTED WITHOUT THEIR IMAGES' CONFIGURATION\n")
+	imagesUnreadLines(w, r.ImagesUnread, o)
+	renderAttention(w, r.Attention, o)
+	return w.err
+}
 
+// renderWebhook writes the webhook's block: its Deployment, its
+// MutatingWebhookConfiguration and what the dry run of a GPU pod got.
+func renderWebhook(w *errWriter, wh WebhookStatus, o RenderOptions) {
 	w.printf("WEBHOOK\n")
 	top := &table{}
 	switch {
@@ -160,10 +173,12 @@ func Render(out io.Writer, r *Report, o RenderOptions) error {
 		top.add(txt(label), line)
 	}
 	top.write(w, o, "  ")
+}
 
+// renderProbe writes the probe's block: its DaemonSet's pods.
+func renderProbe(w *errWriter, p ProbeStatus, o RenderOptions) {
 	w.printf("\nPROBE\n")
 	probe := &table{}
-	p := r.Probe
 	switch {
 	case p.DaemonSet == "":
 		probe.add(txt("daemonset"), toned(warn, "not found (labels "+probeSelector+")"))
@@ -175,44 +190,52 @@ func Render(out io.Writer, r *Report, o RenderOptions) error {
 		probe.add(txt("daemonset"), toned(t, fmt.Sprintf("%s/%s  %d desired, %d ready, %d available", p.Namespace, p.DaemonSet, p.Desired, p.Ready, p.Available)))
 	}
 	probe.write(w, o, "  ")
+}
 
+// renderNodes writes the GPU nodes' block: a row per node, then what the
+// NRI plugin and stale drivers say of them.
+func renderNodes(w *errWriter, r *Report, o RenderOptions) {
 	w.printf("\nGPU NODES\n")
 	if len(r.Nodes) == 0 {
 		w.printf("  none: no node publishes a layout or advertises a GPU\n")
-	} else {
-		nodes := &table{header: []string{"NODE", "STATE", "DRIVER", "FINGERPRINT", "GPUS", "INJECTS", "REASON"}}
-		for _, n := range r.Nodes {
-			state, t := n.State, good
-			switch {
-			case state == "":
-				state, t = "(no probe)", warn
-			case nodeAttention(n) != "":
-				t = bad
-			case state != layout.StateReady:
-				t = plain
-			}
-			if n.Unschedulable {
-				state += ",unschedulable"
-			}
-			nodes.add(txt(n.Name), toned(t, state), txt(dash(n.DriverVersion)), txt(dash(n.Fingerprint)), txt(fmt.Sprint(n.GPUs)), txt(injects(n)), toned(t, n.Reason))
-		}
-		nodes.write(w, o, "  ")
-		if line, t := pluginLine(r.Plugin); line != "" {
-			note := &table{}
-			note.add(toned(t, line))
-			note.write(w, o, "  ")
-		}
-		if lines := staleDriverLines(r.Nodes); len(lines) > 0 {
-			note := &table{}
-			for _, l := range lines {
-				note.add(l)
-			}
-			note.write(w, o, "  ")
-		}
+		return
 	}
+	nodes := &table{header: []string{"NODE", "STATE", "DRIVER", "FINGERPRINT", "GPUS", "INJECTS", "REASON"}}
+	for _, n := range r.Nodes {
+		state, t := n.State, good
+		switch {
+		case state == "":
+			state, t = "(no probe)", warn
+		case nodeAttention(n) != "":
+			t = bad
+		case state != layout.StateReady:
+			t = plain
+		}
+		if n.Unschedulable {
+			state += ",unschedulable"
+		}
+		nodes.add(txt(n.Name), toned(t, state), txt(dash(n.DriverVersion)), txt(dash(n.Fingerprint)), txt(fmt.Sprint(n.GPUs)), txt(injects(n)), toned(t, n.Reason))
+	}
+	nodes.write(w, o, "  ")
+	if line, t := pluginLine(r.Plugin); line != "" {
+		note := &table{}
+		note.add(toned(t, line))
+		note.write(w, o, "  ")
+	}
+	if lines := staleDriverLines(r.Nodes); len(lines) > 0 {
+		note := &table{}
+		for _, l := range lines {
+			note.add(l)
+		}
+		note.write(w, o, "  ")
+	}
+}
 
+// renderPools writes the pool memory's block: each pool remembered and
+// when its memory expires.
+func renderPools(w *errWriter, pl PoolsStatus, o RenderOptions) {
 	w.printf("\nPOOLS\n")
-	switch pl := r.Pools; {
+	switch {
 	case !pl.Found:
 		w.printf("  none remembered (no ConfigMap %s)\n", dash(pl.ConfigMap))
 	case len(pl.Pools) == 0:
@@ -235,53 +258,59 @@ func Render(out io.Writer, r *Report, o RenderOptions) error {
 			w.printf("  %s\n", pl.Note)
 		}
 	}
+}
 
+// renderNamespaces writes the opted-in namespaces' block, with those whose
+// Pod Security refuses GPU pods and those the configuration excludes.
+func renderNamespaces(w *errWriter, namespaces []NamespaceStatus, o RenderOptions) {
 	w.printf("\nOPTED-IN NAMESPACES (%s=%s)\n", layout.LabelInject, layout.InjectEnabled)
-	if len(r.Namespaces) == 0 {
+	if len(namespaces) == 0 {
 		w.printf("  none: GPU pods are injected nowhere\n")
-	} else {
-		nss := &table{header: []string{"NAMESPACE", "ENFORCE", "NOTE"}}
-		for _, n := range r.Namespaces {
-			switch {
-			case n.Refused != "":
-				nss.add(txt(n.Name), toned(bad, n.Enforce), toned(bad, n.Refused))
-			case n.Excluded:
-				nss.add(txt(n.Name), txt(dash(n.Enforce)), toned(warn, "excluded by the configuration: never injected"))
-			default:
-				nss.add(txt(n.Name), txt(dash(n.Enforce)), txt(""))
-			}
-		}
-		nss.write(w, o, "  ")
+		return
 	}
+	nss := &table{header: []string{"NAMESPACE", "ENFORCE", "NOTE"}}
+	for _, n := range namespaces {
+		switch {
+		case n.Refused != "":
+			nss.add(txt(n.Name), toned(bad, n.Enforce), toned(bad, n.Refused))
+		case n.Excluded:
+			nss.add(txt(n.Name), txt(dash(n.Enforce)), toned(warn, "excluded by the configuration: never injected"))
+		default:
+			nss.add(txt(n.Name), txt(dash(n.Enforce)), txt(""))
+		}
+	}
+	nss.write(w, o, "  ")
+}
 
+// renderEvents writes the last hour's layout mismatch Events.
+func renderEvents(w *errWriter, events []EventStatus, o RenderOptions) {
 	w.printf("\nLAYOUT MISMATCH EVENTS (last hour)\n")
-	if len(r.Events) == 0 {
+	if len(events) == 0 {
 		w.printf("  none\n")
-	} else {
-		evs := &table{header: []string{"NAMESPACE", "OBJECT", "COUNT", "LAST", "MESSAGE"}}
-		for _, e := range r.Events {
-			evs.add(txt(e.Namespace), txt(e.Object), txt(fmt.Sprint(e.Count)), txt(age(o.Now.Sub(e.Last))+" ago"), toned(bad, e.Message))
-		}
-		evs.write(w, o, "  ")
+		return
 	}
+	evs := &table{header: []string{"NAMESPACE", "OBJECT", "COUNT", "LAST", "MESSAGE"}}
+	for _, e := range events {
+		evs.add(txt(e.Namespace), txt(e.Object), txt(fmt.Sprint(e.Count)), txt(age(o.Now.Sub(e.Last))+" ago"), toned(bad, e.Message))
+	}
+	evs.write(w, o, "  ")
+}
 
-	w.printf("\nPODS ADMITTED WITHOUT THEIR IMAGES' CONFIGURATION\n")
-	imagesUnreadLines(w, r.ImagesUnread, o)
-
+// renderAttention writes what needs attention, or that nothing does.
+func renderAttention(w *errWriter, attention []string, o RenderOptions) {
 	w.printf("\n")
-	if len(r.Attention) == 0 {
+	if len(attention) == 0 {
 		at := &table{}
 		at.add(toned(good, "OK: nothing needs attention"))
 		at.write(w, o, "")
-	} else {
-		w.printf("NEEDS ATTENTION (docs/troubleshooting.md)\n")
-		at := &table{}
-		for _, a := range r.Attention {
-			at.add(txt("-"), toned(bad, a))
-		}
-		at.write(w, o, "  ")
+		return
 	}
-	return w.err
+	w.printf("NEEDS ATTENTION (docs/troubleshooting.md)\n")
+	at := &table{}
+	for _, a := range attention {
+		at.add(txt("-"), toned(bad, a))
+	}
+	at.write(w, o, "  ")
 }
 
 // dryRunLines says what the API server answered to the dry run.
