@@ -152,63 +152,99 @@ func Write(w io.Writer, r *Report, output string) error {
 	return render(w, r)
 }
 
+// render writes the report as a person reads it: a row per fact, aligned,
+// then what needs attention.
 func render(out io.Writer, r *Report) error {
-	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	row := func(label, format string, args ...any) {
-		// Values quote what nodes and pods wrote.
-		fmt.Fprintf(tw, "%s\t%s\n", label, layout.Printable(fmt.Sprintf(format, args...)))
-	}
+	tw := rows{tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)}
 	where := r.Phase
 	if r.Node != "" {
 		where += " on " + r.Node
 	}
-	row("POD", "%s  %s", r.Pod, where)
+	tw.row("POD", "%s  %s", r.Pod, where)
+	tw.injection(r)
+	tw.imagesUnread(r)
+	if nl := r.NodeLayout; nl != nil {
+		tw.nodeLayout(nl)
+	}
+	tw.row("STALE DRIVER", "%s", r.StaleDriver)
+	if r.Scheduling != "" {
+		tw.row("SCHEDULING", "%s", r.Scheduling)
+	}
+	tw.containers(r.Containers)
+	if a := r.Admission; a != nil {
+		tw.admission(a)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	return renderAttention(out, r.Attention)
+}
+
+// rows are the report's label and value rows, aligned in columns.
+type rows struct{ *tabwriter.Writer }
+
+func (w rows) row(label, format string, args ...any) {
+	// Values quote what nodes and pods wrote.
+	fmt.Fprintf(w, "%s\t%s\n", label, layout.Printable(fmt.Sprintf(format, args...)))
+}
+
+// injection writes what the pod was injected with, as its record says, and
+// the host paths it mounts.
+func (w rows) injection(r *Report) {
 	switch rec := r.Record; {
 	case rec == nil:
-		row("INJECTION", "none: %s", r.RecordNote)
+		w.row("INJECTION", "none: %s", r.RecordNote)
 	case r.Delivery == DeliveryNRI:
-		row("INJECTION", "at the runtime by the node's gpu-injector NRI plugin, containers %s", strings.Join(rec.Containers, ", "))
+		w.row("INJECTION", "at the runtime by the node's gpu-injector NRI plugin, containers %s", strings.Join(rec.Containers, ", "))
 	default:
 		got := "layout " + dash(rec.Fingerprint)
 		if rec.StaticLayout != "" {
 			got = "static layout " + rec.StaticLayout
 		}
-		row("INJECTION", "%s (driver %s), containers %s, delivery %s", got, dash(rec.DriverVersion), strings.Join(rec.Containers, ", "), r.Delivery)
+		w.row("INJECTION", "%s (driver %s), containers %s, delivery %s", got, dash(rec.DriverVersion), strings.Join(rec.Containers, ", "), r.Delivery)
 		if rec.Pool != "" {
-			row("", "pinned to pool %s%s", rec.Pool, map[bool]string{true: " (remembered)"}[rec.Remembered])
+			w.row("", "pinned to pool %s%s", rec.Pool, map[bool]string{true: " (remembered)"}[rec.Remembered])
 		}
 	}
 	if len(r.HostPaths) > 0 {
-		row("", "hostPath %s", strings.Join(r.HostPaths, ", "))
+		w.row("", "hostPath %s", strings.Join(r.HostPaths, ", "))
 	}
+}
+
+// imagesUnread writes the images the pod was admitted without reading, or
+// why their record was not believed.
+func (w rows) imagesUnread(r *Report) {
 	for i, im := range r.ImagesUnread {
 		label := ""
 		if i == 0 {
 			label = "IMAGES UNREAD"
 		}
-		row(label, "%s: %s", im.Image, dash(im.Reason))
+		w.row(label, "%s: %s", im.Image, dash(im.Reason))
 	}
 	switch {
 	case r.ImagesUnreadNote != "":
-		row("IMAGES UNREAD", "record ignored: %s", r.ImagesUnreadNote)
+		w.row("IMAGES UNREAD", "record ignored: %s", r.ImagesUnreadNote)
 	case len(r.ImagesUnread) > 0:
-		row("", "admitted without these images' configuration (LD_LIBRARY_PATH, CUDA need), as the pod's %s says; recreate it once the registry answers", layout.AnnotationImagesUnread)
+		w.row("", "admitted without these images' configuration (LD_LIBRARY_PATH, CUDA need), as the pod's %s says; recreate it once the registry answers", layout.AnnotationImagesUnread)
 	}
-	if nl := r.NodeLayout; nl != nil {
-		has := "still has what the pod got"
-		if !nl.StillHas {
-			has = "NO LONGER HAS what the pod got: " + nl.Note
-		} else if nl.Note != "" {
-			has += " (" + nl.Note + ")"
-		}
-		row("NODE", "%s: state %s, layout %s, driver %s; %s", nl.Name, dash(nl.State), dash(nl.Fingerprint), dash(nl.DriverVersion), has)
-		row("NRI PLUGIN", "%s", nl.Plugin)
+}
+
+// nodeLayout writes the pod's node now, and whether it still has what the
+// pod got.
+func (w rows) nodeLayout(nl *NodeLayout) {
+	has := "still has what the pod got"
+	if !nl.StillHas {
+		has = "NO LONGER HAS what the pod got: " + nl.Note
+	} else if nl.Note != "" {
+		has += " (" + nl.Note + ")"
 	}
-	row("STALE DRIVER", "%s", r.StaleDriver)
-	if r.Scheduling != "" {
-		row("SCHEDULING", "%s", r.Scheduling)
-	}
-	for i, c := range r.Containers {
+	w.row("NODE", "%s: state %s, layout %s, driver %s; %s", nl.Name, dash(nl.State), dash(nl.Fingerprint), dash(nl.DriverVersion), has)
+	w.row("NRI PLUGIN", "%s", nl.Plugin)
+}
+
+// containers writes a line per container the report names.
+func (w rows) containers(cs []Container) {
+	for i, c := range cs {
 		label := ""
 		if i == 0 {
 			label = "CONTAINERS"
@@ -223,33 +259,36 @@ func render(out io.Writer, r *Report) error {
 		if c.Message != "" {
 			line += ": " + layout.Truncate(c.Message, 400)
 		}
-		row(label, "%s", line)
+		w.row(label, "%s", line)
 	}
-	if a := r.Admission; a != nil {
-		switch {
-		case a.Runtime:
-			row("WEBHOOK NOW", "%s: marked for the nodes' NRI plugin", a.Decision)
-		case a.Fingerprint != "":
-			row("WEBHOOK NOW", "%s: layout %s (driver %s)", a.Decision, a.Fingerprint, dash(a.DriverVersion))
-		default:
-			row("WEBHOOK NOW", "%s: %s", a.Decision, a.Reason)
-		}
-		for _, w := range a.Warnings {
-			row("", "warning: %s", w)
-		}
-		if a.Note != "" {
-			row("", "note: %s", a.Note)
-		}
+}
+
+// admission writes the webhook's decision on the pod now.
+func (w rows) admission(a *Admission) {
+	switch {
+	case a.Runtime:
+		w.row("WEBHOOK NOW", "%s: marked for the nodes' NRI plugin", a.Decision)
+	case a.Fingerprint != "":
+		w.row("WEBHOOK NOW", "%s: layout %s (driver %s)", a.Decision, a.Fingerprint, dash(a.DriverVersion))
+	default:
+		w.row("WEBHOOK NOW", "%s: %s", a.Decision, a.Reason)
 	}
-	if err := tw.Flush(); err != nil {
-		return err
+	for _, warning := range a.Warnings {
+		w.row("", "warning: %s", warning)
 	}
-	if len(r.Attention) == 0 {
+	if a.Note != "" {
+		w.row("", "note: %s", a.Note)
+	}
+}
+
+// renderAttention writes what needs attention, or that nothing does.
+func renderAttention(out io.Writer, attention []string) error {
+	if len(attention) == 0 {
 		_, err := fmt.Fprintln(out, "\nOK: nothing needs attention")
 		return err
 	}
 	fmt.Fprintln(out, "\nNEEDS ATTENTION (docs/troubleshooting.md)")
-	for _, a := range r.Attention {
+	for _, a := range attention {
 		if _, err := fmt.Fprintf(out, "  -  %s\n", layout.Printable(a)); err != nil {
 			return err
 		}
