@@ -140,66 +140,14 @@ func (e *PlanError) Error() string { return string(e.Condition) + ": " + e.Messa
 func BuildPlan(files *Files, version, cudaVersion string, cfg *config.Configuration) (plan layout.Plan, notes []string, err error) {
 	rules := cfg.Rules()
 	libDir, binDir := cfg.ContainerPaths.LibraryDir, cfg.ContainerPaths.BinaryDir
-	kinds := map[string]folderKind{}
-	kindOf := func(p string) folderKind {
-		d := path.Dir(p)
-		k, ok := kinds[d]
-		if !ok {
-			k = classify(rules, d, path.Base(p))
-			// The allowlist says a folder may be mounted whole; its content
-			// says whether it should: only if it holds this driver alone.
-			if k == folderDedicated {
-				if only, why := driverOnly(files.h, d, version, 0); !only {
-					notes = append(notes, fmt.Sprintf("%s: mounted file by file, as %s", d, why))
-					k = folderShared
-				}
-			}
-			kinds[d] = k
-		}
-		return k
-	}
-
-	// One library per name, best folder first; Discover's order breaks ties.
-	chosen := map[string]Library{}
-	var names []string
-	for _, l := range files.Libraries {
-		if l.Version != version {
-			continue
-		}
-		k := kindOf(l.Path)
-		if k == folderForbidden {
-			notes = append(notes, fmt.Sprintf("%s: outside the host path allowlist", l.Path))
-			continue
-		}
-		prev, ok := chosen[l.Name]
-		if !ok {
-			names = append(names, l.Name)
-		}
-		if !ok || k < kindOf(prev.Path) {
-			if ok {
-				notes = append(notes, fmt.Sprintf("%s: duplicate of %s", prev.Path, l.Path))
-			}
-			chosen[l.Name] = l
-		} else {
-			notes = append(notes, fmt.Sprintf("%s: duplicate of %s", l.Path, prev.Path))
-		}
-	}
-	sort.Strings(names)
+	pl := &planner{files: files, version: version, onlyVersion: len(files.Versions()) == 1, rules: rules, kinds: map[string]folderKind{}}
+	chosen, names := pl.chooseLibraries()
 	if len(names) == 0 {
-		var outside []string
-		for _, l := range files.Libraries {
-			if l.Version == version {
-				outside = appendNew(outside, path.Dir(l.Path))
-			}
-		}
-		if len(outside) > 0 {
-			return plan, notes, &PlanError{ConditionDriverFilesNotAllowed, fmt.Sprintf("the driver %s is in %s, outside the host path allowlist; add the folder to hostPaths.extraAllowlist to serve this node", version, strings.Join(outside, ", "))}
-		}
-		return plan, notes, &PlanError{ConditionDriverFilesNotFound, fmt.Sprintf("no driver library of version %s under the host root", version)}
+		return plan, pl.notes, pl.noLibraries()
 	}
 	for _, base := range RequiredLibraries {
 		if _, ok := chosen[base+".so."+version]; !ok {
-			return plan, notes, &PlanError{ConditionRequiredLibraryMissing, fmt.Sprintf("%s.so.%s not found", base, version)}
+			return plan, pl.notes, &PlanError{ConditionRequiredLibraryMissing, fmt.Sprintf("%s.so.%s not found", base, version)}
 		}
 	}
 
@@ -209,81 +157,180 @@ func BuildPlan(files *Files, version, cudaVersion string, cfg *config.Configurat
 		CUDADriverVersion: cudaVersion,
 		LibraryPaths:      []string{libDir},
 	}
+	plan.Mounts = pl.libraryMounts(plan.Mounts, chosen, names, libDir)
+	bins, binNames := pl.chooseBinaries()
+	plan.Mounts = pl.binaryMounts(plan.Mounts, bins, binNames, binDir)
+
+	plan.Normalize()
+	if errs := plan.Validate(rules); len(errs) > 0 {
+		return plan, pl.notes, &PlanError{ConditionPlanInvalid, errs.ToAggregate().Error()}
+	}
+	return plan, pl.notes, nil
+}
+
+// planner holds what BuildPlan learns of one driver version's folders as it
+// goes: each folder's kind, found once, and the notes, in the order found.
+type planner struct {
+	files   *Files
+	version string
+	// onlyVersion: the host has no other driver version.
+	onlyVersion bool
+	rules       layout.Rules
+	kinds       map[string]folderKind
+	notes       []string
+}
+
+func (pl *planner) note(format string, args ...any) {
+	pl.notes = append(pl.notes, fmt.Sprintf(format, args...))
+}
+
+// kindOf is the kind of the folder of p.
+func (pl *planner) kindOf(p string) folderKind {
+	d := path.Dir(p)
+	k, ok := pl.kinds[d]
+	if !ok {
+		k = classify(pl.rules, d, path.Base(p))
+		// The allowlist says a folder may be mounted whole; its content
+		// says whether it should: only if it holds this driver alone.
+		if k == folderDedicated {
+			if only, why := driverOnly(pl.files.h, d, pl.version, 0); !only {
+				pl.note("%s: mounted file by file, as %s", d, why)
+				k = folderShared
+			}
+		}
+		pl.kinds[d] = k
+	}
+	return k
+}
+
+// chooseLibraries takes one library per name, best folder first; Discover's
+// order breaks ties. names are the names chosen, sorted.
+func (pl *planner) chooseLibraries() (chosen map[string]Library, names []string) {
+	chosen = map[string]Library{}
+	for _, l := range pl.files.Libraries {
+		if l.Version != pl.version {
+			continue
+		}
+		k := pl.kindOf(l.Path)
+		if k == folderForbidden {
+			pl.note("%s: outside the host path allowlist", l.Path)
+			continue
+		}
+		prev, ok := chosen[l.Name]
+		if !ok {
+			names = append(names, l.Name)
+		}
+		if !ok || k < pl.kindOf(prev.Path) {
+			if ok {
+				pl.note("%s: duplicate of %s", prev.Path, l.Path)
+			}
+			chosen[l.Name] = l
+		} else {
+			pl.note("%s: duplicate of %s", l.Path, prev.Path)
+		}
+	}
+	sort.Strings(names)
+	return chosen, names
+}
+
+// noLibraries says why no library of the version was chosen: its folders
+// are outside the allowlist, or there is none.
+func (pl *planner) noLibraries() *PlanError {
+	var outside []string
+	for _, l := range pl.files.Libraries {
+		if l.Version == pl.version {
+			outside = appendNew(outside, path.Dir(l.Path))
+		}
+	}
+	if len(outside) > 0 {
+		return &PlanError{ConditionDriverFilesNotAllowed, fmt.Sprintf("the driver %s is in %s, outside the host path allowlist; add the folder to hostPaths.extraAllowlist to serve this node", pl.version, strings.Join(outside, ", "))}
+	}
+	return &PlanError{ConditionDriverFilesNotFound, fmt.Sprintf("no driver library of version %s under the host root", pl.version)}
+}
+
+// libraryMounts mounts the chosen libraries at libDir: their folder whole
+// when one dedicated folder holds them all, else file by file under each
+// name and SONAME.
+func (pl *planner) libraryMounts(ms []layout.Mount, chosen map[string]Library, names []string, libDir string) []layout.Mount {
 	libFolders := map[string]bool{}
 	for _, n := range names {
 		libFolders[path.Dir(chosen[n].Path)] = true
 	}
-	if d, ok := single(libFolders); ok && kindOf(chosen[names[0]].Path) == folderDedicated {
-		plan.Mounts = append(plan.Mounts, layout.Mount{HostPath: d, ContainerPath: libDir, Kind: layout.KindDirectory})
-	} else {
-		for _, n := range names {
-			l := chosen[n]
-			for _, as := range append([]string{l.Name}, l.SONAMEs...) {
-				plan.Mounts = appendMount(plan.Mounts, layout.Mount{HostPath: l.Path, ContainerPath: path.Join(libDir, as), Kind: layout.KindFile})
-			}
+	if d, ok := single(libFolders); ok && pl.kindOf(chosen[names[0]].Path) == folderDedicated {
+		return append(ms, layout.Mount{HostPath: d, ContainerPath: libDir, Kind: layout.KindDirectory})
+	}
+	for _, n := range names {
+		l := chosen[n]
+		for _, as := range append([]string{l.Name}, l.SONAMEs...) {
+			ms = appendMount(ms, layout.Mount{HostPath: l.Path, ContainerPath: path.Join(libDir, as), Kind: layout.KindFile})
 		}
 	}
+	return ms
+}
 
-	// Binaries: a dedicated folder counts only if libraries of this version
-	// sit beside it (D/bin next to D, D/lib64 or D/lib), so that nvidia-384/bin
-	// is never paired with the 390 libraries.
-	onlyVersion := len(files.Versions()) == 1
-	ownBinFolder := func(d string) bool {
-		// Nothing else to pair it with, or the folder names the version
-		// (/opt/nvidia/570.181/bin, a Nix store path).
-		if onlyVersion || strings.Contains(d, version) {
+// ownBinFolder reports whether the dedicated folder d holds this driver's
+// binaries. A dedicated folder counts only if libraries of this version sit
+// beside it (D/bin next to D, D/lib64 or D/lib), so that nvidia-384/bin is
+// never paired with the 390 libraries.
+func (pl *planner) ownBinFolder(d string) bool {
+	// Nothing else to pair it with, or the folder names the version
+	// (/opt/nvidia/570.181/bin, a Nix store path).
+	if pl.onlyVersion || strings.Contains(d, pl.version) {
+		return true
+	}
+	parent := path.Dir(d)
+	for _, l := range pl.files.Libraries {
+		if l.Version != pl.version {
+			continue
+		}
+		switch path.Dir(l.Path) {
+		case parent, path.Join(parent, "lib64"), path.Join(parent, "lib"):
 			return true
 		}
-		parent := path.Dir(d)
-		for _, l := range files.Libraries {
-			if l.Version != version {
-				continue
-			}
-			switch path.Dir(l.Path) {
-			case parent, path.Join(parent, "lib64"), path.Join(parent, "lib"):
-				return true
-			}
-		}
-		return false
 	}
-	bins := map[string]Binary{}
-	var binNames []string
-	for _, b := range files.Binaries {
-		k := kindOf(b.Path)
+	return false
+}
+
+// chooseBinaries takes one binary per name, best folder first, from the
+// folders allowed that belong to this driver. binNames are the names
+// chosen, sorted.
+func (pl *planner) chooseBinaries() (bins map[string]Binary, binNames []string) {
+	bins = map[string]Binary{}
+	for _, b := range pl.files.Binaries {
+		k := pl.kindOf(b.Path)
 		switch {
 		case k == folderForbidden:
-			notes = append(notes, fmt.Sprintf("%s: outside the host path allowlist", b.Path))
+			pl.note("%s: outside the host path allowlist", b.Path)
 			continue
-		case k == folderDedicated && !ownBinFolder(path.Dir(b.Path)):
-			notes = append(notes, fmt.Sprintf("%s: belongs to another driver folder", b.Path))
+		case k == folderDedicated && !pl.ownBinFolder(path.Dir(b.Path)):
+			pl.note("%s: belongs to another driver folder", b.Path)
 			continue
 		}
 		prev, ok := bins[b.Name]
 		if !ok {
 			binNames = append(binNames, b.Name)
 			bins[b.Name] = b
-		} else if k < kindOf(prev.Path) {
+		} else if k < pl.kindOf(prev.Path) {
 			bins[b.Name] = b
 		}
 	}
 	sort.Strings(binNames)
+	return bins, binNames
+}
+
+// binaryMounts mounts the chosen binaries at binDir, by the libraries' rule.
+func (pl *planner) binaryMounts(ms []layout.Mount, bins map[string]Binary, binNames []string, binDir string) []layout.Mount {
 	binFolders := map[string]bool{}
 	for _, n := range binNames {
 		binFolders[path.Dir(bins[n].Path)] = true
 	}
-	if d, ok := single(binFolders); ok && kindOf(bins[binNames[0]].Path) == folderDedicated {
-		plan.Mounts = append(plan.Mounts, layout.Mount{HostPath: d, ContainerPath: binDir, Kind: layout.KindDirectory})
-	} else {
-		for _, n := range binNames {
-			plan.Mounts = appendMount(plan.Mounts, layout.Mount{HostPath: bins[n].Path, ContainerPath: path.Join(binDir, n), Kind: layout.KindFile})
-		}
+	if d, ok := single(binFolders); ok && pl.kindOf(bins[binNames[0]].Path) == folderDedicated {
+		return append(ms, layout.Mount{HostPath: d, ContainerPath: binDir, Kind: layout.KindDirectory})
 	}
-
-	plan.Normalize()
-	if errs := plan.Validate(rules); len(errs) > 0 {
-		return plan, notes, &PlanError{ConditionPlanInvalid, errs.ToAggregate().Error()}
+	for _, n := range binNames {
+		ms = appendMount(ms, layout.Mount{HostPath: bins[n].Path, ContainerPath: path.Join(binDir, n), Kind: layout.KindFile})
 	}
-	return plan, notes, nil
+	return ms
 }
 
 func single(set map[string]bool) (string, bool) {
