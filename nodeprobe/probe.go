@@ -142,95 +142,20 @@ func Probe(opts ProbeOptions) (out Result, err error) {
 	res := Result{Notes: append([]string(nil), files.Skipped...)}
 	defer func() { out.Evidence = files.Evidence }()
 
-	// NVML, from the library the host's loader would pick.
-	res.NVMLLibrary = opts.NVMLLibrary
-	if res.NVMLLibrary == "" {
-		if l, ok := files.cacheTarget(h, "libnvidia-ml.so.1"); ok {
-			res.NVMLLibrary = h.osPath(l.Path)
-		} else {
-			for _, l := range files.Libraries {
-				if l.Base == "libnvidia-ml" {
-					res.NVMLLibrary = h.osPath(l.Path)
-					break
-				}
-			}
-		}
+	res.NVMLLibrary = nvmlLibrary(opts, files, h)
+	if res.NVML, err = readNVMLLibrary(opts, res.NVMLLibrary); err != nil {
+		return res, err
 	}
-	if rel, ok := strings.CutPrefix(res.NVMLLibrary, strings.TrimSuffix(opts.HostRoot, "/")+"/"); ok && opts.NVMLLibrary != "" {
-		files.AddEvidence(path.Dir("/"+rel), "NVML library")
-	}
-	if res.NVMLLibrary == "" {
-		res.NVML = NVMLResult{State: NVMLLibraryNotFound, Message: "no libnvidia-ml.so.1 under the host root"}
-	} else if _, err := os.Stat(res.NVMLLibrary); err != nil {
-		res.NVML = NVMLResult{State: NVMLLibraryNotFound, Message: err.Error()}
-	} else {
-		open := opts.OpenNVML
-		if open == nil {
-			open = func(p string) (NVML, error) {
-				if c := CheckNVMLLibrary(p); c.State != NVMLOK {
-					return nil, &nvmlUnusable{c}
-				}
-				return OpenNVML(p), nil
-			}
-		}
-		watch := opts.NVMLWatch
-		if watch == nil {
-			watch = &NVMLWatch{}
-		}
-		nvmlRes, err := watch.Read(func() (NVML, error) { return open(res.NVMLLibrary) })
-		var unusable *nvmlUnusable
-		switch {
-		case errors.As(err, &unusable):
-			res.NVML = unusable.result
-		case err != nil:
-			return res, err
-		default:
-			res.NVML = nvmlRes
-		}
-	}
-
 	kernel := kernelModuleVersion(h)
-	if len(files.Libraries) == 0 && kernel == "" && (res.NVML.State == NVMLLibraryNotFound || res.NVML.State == NVMLLibraryInvalid) {
-		if dev := nvidiaDevice(h); dev != "" {
-			return res.fail(ConditionDriverFilesNotFound, "%s, but no versioned driver library (%s.so.<version>) under the host root", dev, strings.Join(RequiredLibraries, ".so.<version>, "))
-		}
-		if !files.namesDriverLibrary() {
-			return res.fail(ConditionNoDriver, "no NVIDIA device, kernel module or driver library on this node")
-		}
+	if c, msg := noDriver(files, h, kernel, res.NVML); c != "" {
+		return res.fail(c, "%s", msg)
 	}
-	switch res.NVML.State {
-	case NVMLOK:
-		res.DriverVersion, res.VersionSource = res.NVML.Facts.DriverVersion, SourceNVML
-	case NVMLVersionMismatch:
-		return res.fail(ConditionDriverLibraryVersionMismatch, "%s (kernel module %s); reboot or reload the driver", res.NVML.Message, orUnknown(kernel))
-	case NVMLNoDevices:
-		res.DriverVersion, res.VersionSource = res.NVML.Facts.DriverVersion, SourceNVML
-		return res.fail(ConditionNoDevices, "%s", res.NVML.Message)
-	case NVMLError:
-		return res.fail(ConditionNVMLError, "%s", res.NVML.Message)
-	case NVMLTimeout:
-		return res.fail(ConditionDriverWedged, "NVML does not answer: %s", res.NVML.Message)
-	case NVMLGPULost:
-		return res.fail(ConditionGPULost, "NVML reports a GPU lost: %s", res.NVML.Message)
-	case NVMLDriverNotLoaded:
-		if kernel == "" {
-			return res.fail(ConditionDriverNotLoaded, "%s and no nvidia kernel module is visible", res.NVML.Message)
-		}
-		// The module is loaded: this container lacks the device nodes.
-		res.Notes = append(res.Notes, fmt.Sprintf("NVML: %s, but kernel module %s is loaded; is /dev/nvidiactl visible?", res.NVML.Message, kernel))
+	if c, msg := res.nvmlVersion(kernel); c != "" {
+		return res.fail(c, "%s", msg)
 	}
 	if res.DriverVersion == "" {
-		versions := files.Versions()
-		if kernel != "" {
-			res.DriverVersion, res.VersionSource = kernel, SourceKernelModule
-		} else if len(versions) == 1 {
-			res.DriverVersion, res.VersionSource = versions[0], SourceFileNames
-		} else if l, ok := files.cacheTarget(h, "libcuda.so.1"); ok {
-			res.DriverVersion, res.VersionSource = l.Version, SourceLoaderCache
-		} else if len(versions) == 0 {
-			return res.fail(ConditionDriverFilesNotFound, "no versioned driver library (%s.so.<version>) under the host root", strings.Join(RequiredLibraries, ".so.<version>, "))
-		} else {
-			return res.fail(ConditionDriverVersionAmbiguous, "driver files of versions %s and nothing tells which one runs (NVML: %s)", strings.Join(versions, ", "), res.NVML.State)
+		if c, msg := res.filesVersion(files, h, kernel); c != "" {
+			return res.fail(c, "%s", msg)
 		}
 	}
 	cuda := ""
@@ -239,37 +164,165 @@ func Probe(opts ProbeOptions) (out Result, err error) {
 	}
 	if !opts.IgnoreRuntimeInjection {
 		if ri := DetectRuntimeInjection(opts.HostRoot); ri.Kind != "" {
-			// The runtime finds the files itself: mounting them again at
-			// the same paths would break the container.
-			files.Evidence = append(files.Evidence, ri.Evidence...)
-			res.Notes = append(res.Notes, ri.Notes...)
-			plan := layout.Plan{SchemaVersion: layout.SchemaVersion, DriverVersion: res.DriverVersion, CUDADriverVersion: cuda, RuntimeInjection: ri.Kind, Mounts: []layout.Mount{}, LibraryPaths: []string{}}
-			plan.LibraryPaths, res.Notes = allowedLibraryPaths(plan, ri.LibraryPaths, cfg, res.Notes)
-			if errs := plan.Validate(cfg.Rules()); len(errs) > 0 {
-				return res.fail(ConditionPlanInvalid, "%v", errs.ToAggregate())
+			return res.runtimePlan(ri, files, cuda, cfg)
+		}
+	}
+	return res.filesPlan(files, cuda, cfg)
+}
+
+// nvmlLibrary is the NVML library to read: the one the options name, else
+// the one the host's loader would pick, else any of the host's.
+func nvmlLibrary(opts ProbeOptions, files *Files, h hostFS) string {
+	lib := opts.NVMLLibrary
+	if lib == "" {
+		if l, ok := files.cacheTarget(h, "libnvidia-ml.so.1"); ok {
+			lib = h.osPath(l.Path)
+		} else {
+			for _, l := range files.Libraries {
+				if l.Base == "libnvidia-ml" {
+					lib = h.osPath(l.Path)
+					break
+				}
 			}
-			sort.Strings(res.Notes)
-			res.Condition, res.Plan = ConditionReady, &plan
-			return res, nil
 		}
 	}
-	if v := files.Versions(); !contains(v, res.DriverVersion) {
+	if rel, ok := strings.CutPrefix(lib, strings.TrimSuffix(opts.HostRoot, "/")+"/"); ok && opts.NVMLLibrary != "" {
+		files.AddEvidence(path.Dir("/"+rel), "NVML library")
+	}
+	return lib
+}
+
+// readNVMLLibrary is what NVML, loaded from lib, says of the driver and its
+// GPUs. The error is ErrNVMLReload's kind: one the caller cannot publish.
+func readNVMLLibrary(opts ProbeOptions, lib string) (NVMLResult, error) {
+	if lib == "" {
+		return NVMLResult{State: NVMLLibraryNotFound, Message: "no libnvidia-ml.so.1 under the host root"}, nil
+	}
+	if _, err := os.Stat(lib); err != nil {
+		return NVMLResult{State: NVMLLibraryNotFound, Message: err.Error()}, nil
+	}
+	open := opts.OpenNVML
+	if open == nil {
+		open = func(p string) (NVML, error) {
+			if c := CheckNVMLLibrary(p); c.State != NVMLOK {
+				return nil, &nvmlUnusable{c}
+			}
+			return OpenNVML(p), nil
+		}
+	}
+	watch := opts.NVMLWatch
+	if watch == nil {
+		watch = &NVMLWatch{}
+	}
+	nvmlRes, err := watch.Read(func() (NVML, error) { return open(lib) })
+	var unusable *nvmlUnusable
+	switch {
+	case errors.As(err, &unusable):
+		return unusable.result, nil
+	case err != nil:
+		return NVMLResult{}, err
+	}
+	return nvmlRes, nil
+}
+
+// noDriver says why a node with no driver library, no kernel module and no
+// NVML to read fails the probe, or "" where something of a driver is there.
+func noDriver(files *Files, h hostFS, kernel string, nvml NVMLResult) (Condition, string) {
+	if len(files.Libraries) > 0 || kernel != "" || (nvml.State != NVMLLibraryNotFound && nvml.State != NVMLLibraryInvalid) {
+		return "", ""
+	}
+	if dev := nvidiaDevice(h); dev != "" {
+		return ConditionDriverFilesNotFound, fmt.Sprintf("%s, but no versioned driver library (%s.so.<version>) under the host root", dev, strings.Join(RequiredLibraries, ".so.<version>, "))
+	}
+	if !files.namesDriverLibrary() {
+		return ConditionNoDriver, "no NVIDIA device, kernel module or driver library on this node"
+	}
+	return "", ""
+}
+
+// nvmlVersion takes the driver version from NVML's answer, or says why that
+// answer fails the probe; a driver NVML cannot reach leaves the version to
+// the files (filesVersion).
+func (r *Result) nvmlVersion(kernel string) (Condition, string) {
+	switch r.NVML.State {
+	case NVMLOK:
+		r.DriverVersion, r.VersionSource = r.NVML.Facts.DriverVersion, SourceNVML
+	case NVMLVersionMismatch:
+		return ConditionDriverLibraryVersionMismatch, fmt.Sprintf("%s (kernel module %s); reboot or reload the driver", r.NVML.Message, orUnknown(kernel))
+	case NVMLNoDevices:
+		r.DriverVersion, r.VersionSource = r.NVML.Facts.DriverVersion, SourceNVML
+		return ConditionNoDevices, r.NVML.Message
+	case NVMLError:
+		return ConditionNVMLError, r.NVML.Message
+	case NVMLTimeout:
+		return ConditionDriverWedged, "NVML does not answer: " + r.NVML.Message
+	case NVMLGPULost:
+		return ConditionGPULost, "NVML reports a GPU lost: " + r.NVML.Message
+	case NVMLDriverNotLoaded:
+		if kernel == "" {
+			return ConditionDriverNotLoaded, r.NVML.Message + " and no nvidia kernel module is visible"
+		}
+		// The module is loaded: this container lacks the device nodes.
+		r.Notes = append(r.Notes, fmt.Sprintf("NVML: %s, but kernel module %s is loaded; is /dev/nvidiactl visible?", r.NVML.Message, kernel))
+	}
+	return "", ""
+}
+
+// filesVersion takes the driver version from what the host shows without
+// NVML: the kernel module, the one version of the files, the loader's
+// cache; or says why none tells.
+func (r *Result) filesVersion(files *Files, h hostFS, kernel string) (Condition, string) {
+	versions := files.Versions()
+	if kernel != "" {
+		r.DriverVersion, r.VersionSource = kernel, SourceKernelModule
+	} else if len(versions) == 1 {
+		r.DriverVersion, r.VersionSource = versions[0], SourceFileNames
+	} else if l, ok := files.cacheTarget(h, "libcuda.so.1"); ok {
+		r.DriverVersion, r.VersionSource = l.Version, SourceLoaderCache
+	} else if len(versions) == 0 {
+		return ConditionDriverFilesNotFound, fmt.Sprintf("no versioned driver library (%s.so.<version>) under the host root", strings.Join(RequiredLibraries, ".so.<version>, "))
+	} else {
+		return ConditionDriverVersionAmbiguous, fmt.Sprintf("driver files of versions %s and nothing tells which one runs (NVML: %s)", strings.Join(versions, ", "), r.NVML.State)
+	}
+	return "", ""
+}
+
+// runtimePlan is the plan of a node whose runtime injects the driver (ri).
+// The runtime finds the files itself: mounting them again at the same paths
+// would break the container.
+func (r Result) runtimePlan(ri RuntimeInjection, files *Files, cuda string, cfg *config.Configuration) (Result, error) {
+	files.Evidence = append(files.Evidence, ri.Evidence...)
+	r.Notes = append(r.Notes, ri.Notes...)
+	plan := layout.Plan{SchemaVersion: layout.SchemaVersion, DriverVersion: r.DriverVersion, CUDADriverVersion: cuda, RuntimeInjection: ri.Kind, Mounts: []layout.Mount{}, LibraryPaths: []string{}}
+	plan.LibraryPaths, r.Notes = allowedLibraryPaths(plan, ri.LibraryPaths, cfg, r.Notes)
+	if errs := plan.Validate(cfg.Rules()); len(errs) > 0 {
+		return r.fail(ConditionPlanInvalid, "%v", errs.ToAggregate())
+	}
+	sort.Strings(r.Notes)
+	r.Condition, r.Plan = ConditionReady, &plan
+	return r, nil
+}
+
+// filesPlan is the plan that mounts the files of the driver version found
+// (BuildPlan).
+func (r Result) filesPlan(files *Files, cuda string, cfg *config.Configuration) (Result, error) {
+	if v := files.Versions(); !contains(v, r.DriverVersion) {
 		if len(v) == 0 {
-			return res.fail(ConditionDriverFilesNotFound, "the driver %s (from %s) has no library files under the host root", res.DriverVersion, res.VersionSource)
+			return r.fail(ConditionDriverFilesNotFound, "the driver %s (from %s) has no library files under the host root", r.DriverVersion, r.VersionSource)
 		}
-		return res.fail(ConditionDriverVersionMismatch, "%s reports driver %s but the files under the host root are of %s", res.VersionSource, res.DriverVersion, strings.Join(v, ", "))
+		return r.fail(ConditionDriverVersionMismatch, "%s reports driver %s but the files under the host root are of %s", r.VersionSource, r.DriverVersion, strings.Join(v, ", "))
 	}
-	plan, notes, err := BuildPlan(files, res.DriverVersion, cuda, cfg)
-	res.Notes = append(res.Notes, notes...)
+	plan, notes, err := BuildPlan(files, r.DriverVersion, cuda, cfg)
+	r.Notes = append(r.Notes, notes...)
 	var pe *PlanError
 	if errors.As(err, &pe) {
-		return res.fail(pe.Condition, "%s", pe.Message)
+		return r.fail(pe.Condition, "%s", pe.Message)
 	} else if err != nil {
-		return res.fail(ConditionPlanInvalid, "%v", err)
+		return r.fail(ConditionPlanInvalid, "%v", err)
 	}
-	sort.Strings(res.Notes)
-	res.Condition, res.Plan = ConditionReady, &plan
-	return res, nil
+	sort.Strings(r.Notes)
+	r.Condition, r.Plan = ConditionReady, &plan
+	return r, nil
 }
 
 // nvmlUnusable is how an OpenNVML reports a library it refused to call.
