@@ -127,37 +127,17 @@ func ReadNVML(lib NVML) NVMLResult { return readNVML(lib, func(string) {}) }
 func readNVML(lib NVML, step func(call string)) NVMLResult {
 	step("nvmlInit")
 	if ret := lib.Init(); ret != nvml.SUCCESS {
-		state := NVMLError
-		switch {
-		case ret == nvml.ERROR_LIBRARY_NOT_FOUND:
-			state = NVMLLibraryNotFound
-		case ret == nvml.ERROR_DRIVER_NOT_LOADED:
-			state = NVMLDriverNotLoaded
-		case ret == nvml.ERROR_LIB_RM_VERSION_MISMATCH:
-			state = NVMLVersionMismatch
-		case ret == nvml.ERROR_NO_PERMISSION:
-			state = NVMLNoPermission
-		case gpuLost(ret):
-			state = NVMLGPULost
-		}
-		return NVMLResult{State: state, Message: "nvmlInit failed: " + returnName(ret)}
+		return initFailed(ret)
 	}
 	defer func() {
 		step("nvmlShutdown")
 		lib.Shutdown()
 	}()
-	failed := func(call string, ret nvml.Return) NVMLResult {
-		state := NVMLError
-		if gpuLost(ret) {
-			state = NVMLGPULost
-		}
-		return NVMLResult{State: state, Message: call + " failed: " + returnName(ret)}
-	}
 	facts := &NVMLFacts{}
 	step("nvmlSystemGetDriverVersion")
 	v, ret := lib.SystemGetDriverVersion()
 	if ret != nvml.SUCCESS {
-		return failed("nvmlSystemGetDriverVersion", ret)
+		return callFailed("nvmlSystemGetDriverVersion", ret)
 	}
 	facts.DriverVersion = strings.TrimSpace(v)
 	step("nvmlSystemGetCudaDriverVersion")
@@ -168,52 +148,92 @@ func readNVML(lib NVML, step func(call string)) NVMLResult {
 	step("nvmlDeviceGetCount")
 	n, ret := lib.DeviceGetCount()
 	if ret != nvml.SUCCESS {
-		return failed("nvmlDeviceGetCount", ret)
+		return callFailed("nvmlDeviceGetCount", ret)
 	}
 	if n == 0 {
 		return NVMLResult{State: NVMLNoDevices, Message: "NVML sees no GPU", Facts: facts}
 	}
 	for i := range n {
-		call := func(name string) string {
-			c := fmt.Sprintf("%s(%d)", name, i)
-			step(c)
-			return c
-		}
-		c := call("nvmlDeviceGetHandleByIndex")
-		dev, ret := lib.DeviceGetHandleByIndex(i)
-		if ret != nvml.SUCCESS {
-			return failed(c, ret)
-		}
-		var g GPU
-		c = call("nvmlDeviceGetName")
-		if g.Product, ret = dev.GetName(); ret != nvml.SUCCESS {
-			return failed(c, ret)
-		}
-		c = call("nvmlDeviceGetMemoryInfo")
-		mem, ret := dev.GetMemoryInfo()
-		if ret != nvml.SUCCESS {
-			return failed(c, ret)
-		}
-		g.MemoryMiB = mem.Total >> 20
-		c = call("nvmlDeviceGetCudaComputeCapability")
-		major, minor, ret := dev.GetCudaComputeCapability()
-		if ret != nvml.SUCCESS {
-			return failed(c, ret)
-		}
-		g.ComputeCapability = fmt.Sprintf("%d.%d", major, minor)
-		// GPUs without MIG answer NOT_SUPPORTED: that is "disabled", not an error.
-		c = call("nvmlDeviceGetMigMode")
-		current, _, ret := dev.GetMigMode()
-		switch ret {
-		case nvml.SUCCESS:
-			g.MIGEnabled = current == nvml.DEVICE_MIG_ENABLE
-		case nvml.ERROR_NOT_SUPPORTED:
-		default:
-			return failed(c, ret)
+		g, failed := readGPU(lib, i, step)
+		if failed != nil {
+			return *failed
 		}
 		facts.GPUs = append(facts.GPUs, g)
 	}
 	return NVMLResult{State: NVMLOK, Facts: facts}
+}
+
+// initFailed names the state of an NVML that failed to initialize.
+func initFailed(ret nvml.Return) NVMLResult {
+	state := NVMLError
+	switch {
+	case ret == nvml.ERROR_LIBRARY_NOT_FOUND:
+		state = NVMLLibraryNotFound
+	case ret == nvml.ERROR_DRIVER_NOT_LOADED:
+		state = NVMLDriverNotLoaded
+	case ret == nvml.ERROR_LIB_RM_VERSION_MISMATCH:
+		state = NVMLVersionMismatch
+	case ret == nvml.ERROR_NO_PERMISSION:
+		state = NVMLNoPermission
+	case gpuLost(ret):
+		state = NVMLGPULost
+	}
+	return NVMLResult{State: state, Message: "nvmlInit failed: " + returnName(ret)}
+}
+
+// callFailed names the state of an NVML call that failed once NVML was up.
+func callFailed(call string, ret nvml.Return) NVMLResult {
+	state := NVMLError
+	if gpuLost(ret) {
+		state = NVMLGPULost
+	}
+	return NVMLResult{State: state, Message: call + " failed: " + returnName(ret)}
+}
+
+// readGPU reads the facts of the GPU of index i; failed is the result of a
+// call that failed, nil when none did.
+func readGPU(lib NVML, i int, step func(call string)) (g GPU, failed *NVMLResult) {
+	call := func(name string) string {
+		c := fmt.Sprintf("%s(%d)", name, i)
+		step(c)
+		return c
+	}
+	fail := func(c string, ret nvml.Return) (GPU, *NVMLResult) {
+		r := callFailed(c, ret)
+		return GPU{}, &r
+	}
+	c := call("nvmlDeviceGetHandleByIndex")
+	dev, ret := lib.DeviceGetHandleByIndex(i)
+	if ret != nvml.SUCCESS {
+		return fail(c, ret)
+	}
+	c = call("nvmlDeviceGetName")
+	if g.Product, ret = dev.GetName(); ret != nvml.SUCCESS {
+		return fail(c, ret)
+	}
+	c = call("nvmlDeviceGetMemoryInfo")
+	mem, ret := dev.GetMemoryInfo()
+	if ret != nvml.SUCCESS {
+		return fail(c, ret)
+	}
+	g.MemoryMiB = mem.Total >> 20
+	c = call("nvmlDeviceGetCudaComputeCapability")
+	major, minor, ret := dev.GetCudaComputeCapability()
+	if ret != nvml.SUCCESS {
+		return fail(c, ret)
+	}
+	g.ComputeCapability = fmt.Sprintf("%d.%d", major, minor)
+	// GPUs without MIG answer NOT_SUPPORTED: that is "disabled", not an error.
+	c = call("nvmlDeviceGetMigMode")
+	current, _, ret := dev.GetMigMode()
+	switch ret {
+	case nvml.SUCCESS:
+		g.MIGEnabled = current == nvml.DEVICE_MIG_ENABLE
+	case nvml.ERROR_NOT_SUPPORTED:
+	default:
+		return fail(c, ret)
+	}
+	return g, nil
 }
 
 // NVMLSymbols are the C functions the probe makes go-nvml call. go-nvml

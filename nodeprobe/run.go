@@ -239,24 +239,12 @@ func (d *daemon) openNVML(p string) (NVML, error) {
 	return OpenNVML(p), nil
 }
 
+// run serves the health and metrics endpoints, starts the watches and
+// probes until ctx ends.
 func (d *daemon) run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	if d.probe.OpenNVML == nil {
-		d.probe.OpenNVML = d.openNVML
-	}
-	if d.wake == nil {
-		d.wake = make(chan struct{}, 1)
-	}
-	if d.relabel == nil {
-		d.relabel = make(chan struct{}, 1)
-	}
-	if d.probe.NVMLWatch == nil {
-		d.probe.NVMLWatch = &NVMLWatch{}
-	}
-	// The driver answering again is news the node should carry at once,
-	// not at the next interval.
-	d.probe.NVMLWatch.Returned = d.wakeUp
+	d.setDefaults()
 	errc := make(chan error, 3)
 	if err := nodeagent.Serve(ctx, d.opts.HealthAddr, d.healthMux(), errc); err != nil {
 		return err
@@ -274,11 +262,37 @@ func (d *daemon) run(ctx context.Context) error {
 		d.pluginUp.Store(d.pluginRegistered(log))
 		go d.watchPlugin(ctx, log)
 	}
+	go d.watchDriver(ctx, log)
+	go d.watchMounts(ctx, log, errc)
+	return d.loop(ctx, log, errc, hup)
+}
+
+// setDefaults fills what a test may set and the daemon needs: the NVML
+// opener and watch, and the channels that ask for a probe.
+func (d *daemon) setDefaults() {
+	if d.probe.OpenNVML == nil {
+		d.probe.OpenNVML = d.openNVML
+	}
+	if d.wake == nil {
+		d.wake = make(chan struct{}, 1)
+	}
+	if d.relabel == nil {
+		d.relabel = make(chan struct{}, 1)
+	}
+	if d.probe.NVMLWatch == nil {
+		d.probe.NVMLWatch = &NVMLWatch{}
+	}
+	// The driver answering again is news the node should carry at once,
+	// not at the next interval.
+	d.probe.NVMLWatch.Returned = d.wakeUp
 	if d.driverChanged == nil {
 		d.driverChanged = make(chan struct{}, 1)
 	}
-	go d.watchDriver(ctx, log)
-	go d.watchMounts(ctx, log, errc)
+}
+
+// loop probes and publishes at each interval and whenever asked, until ctx
+// ends or a server or watch fails (errc).
+func (d *daemon) loop(ctx context.Context, log logr.Logger, errc <-chan error, hup <-chan os.Signal) error {
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {
