@@ -144,38 +144,8 @@ func (p *Plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *ap
 		return nil, nil, nil
 	}
 	log := p.Log.WithValues("pod", pod.GetNamespace()+"/"+pod.GetName(), "container", ctr.GetName())
-	names, err := layout.ParseRuntimeMarker(marker)
-	if err != nil {
-		log.Info("ignoring a runtime injection marker that does not parse", "error", err.Error())
-		p.count(ResultBadMarker)
-		return nil, nil, nil
-	}
-	listed := false
-	for _, n := range names {
-		if n == ctr.GetName() {
-			listed = true
-			break
-		}
-	}
-	if !listed {
-		// A marked pod's GPU container the marker does not name was added
-		// after gpu-injector's admission, by a later plugin.
-		if gpu, _ := gpuDevice(ctr); gpu {
-			log.Info("not injecting the driver: the runtime injection marker does not name this GPU container, which a plugin after gpu-injector's admission added", "marker", marker)
-		}
-		p.count(ResultNotListed)
-		return nil, nil, nil
-	}
-	// The marker is the pod author's word; a GPU device node is the kubelet's.
-	if gpu, other := gpuDevice(ctr); !gpu {
-		if other != nil {
-			log.Info("not injecting the driver: the container's NVIDIA GPU device path holds another device",
-				"device", other.GetPath(), "type", other.GetType(), "major", other.GetMajor(), "minor", other.GetMinor())
-			p.count(ResultNotGPUDevice)
-			return nil, nil, nil
-		}
-		log.Info("not injecting the driver: the marker names a container that has no NVIDIA GPU device")
-		p.count(ResultNoGPU)
+	if result := markedGPU(log, marker, ctr); result != "" {
+		p.count(result)
 		return nil, nil, nil
 	}
 	lp, err := p.currentPlan()
@@ -185,19 +155,9 @@ func (p *Plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *ap
 		return nil, nil, fmt.Errorf("gpu-injector: container %q of pod %s/%s was admitted for runtime injection of the NVIDIA driver, but %w; the kubelet retries",
 			ctr.GetName(), pod.GetNamespace(), pod.GetName(), err)
 	}
-	plan, mounts := lp.plan, lp.mounts
+	plan := lp.plan
 	if plan.RuntimeInjection != "" {
-		// The node's own runtime or device plugin mounts the driver; GKE's
-		// device plugin leaves LD_LIBRARY_PATH unset, so the plan's library
-		// folders (none for the toolkit or CDI) still join it.
-		log.V(1).Info("not injecting the driver: the node injects it already", "runtimeInjection", plan.RuntimeInjection)
-		p.count(ResultRuntimeInjects)
-		if libs, set := libraryPath(ctr.GetEnv(), plan.LibraryPaths, p.LDLibraryPath); set {
-			adj := &api.ContainerAdjustment{}
-			adj.AddEnv(envLibraryPath, libs)
-			return adj, nil, nil
-		}
-		return nil, nil, nil
+		return p.nodeInjects(log, ctr, plan), nil, nil
 	}
 	if dst, m, hit := mountedTarget(ctr.GetMounts(), plan.Mounts); hit {
 		log.Info("not injecting the driver: the container mounts a path of the plan already", "containerMount", dst, "planMount", m)
@@ -209,6 +169,58 @@ func (p *Plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *ap
 		p.count(result)
 		return nil, nil, fmt.Errorf("gpu-injector: container %q of pod %s/%s %w", ctr.GetName(), pod.GetNamespace(), pod.GetName(), err)
 	}
+	return p.inject(log, ctr, lp), nil, nil
+}
+
+// markedGPU says whether ctr is a GPU container that the runtime injection
+// marker of its pod names: "" when it is, else the result to count, with
+// why logged.
+func markedGPU(log logr.Logger, marker string, ctr *api.Container) string {
+	names, err := layout.ParseRuntimeMarker(marker)
+	if err != nil {
+		log.Info("ignoring a runtime injection marker that does not parse", "error", err.Error())
+		return ResultBadMarker
+	}
+	if !slices.Contains(names, ctr.GetName()) {
+		// A marked pod's GPU container the marker does not name was added
+		// after gpu-injector's admission, by a later plugin.
+		if gpu, _ := gpuDevice(ctr); gpu {
+			log.Info("not injecting the driver: the runtime injection marker does not name this GPU container, which a plugin after gpu-injector's admission added", "marker", marker)
+		}
+		return ResultNotListed
+	}
+	// The marker is the pod author's word; a GPU device node is the kubelet's.
+	if gpu, other := gpuDevice(ctr); !gpu {
+		if other != nil {
+			log.Info("not injecting the driver: the container's NVIDIA GPU device path holds another device",
+				"device", other.GetPath(), "type", other.GetType(), "major", other.GetMajor(), "minor", other.GetMinor())
+			return ResultNotGPUDevice
+		}
+		log.Info("not injecting the driver: the marker names a container that has no NVIDIA GPU device")
+		return ResultNoGPU
+	}
+	return ""
+}
+
+// nodeInjects is the adjustment of a container on a node whose own runtime
+// or device plugin mounts the driver: GKE's device plugin leaves
+// LD_LIBRARY_PATH unset, so the plan's library folders (none for the toolkit
+// or CDI) still join it.
+func (p *Plugin) nodeInjects(log logr.Logger, ctr *api.Container, plan *layout.Plan) *api.ContainerAdjustment {
+	log.V(1).Info("not injecting the driver: the node injects it already", "runtimeInjection", plan.RuntimeInjection)
+	p.count(ResultRuntimeInjects)
+	if libs, set := libraryPath(ctr.GetEnv(), plan.LibraryPaths, p.LDLibraryPath); set {
+		adj := &api.ContainerAdjustment{}
+		adj.AddEnv(envLibraryPath, libs)
+		return adj
+	}
+	return nil
+}
+
+// inject is the adjustment that mounts the plan's driver into ctr and
+// joins its library folders to LD_LIBRARY_PATH.
+func (p *Plugin) inject(log logr.Logger, ctr *api.Container, lp loadedPlan) *api.ContainerAdjustment {
+	plan, mounts := lp.plan, lp.mounts
 	adj := &api.ContainerAdjustment{Mounts: make([]*api.Mount, len(mounts))}
 	for i, m := range mounts {
 		// A copy: the adjustment is marshalled while other calls use the plan.
@@ -221,7 +233,7 @@ func (p *Plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *ap
 	log.V(1).Info("injecting the driver", "driverVersion", plan.DriverVersion, "fingerprint", lp.fingerprint, "mounts", len(mounts),
 		"ldLibraryPath", libs)
 	p.count(ResultInjected)
-	return adj, nil, nil
+	return adj
 }
 
 // libraryPath is the container's LD_LIBRARY_PATH, from its whole
