@@ -151,15 +151,7 @@ func (idx *Index) SetMemory(mem []pools.Memory) {
 // pinned by fingerprint, and pools with no member node are served from
 // memory, one layout each, until they expire. It returns the earliest expiry it relied on.
 func (idx *Index) withPools(byFP []*inject.Layout, now time.Time) ([]*inject.Layout, time.Time) {
-	uniform := map[string]string{}
-	mixed := map[string]bool{}
-	for key, ps := range idx.pools {
-		if fp, ok := ps.uniform(); ok {
-			uniform[key] = fp
-		} else {
-			mixed[key] = true
-		}
-	}
+	uniform, mixed := idx.poolStates()
 	remembered, next := idx.rememberedPools(now)
 	// The split of a fingerprint's nodes depends only on its Layout (a new
 	// one is published on every change of its nodes) and on the pools'
@@ -175,45 +167,81 @@ func (idx *Index) withPools(byFP []*inject.Layout, now time.Time) ([]*inject.Lay
 			continue
 		}
 		first := len(out)
-		var pooled, rest []*inject.NodeInfo
-		var pooledGPUs, restGPUs int64
-		var keys, mixedHere []string
-		for _, n := range l.Nodes {
-			key := n.Pool
-			if key != "" && uniform[key] == l.Fingerprint {
-				pooled = append(pooled, n)
-				pooledGPUs += n.AllocatableGPUs
-				if !slices.Contains(keys, key) {
-					keys = append(keys, key)
-				}
-				continue
-			}
-			rest = append(rest, n)
-			restGPUs += n.AllocatableGPUs
-			if mixed[key] && !slices.Contains(mixedHere, key) {
-				mixedHere = append(mixedHere, key)
-			}
-		}
-		if len(rest) > 0 {
-			slices.Sort(mixedHere)
-			out = append(out, &inject.Layout{Fingerprint: l.Fingerprint, Plan: l.Plan, AllocatableGPUs: restGPUs, Nodes: rest, MixedPools: mixedHere})
-		}
-		if len(pooled) > 0 {
-			// The pools of this layout at zero that memory still vouches
-			// for are in the pin too: the pod may wait for either to grow.
-			for _, m := range remembered[l.Fingerprint] {
-				keys = append(keys, m.Pool)
-			}
-			pl := &inject.Layout{Fingerprint: l.Fingerprint, Plan: l.Plan, AllocatableGPUs: pooledGPUs, Nodes: pooled}
-			idx.pinPools(pl, keys)
-			out = append(out, pl)
-		}
+		out = idx.splitByPool(out, l, uniform, mixed, remembered[l.Fingerprint])
 		views[l.Fingerprint] = poolView{src: l, sig: sig, out: slices.Clone(out[first:])}
 	}
 	idx.poolViews = views
 	for fp, mems := range remembered {
 		out = append(out, idx.rememberedLayout(fp, mems))
 	}
+	idx.countPoolLayouts(mixed, remembered)
+	slices.SortFunc(out, func(a, b *inject.Layout) int {
+		if c := strings.Compare(a.Fingerprint, b.Fingerprint); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Pool, b.Pool)
+	})
+	return out, next
+}
+
+// poolStates sorts the pools into the uniform ones, by the one fingerprint
+// of their nodes, and the mixed ones.
+func (idx *Index) poolStates() (uniform map[string]string, mixed map[string]bool) {
+	uniform, mixed = map[string]string{}, map[string]bool{}
+	for key, ps := range idx.pools {
+		if fp, ok := ps.uniform(); ok {
+			uniform[key] = fp
+		} else {
+			mixed[key] = true
+		}
+	}
+	return uniform, mixed
+}
+
+// splitByPool appends to out the pool view of one fingerprint's Layout l:
+// the nodes of the pools uniform in l's fingerprint as one layout pinned by
+// those pools (and by remembered, its pools at zero), the other nodes as one
+// layout pinned by fingerprint, which names the mixed pools among them.
+func (idx *Index) splitByPool(out []*inject.Layout, l *inject.Layout, uniform map[string]string, mixed map[string]bool, remembered []pools.Memory) []*inject.Layout {
+	var pooled, rest []*inject.NodeInfo
+	var pooledGPUs, restGPUs int64
+	var keys, mixedHere []string
+	for _, n := range l.Nodes {
+		key := n.Pool
+		if key != "" && uniform[key] == l.Fingerprint {
+			pooled = append(pooled, n)
+			pooledGPUs += n.AllocatableGPUs
+			if !slices.Contains(keys, key) {
+				keys = append(keys, key)
+			}
+			continue
+		}
+		rest = append(rest, n)
+		restGPUs += n.AllocatableGPUs
+		if mixed[key] && !slices.Contains(mixedHere, key) {
+			mixedHere = append(mixedHere, key)
+		}
+	}
+	if len(rest) > 0 {
+		slices.Sort(mixedHere)
+		out = append(out, &inject.Layout{Fingerprint: l.Fingerprint, Plan: l.Plan, AllocatableGPUs: restGPUs, Nodes: rest, MixedPools: mixedHere})
+	}
+	if len(pooled) > 0 {
+		// The pools of this layout at zero that memory still vouches
+		// for are in the pin too: the pod may wait for either to grow.
+		for _, m := range remembered {
+			keys = append(keys, m.Pool)
+		}
+		pl := &inject.Layout{Fingerprint: l.Fingerprint, Plan: l.Plan, AllocatableGPUs: pooledGPUs, Nodes: pooled}
+		idx.pinPools(pl, keys)
+		out = append(out, pl)
+	}
+	return out
+}
+
+// countPoolLayouts sets the pool layouts gauge: every pool live or mixed,
+// and every pool remembered.
+func (idx *Index) countPoolLayouts(mixed map[string]bool, remembered map[string][]pools.Memory) {
 	poolLayouts.Reset()
 	for key := range idx.pools {
 		state := "live"
@@ -227,13 +255,6 @@ func (idx *Index) withPools(byFP []*inject.Layout, now time.Time) ([]*inject.Lay
 			poolLayouts.WithLabelValues(m.Pool, "remembered").Set(1)
 		}
 	}
-	slices.SortFunc(out, func(a, b *inject.Layout) int {
-		if c := strings.Compare(a.Fingerprint, b.Fingerprint); c != 0 {
-			return c
-		}
-		return strings.Compare(a.Pool, b.Pool)
-	})
-	return out, next
 }
 
 // poolView is the pool view of one fingerprint's Layout, as last built.
