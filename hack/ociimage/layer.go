@@ -32,6 +32,16 @@ type layerEntry struct {
 // symlinks inside it kept as links. Parent folders are created as needed.
 // Equal inputs give equal bytes, so images built from it are reproducible.
 func Layer(files map[string]string) ([]byte, error) {
+	entries, err := layerEntries(files)
+	if err != nil {
+		return nil, err
+	}
+	return writeLayer(entries)
+}
+
+// layerEntries are the layer's entries by container path: the files, the
+// folders' content and every parent folder.
+func layerEntries(files map[string]string) (map[string]layerEntry, error) {
 	entries := map[string]layerEntry{}
 	addParents := func(p string) {
 		for d := path.Dir(p); d != "/" && d != "."; d = path.Dir(d) {
@@ -54,38 +64,47 @@ func Layer(files map[string]string) ([]byte, error) {
 			entries[ctrPath] = layerEntry{hostPath: hostPath, mode: st.Mode().Perm()}
 			continue
 		}
-		err = filepath.WalkDir(hostPath, func(p string, d fs.DirEntry, err error) error {
-			if err != nil {
-				return err
-			}
-			rel, err := filepath.Rel(hostPath, p)
-			if err != nil {
-				return err
-			}
-			target := path.Join(ctrPath, filepath.ToSlash(rel))
-			info, err := d.Info()
-			if err != nil {
-				return err
-			}
-			switch {
-			case d.Type()&fs.ModeSymlink != 0:
-				link, err := os.Readlink(p)
-				if err != nil {
-					return err
-				}
-				entries[target] = layerEntry{link: link}
-			case d.IsDir():
-				entries[target] = layerEntry{dir: true, mode: info.Mode().Perm()}
-			case d.Type().IsRegular():
-				entries[target] = layerEntry{hostPath: p, mode: info.Mode().Perm()}
-			}
-			return nil
-		})
-		if err != nil {
+		if err := addFolder(entries, ctrPath, hostPath); err != nil {
 			return nil, fmt.Errorf("failed to walk %s: %w", hostPath, err)
 		}
 	}
+	return entries, nil
+}
 
+// addFolder adds the host folder hostPath whole at ctrPath, symlinks inside
+// it kept as links.
+func addFolder(entries map[string]layerEntry, ctrPath, hostPath string) error {
+	return filepath.WalkDir(hostPath, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(hostPath, p)
+		if err != nil {
+			return err
+		}
+		target := path.Join(ctrPath, filepath.ToSlash(rel))
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		switch {
+		case d.Type()&fs.ModeSymlink != 0:
+			link, err := os.Readlink(p)
+			if err != nil {
+				return err
+			}
+			entries[target] = layerEntry{link: link}
+		case d.IsDir():
+			entries[target] = layerEntry{dir: true, mode: info.Mode().Perm()}
+		case d.Type().IsRegular():
+			entries[target] = layerEntry{hostPath: p, mode: info.Mode().Perm()}
+		}
+		return nil
+	})
+}
+
+// writeLayer writes the entries as a tar stream.
+func writeLayer(entries map[string]layerEntry) ([]byte, error) {
 	// Sorted, so parents come before children and equal inputs give equal digests.
 	names := make([]string, 0, len(entries))
 	for n := range entries {
