@@ -68,52 +68,9 @@ func (c *Configuration) Validate() field.ErrorList {
 	if c.Kind != Kind {
 		errs = append(errs, field.NotSupported(field.NewPath("kind"), c.Kind, []string{Kind}))
 	}
-	rp := field.NewPath("resources")
-	if len(c.Resources.Names) == 0 {
-		errs = append(errs, field.Required(rp.Child("names"), "at least one GPU resource name"))
-	}
-	for i, n := range c.Resources.Names {
-		if _, err := path.Match(n, ""); err != nil || n == "" || !strings.Contains(n, "/") {
-			errs = append(errs, field.Invalid(rp.Child("names").Index(i), n, "must be a qualified extended resource name or path.Match pattern, like nvidia.com/gpu or nvidia.com/mig-*"))
-		}
-	}
-	for i, n := range c.Resources.Legacy {
-		if msgs := validation.IsQualifiedName(n); len(msgs) > 0 {
-			errs = append(errs, field.Invalid(rp.Child("legacy").Index(i), n, strings.Join(msgs, "; ")))
-		}
-	}
-	for i, n := range c.Resources.Legacy {
-		if n == c.Resources.RenameTo {
-			errs = append(errs, field.Invalid(rp.Child("legacy").Index(i), n, "must differ from renameTo"))
-		}
-	}
-	if msgs := validation.IsQualifiedName(c.Resources.RenameTo); len(msgs) > 0 {
-		errs = append(errs, field.Invalid(rp.Child("renameTo"), c.Resources.RenameTo, strings.Join(msgs, "; ")))
-	}
-	errs = append(errs, oneOf(rp.Child("renameToleration"), c.Resources.RenameToleration, renameTolerations...)...)
-	if c.Resources.RenameToleration == RenameTolerationAdd && len(c.Resources.Legacy) > 0 && !IsExtendedResourceName(c.Resources.RenameTo) {
-		// The admission plugin adds nothing for such a name either, so there
-		// is nothing to stand in for.
-		errs = append(errs, field.Invalid(rp.Child("renameToleration"), c.Resources.RenameToleration, fmt.Sprintf("renameTo %q is no extended resource name (a domain outside kubernetes.io, like nvidia.com/gpu), for which the ExtendedResourceToleration admission plugin adds no toleration; set renameToleration: %s", c.Resources.RenameTo, RenameTolerationNone)))
-	}
-	hp := field.NewPath("hostPaths")
-	if len(c.HostPaths.Allowlist) == 0 {
-		errs = append(errs, field.Required(hp.Child("allowlist"), "an empty allowlist would reject every layout"))
-	}
-	errs = append(errs, validateAllowlist(hp.Child("allowlist"), c.HostPaths.Allowlist)...)
-	errs = append(errs, validateAllowlist(hp.Child("extraAllowlist"), c.HostPaths.ExtraAllowlist)...)
-	for i, p := range c.HostPaths.DriverFilePatterns {
-		if _, err := path.Match(p, ""); err != nil || p == "" || strings.Contains(p, "/") {
-			errs = append(errs, field.Invalid(hp.Child("driverFilePatterns").Index(i), p, "must be a file name pattern without '/'"))
-		}
-	}
-	cp := field.NewPath("containerPaths")
-	// In field order, so that the errors read the same on every start.
-	for _, f := range []struct{ name, v string }{{"libraryDir", c.ContainerPaths.LibraryDir}, {"binaryDir", c.ContainerPaths.BinaryDir}} {
-		if !path.IsAbs(f.v) || path.Clean(f.v) != f.v || f.v == "/" || strings.Contains(f.v, ":") {
-			errs = append(errs, field.Invalid(cp.Child(f.name), f.v, "must be an absolute, clean path other than / without ':'"))
-		}
-	}
+	errs = append(errs, c.Resources.validate(field.NewPath("resources"))...)
+	errs = append(errs, c.HostPaths.validate(field.NewPath("hostPaths"))...)
+	errs = append(errs, c.ContainerPaths.validate(field.NewPath("containerPaths"))...)
 	errs = append(errs, oneOf(field.NewPath("ldLibraryPath"), c.LDLibraryPath, ldLibraryPaths...)...)
 	errs = append(errs, oneOf(field.NewPath("containers"), c.Containers, containerChoices...)...)
 	errs = append(errs, oneOf(field.NewPath("layoutPolicy"), c.LayoutPolicy, layoutPolicies...)...)
@@ -123,21 +80,97 @@ func (c *Configuration) Validate() field.ErrorList {
 	errs = append(errs, oneOf(field.NewPath("driverDelivery"), c.DriverDelivery, deliveries...)...)
 	errs = append(errs, c.validateLimits()...)
 	errs = append(errs, c.validateImages()...)
-	dp := field.NewPath("dra")
-	for i, n := range c.DRA.DeviceClasses {
+	errs = append(errs, c.DRA.validate(field.NewPath("dra"))...)
+	errs = append(errs, c.validateNoLayout(field.NewPath("noLayout"))...)
+	errs = append(errs, c.validateStaticLayouts(field.NewPath("staticLayouts"))...)
+	errs = append(errs, c.Pinning.validate(field.NewPath("pinning"))...)
+	for i, ns := range c.ExcludedNamespaces {
+		if msgs := validation.IsDNS1123Label(ns); len(msgs) > 0 {
+			errs = append(errs, field.Invalid(field.NewPath("excludedNamespaces").Index(i), ns, strings.Join(msgs, "; ")))
+		}
+	}
+	return errs
+}
+
+func (r Resources) validate(rp *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	if len(r.Names) == 0 {
+		errs = append(errs, field.Required(rp.Child("names"), "at least one GPU resource name"))
+	}
+	for i, n := range r.Names {
+		if _, err := path.Match(n, ""); err != nil || n == "" || !strings.Contains(n, "/") {
+			errs = append(errs, field.Invalid(rp.Child("names").Index(i), n, "must be a qualified extended resource name or path.Match pattern, like nvidia.com/gpu or nvidia.com/mig-*"))
+		}
+	}
+	for i, n := range r.Legacy {
+		if msgs := validation.IsQualifiedName(n); len(msgs) > 0 {
+			errs = append(errs, field.Invalid(rp.Child("legacy").Index(i), n, strings.Join(msgs, "; ")))
+		}
+	}
+	for i, n := range r.Legacy {
+		if n == r.RenameTo {
+			errs = append(errs, field.Invalid(rp.Child("legacy").Index(i), n, "must differ from renameTo"))
+		}
+	}
+	if msgs := validation.IsQualifiedName(r.RenameTo); len(msgs) > 0 {
+		errs = append(errs, field.Invalid(rp.Child("renameTo"), r.RenameTo, strings.Join(msgs, "; ")))
+	}
+	errs = append(errs, oneOf(rp.Child("renameToleration"), r.RenameToleration, renameTolerations...)...)
+	if r.RenameToleration == RenameTolerationAdd && len(r.Legacy) > 0 && !IsExtendedResourceName(r.RenameTo) {
+		// The admission plugin adds nothing for such a name either, so there
+		// is nothing to stand in for.
+		errs = append(errs, field.Invalid(rp.Child("renameToleration"), r.RenameToleration, fmt.Sprintf("renameTo %q is no extended resource name (a domain outside kubernetes.io, like nvidia.com/gpu), for which the ExtendedResourceToleration admission plugin adds no toleration; set renameToleration: %s", r.RenameTo, RenameTolerationNone)))
+	}
+	return errs
+}
+
+func (h HostPaths) validate(hp *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	if len(h.Allowlist) == 0 {
+		errs = append(errs, field.Required(hp.Child("allowlist"), "an empty allowlist would reject every layout"))
+	}
+	errs = append(errs, validateAllowlist(hp.Child("allowlist"), h.Allowlist)...)
+	errs = append(errs, validateAllowlist(hp.Child("extraAllowlist"), h.ExtraAllowlist)...)
+	for i, p := range h.DriverFilePatterns {
+		if _, err := path.Match(p, ""); err != nil || p == "" || strings.Contains(p, "/") {
+			errs = append(errs, field.Invalid(hp.Child("driverFilePatterns").Index(i), p, "must be a file name pattern without '/'"))
+		}
+	}
+	return errs
+}
+
+func (cp ContainerPaths) validate(fp *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	// In field order, so that the errors read the same on every start.
+	for _, f := range []struct{ name, v string }{{"libraryDir", cp.LibraryDir}, {"binaryDir", cp.BinaryDir}} {
+		if !path.IsAbs(f.v) || path.Clean(f.v) != f.v || f.v == "/" || strings.Contains(f.v, ":") {
+			errs = append(errs, field.Invalid(fp.Child(f.name), f.v, "must be an absolute, clean path other than / without ':'"))
+		}
+	}
+	return errs
+}
+
+func (d DRA) validate(dp *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	for i, n := range d.DeviceClasses {
 		// A class name is a DNS subdomain; a pattern may hold * ? [ as well.
 		plain := strings.NewReplacer("*", "x", "?", "x", "[", "x", "]", "x").Replace(n)
 		if _, err := path.Match(n, ""); err != nil || len(validation.IsDNS1123Subdomain(plain)) > 0 {
 			errs = append(errs, field.Invalid(dp.Child("deviceClasses").Index(i), n, "must be a DeviceClass name or path.Match pattern, like gpu.nvidia.com or *.gpu.nvidia.com"))
 		}
 	}
-	for i, n := range c.DRA.Drivers {
+	for i, n := range d.Drivers {
 		if msgs := validation.IsDNS1123Subdomain(n); len(msgs) > 0 {
 			errs = append(errs, field.Invalid(dp.Child("drivers").Index(i), n, strings.Join(msgs, "; ")))
 		}
 	}
-	np := field.NewPath("noLayout")
-	errs = append(errs, oneOf(np.Child("action"), c.NoLayout.Action, noLayoutActions...)...)
+	return errs
+}
+
+// validateNoLayout checks noLayout, whose static layout must be one of
+// staticLayouts.
+func (c *Configuration) validateNoLayout(np *field.Path) field.ErrorList {
+	errs := oneOf(np.Child("action"), c.NoLayout.Action, noLayoutActions...)
 	if c.NoLayout.Action == NoLayoutStatic {
 		if c.NoLayout.StaticLayout == "" {
 			errs = append(errs, field.Required(np.Child("staticLayout"), "the name of a staticLayouts entry, with action Static"))
@@ -147,9 +180,16 @@ func (c *Configuration) Validate() field.ErrorList {
 	} else if c.NoLayout.StaticLayout != "" {
 		errs = append(errs, field.Invalid(np.Child("staticLayout"), c.NoLayout.StaticLayout, "only used with action Static"))
 	}
+	return errs
+}
+
+// validateStaticLayouts checks each static layout's name and node selector,
+// and its plan by the rules a probed layout meets.
+func (c *Configuration) validateStaticLayouts(fp *field.Path) field.ErrorList {
+	var errs field.ErrorList
 	names := map[string]bool{}
 	for i, s := range c.StaticLayouts {
-		sp := field.NewPath("staticLayouts").Index(i)
+		sp := fp.Index(i)
 		if msgs := validation.IsDNS1123Label(s.Name); len(msgs) > 0 {
 			errs = append(errs, field.Invalid(sp.Child("name"), s.Name, strings.Join(msgs, "; ")))
 		}
@@ -168,12 +208,6 @@ func (c *Configuration) Validate() field.ErrorList {
 			if msgs := validation.IsValidLabelValue(v); len(msgs) > 0 {
 				errs = append(errs, field.Invalid(sp.Child("nodeSelector").Key(k), v, strings.Join(msgs, "; ")))
 			}
-		}
-	}
-	errs = append(errs, c.Pinning.validate(field.NewPath("pinning"))...)
-	for i, ns := range c.ExcludedNamespaces {
-		if msgs := validation.IsDNS1123Label(ns); len(msgs) > 0 {
-			errs = append(errs, field.Invalid(field.NewPath("excludedNamespaces").Index(i), ns, strings.Join(msgs, "; ")))
 		}
 	}
 	return errs
