@@ -312,7 +312,7 @@ func renderForConfig(t *testing.T, cfg map[string]any) policyRender {
 }
 
 // renderForDelivery is renderForConfig with the driverDelivery given.
-func renderForDelivery(t *testing.T, cfg map[string]any, delivery string) policyRender {
+func renderForDelivery(t *testing.T, cfg map[string]any, delivery config.DriverDelivery) policyRender {
 	t.Helper()
 	values := map[string]any{}
 	for k, v := range cfg {
@@ -484,7 +484,7 @@ func TestSwitchedPolicyMatchesMutate(t *testing.T) {
 		}
 		t.Run(base, func(t *testing.T) {
 			gc := loadGolden(t, file)
-			if d, _ := gc.config["driverDelivery"].(string); d != "" && d != config.DeliveryPreferRuntime {
+			if d, _ := gc.config["driverDelivery"].(string); d != "" && d != string(config.DeliveryPreferRuntime) {
 				t.Skipf("the case's driverDelivery is %s", d)
 			}
 			pr := renderForDelivery(t, gc.config, config.DeliveryPreferRuntime)

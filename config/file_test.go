@@ -179,7 +179,7 @@ func TestSchemaChoicesAreValidates(t *testing.T) {
 		}
 		return out
 	}
-	if errs := errorsAt("containers", ContainersGPU); len(errs) > 0 {
+	if errs := errorsAt("containers", string(ContainersGPU)); len(errs) > 0 {
 		t.Fatalf("the base file is invalid: %v", errs)
 	}
 	schema := JSONSchema()

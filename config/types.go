@@ -16,72 +16,94 @@ const (
 	Kind       = "InjectorConfiguration"
 )
 
-// What to do with an LD_LIBRARY_PATH the container already sets.
+// LDLibraryPath is what to do with an LD_LIBRARY_PATH the container already
+// sets (ldLibraryPath).
+type LDLibraryPath string
+
 const (
 	// LDLibraryPathAppend keeps the user's folders first: their choice wins.
-	LDLibraryPathAppend = "Append"
+	LDLibraryPathAppend LDLibraryPath = "Append"
 	// LDLibraryPathPrepend puts the driver first, ahead of stale copies in the image.
-	LDLibraryPathPrepend = "Prepend"
+	LDLibraryPathPrepend LDLibraryPath = "Prepend"
 	// LDLibraryPathOff never touches LD_LIBRARY_PATH.
-	LDLibraryPathOff = "Off"
+	LDLibraryPathOff LDLibraryPath = "Off"
 )
 
-// Which containers get the driver mounts.
+// Containers says which containers get the driver mounts (containers).
+type Containers string
+
 const (
-	ContainersGPU = "GPU"
-	ContainersAll = "All"
+	ContainersGPU Containers = "GPU"
+	ContainersAll Containers = "All"
 )
 
-// How to choose among the layouts a pod may use.
+// LayoutPolicy is how to choose among the layouts a pod may use
+// (layoutPolicy).
+type LayoutPolicy string
+
 const (
 	// LayoutPolicyMostGPUs prefers the layout with the most allocatable GPUs,
 	// then the newest driver, then the smallest fingerprint.
-	LayoutPolicyMostGPUs = "MostGPUs"
+	LayoutPolicyMostGPUs LayoutPolicy = "MostGPUs"
 	// LayoutPolicyNewestDriver prefers the newest driver, then most GPUs.
-	LayoutPolicyNewestDriver = "NewestDriver"
+	LayoutPolicyNewestDriver LayoutPolicy = "NewestDriver"
 	// LayoutPolicySpread picks among the layouts that fit at random, weighted
 	// by their allocatable GPUs, so that pods without constraints use every
 	// pool instead of filling the largest first.
-	LayoutPolicySpread = "Spread"
+	LayoutPolicySpread LayoutPolicy = "Spread"
 )
 
-// What to do when no layout fits a GPU pod.
+// NoLayoutAction is what to do when no layout fits a GPU pod
+// (noLayout.action).
+type NoLayoutAction string
+
 const (
-	NoLayoutDeny   = "Deny"
-	NoLayoutAllow  = "Allow"
-	NoLayoutStatic = "Static"
+	NoLayoutDeny   NoLayoutAction = "Deny"
+	NoLayoutAllow  NoLayoutAction = "Allow"
+	NoLayoutStatic NoLayoutAction = "Static"
 )
 
-// What to do in a namespace whose Pod Security level forbids hostPath.
+// PodSecurity is what to do in a namespace whose Pod Security level forbids
+// hostPath (podSecurity).
+type PodSecurity string
+
 const (
-	PodSecurityWarn = "Warn"
-	PodSecurityDeny = "Deny"
+	PodSecurityWarn PodSecurity = "Warn"
+	PodSecurityDeny PodSecurity = "Deny"
 )
 
-// What to do with driver folders or files a GPU container mounts by hand, as
-// the classic tutorials taught (/usr/lib/nvidia-384/bin at /usr/local/nvidia/bin).
+// LegacyMounts is what to do with driver folders or files a GPU container
+// mounts by hand, as the classic tutorials taught (/usr/lib/nvidia-384/bin at
+// /usr/local/nvidia/bin) (legacyMounts).
+type LegacyMounts string
+
 const (
 	// LegacyMountsReplace drops the hand-written mounts (and their volumes,
 	// when nothing else uses them) and injects the chosen layout's instead:
 	// the old folder rarely exists on today's nodes.
-	LegacyMountsReplace = "Replace"
+	LegacyMountsReplace LegacyMounts = "Replace"
 	// LegacyMountsKeep keeps them and admits the pod only to layouts whose
 	// host paths contain every hand-mounted one; none: no layout fits.
-	LegacyMountsKeep = "Keep"
+	LegacyMountsKeep LegacyMounts = "Keep"
 )
 
-// What to do on nodes whose container runtime injects the driver itself.
+// RuntimeInjection is what to do on nodes whose container runtime injects the
+// driver itself (runtimeInjection).
+type RuntimeInjection string
+
 const (
 	// RuntimeInjectionPin pins the pod to such a layout without adding mounts
 	// or LD_LIBRARY_PATH: the runtime's own mounts would collide with ours.
-	RuntimeInjectionPin = "Pin"
+	RuntimeInjectionPin RuntimeInjection = "Pin"
 	// RuntimeInjectionSkip leaves a pod whose chosen layout is such a node's
 	// alone (only the legacy resource rename happens): for clusters where
 	// every GPU node's runtime injects, where pinning adds nothing.
-	RuntimeInjectionSkip = "Skip"
+	RuntimeInjectionSkip RuntimeInjection = "Skip"
 )
 
-// How the driver reaches a GPU container (driverDelivery).
+// DriverDelivery is how the driver reaches a GPU container (driverDelivery).
+type DriverDelivery string
+
 const (
 	// DeliveryPreferRuntime injects at the runtime (gpu-injector's NRI plugin,
 	// or the node's own runtime) when no known GPU node the pod can use needs
@@ -90,15 +112,18 @@ const (
 	// (every pool at zero, a node not yet probed), whether or not any node has
 	// the plugin; hostPath volumes otherwise, except in a namespace whose Pod
 	// Security level forbids them, where nodes with the plugin are chosen.
-	DeliveryPreferRuntime = "PreferRuntime"
+	DeliveryPreferRuntime DriverDelivery = "PreferRuntime"
 	// DeliveryHostPath always uses hostPath volumes, as before NRI.
-	DeliveryHostPath = "HostPath"
+	DeliveryHostPath DriverDelivery = "HostPath"
 	// DeliveryRuntime says every GPU node runs the plugin: every GPU pod is
 	// injected at the runtime, decided from the pod alone.
-	DeliveryRuntime = "Runtime"
+	DeliveryRuntime DriverDelivery = "Runtime"
 )
 
-// What to do for the toleration a renamed pod would have had.
+// RenameToleration is what to do for the toleration a renamed pod would have
+// had (resources.renameToleration).
+type RenameToleration string
+
 const (
 	// RenameTolerationAdd gives a pod whose legacy resource is renamed the
 	// toleration that the ExtendedResourceToleration admission plugin gives
@@ -106,10 +131,10 @@ const (
 	// saw the legacy name, which is no extended resource, and added none, so
 	// the renamed pod could not use GPU nodes tainted for that name (GKE's
 	// nvidia.com/gpu=present:NoSchedule).
-	RenameTolerationAdd = "Add"
+	RenameTolerationAdd RenameToleration = "Add"
 	// RenameTolerationNone adds none. (Not "Off": YAML 1.1, which the
 	// configuration is read as, makes an unquoted Off the boolean false.)
-	RenameTolerationNone = "None"
+	RenameTolerationNone RenameToleration = "None"
 )
 
 // Configuration is the file's schema.
@@ -120,23 +145,23 @@ type Configuration struct {
 	Resources      Resources      `json:"resources"`
 	HostPaths      HostPaths      `json:"hostPaths"`
 	ContainerPaths ContainerPaths `json:"containerPaths"`
-	LDLibraryPath  string         `json:"ldLibraryPath"`
-	Containers     string         `json:"containers"`
-	LayoutPolicy   string         `json:"layoutPolicy"`
+	LDLibraryPath  LDLibraryPath  `json:"ldLibraryPath"`
+	Containers     Containers     `json:"containers"`
+	LayoutPolicy   LayoutPolicy   `json:"layoutPolicy"`
 	NoLayout       NoLayout       `json:"noLayout"`
 	StaticLayouts  []StaticLayout `json:"staticLayouts,omitempty"`
 	// ExcludedNamespaces are never mutated, whatever their labels say.
-	ExcludedNamespaces []string `json:"excludedNamespaces"`
-	PodSecurity        string   `json:"podSecurity"`
-	Pinning            Pinning  `json:"pinning"`
+	ExcludedNamespaces []string    `json:"excludedNamespaces"`
+	PodSecurity        PodSecurity `json:"podSecurity"`
+	Pinning            Pinning     `json:"pinning"`
 	// LegacyMounts is LegacyMountsReplace or LegacyMountsKeep.
-	LegacyMounts string `json:"legacyMounts"`
+	LegacyMounts LegacyMounts `json:"legacyMounts"`
 	// RuntimeInjection is RuntimeInjectionPin or RuntimeInjectionSkip.
-	RuntimeInjection string `json:"runtimeInjection"`
+	RuntimeInjection RuntimeInjection `json:"runtimeInjection"`
 	// DriverDelivery is DeliveryPreferRuntime, DeliveryHostPath or
 	// DeliveryRuntime.
-	DriverDelivery string `json:"driverDelivery"`
-	DRA            DRA    `json:"dra"`
+	DriverDelivery DriverDelivery `json:"driverDelivery"`
+	DRA            DRA            `json:"dra"`
 	// Ranking bounds what the nodes of one layout can claim in the layout
 	// choice: nodes publish their own layout and GPU count, and a node is
 	// not to be trusted with every unconstrained GPU pod.
@@ -148,23 +173,28 @@ type Configuration struct {
 	Images Images `json:"images"`
 }
 
-// Whether the webhook reads images' configuration.
+// ImagesMode is whether the webhook reads images' configuration
+// (images.mode).
+type ImagesMode string
+
 const (
 	// ImagesOff never contacts a registry: the pod alone is read.
-	ImagesOff = "Off"
+	ImagesOff ImagesMode = "Off"
 	// ImagesOn reads the images of GPU containers, in the namespaces of
 	// Images.Namespaces (every namespace when that is empty).
-	ImagesOn = "On"
+	ImagesOn ImagesMode = "On"
 )
 
-// Which credentials an image's read uses.
+// PullSecrets is which credentials an image's read uses (images.pullSecrets).
+type PullSecrets string
+
 const (
 	// PullSecretsRead reads the Secrets the pod names in imagePullSecrets
 	// (to which the API server's ServiceAccount admission has already added
 	// its service account's): the webhook needs get on Secrets.
-	PullSecretsRead = "Read"
+	PullSecretsRead PullSecrets = "Read"
 	// PullSecretsNone reads anonymously: public images only.
-	PullSecretsNone = "None"
+	PullSecretsNone PullSecrets = "None"
 )
 
 // Images configures reading an image's configuration at admission. Every
@@ -172,7 +202,7 @@ const (
 // changes nothing but a warning and a metric.
 type Images struct {
 	// Mode is ImagesOff or ImagesOn.
-	Mode string `json:"mode"`
+	Mode ImagesMode `json:"mode"`
 	// Namespaces, when set, limits reading to these namespaces.
 	Namespaces []string `json:"namespaces,omitempty"`
 	// Registries are the registry hosts (host or host:port, as an image
@@ -182,7 +212,7 @@ type Images struct {
 	// InsecureRegistries are those of Registries reached over plain HTTP.
 	InsecureRegistries []string `json:"insecureRegistries,omitempty"`
 	// PullSecrets is PullSecretsRead or PullSecretsNone.
-	PullSecrets string `json:"pullSecrets"`
+	PullSecrets PullSecrets `json:"pullSecrets"`
 	// TagTTL is how long a tag's digest is believed; a reference by digest
 	// is cached until evicted.
 	TagTTL *metav1.Duration `json:"tagTTL,omitempty"`
@@ -291,7 +321,7 @@ type Resources struct {
 	Legacy   []string `json:"legacy"`
 	RenameTo string   `json:"renameTo"`
 	// RenameToleration is RenameTolerationAdd or RenameTolerationNone.
-	RenameToleration string `json:"renameToleration"`
+	RenameToleration RenameToleration `json:"renameToleration"`
 }
 
 // HostPaths is the trust boundary for layouts published by nodes.
@@ -323,7 +353,7 @@ type ContainerPaths struct {
 
 // NoLayout is the answer when no ready layout fits a GPU pod.
 type NoLayout struct {
-	Action string `json:"action"`
+	Action NoLayoutAction `json:"action"`
 	// StaticLayout names an entry of StaticLayouts, with Action Static.
 	StaticLayout string `json:"staticLayout,omitempty"`
 }

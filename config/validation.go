@@ -20,17 +20,17 @@ const MaxPinningLabels = 8
 // The values of the fields that take one of a few, in the order the messages
 // list them.
 var (
-	renameTolerations       = []string{RenameTolerationAdd, RenameTolerationNone}
-	ldLibraryPaths          = []string{LDLibraryPathAppend, LDLibraryPathPrepend, LDLibraryPathOff}
-	containerChoices        = []string{ContainersGPU, ContainersAll}
-	layoutPolicies          = []string{LayoutPolicyMostGPUs, LayoutPolicyNewestDriver, LayoutPolicySpread}
-	podSecurityActions      = []string{PodSecurityWarn, PodSecurityDeny}
-	legacyMountsActions     = []string{LegacyMountsReplace, LegacyMountsKeep}
-	runtimeInjectionActions = []string{RuntimeInjectionPin, RuntimeInjectionSkip}
-	imageModes              = []string{ImagesOff, ImagesOn}
-	pullSecretsChoices      = []string{PullSecretsRead, PullSecretsNone}
-	deliveries              = []string{DeliveryPreferRuntime, DeliveryHostPath, DeliveryRuntime}
-	noLayoutActions         = []string{NoLayoutDeny, NoLayoutAllow, NoLayoutStatic}
+	renameTolerations       = []RenameToleration{RenameTolerationAdd, RenameTolerationNone}
+	ldLibraryPaths          = []LDLibraryPath{LDLibraryPathAppend, LDLibraryPathPrepend, LDLibraryPathOff}
+	containerChoices        = []Containers{ContainersGPU, ContainersAll}
+	layoutPolicies          = []LayoutPolicy{LayoutPolicyMostGPUs, LayoutPolicyNewestDriver, LayoutPolicySpread}
+	podSecurityActions      = []PodSecurity{PodSecurityWarn, PodSecurityDeny}
+	legacyMountsActions     = []LegacyMounts{LegacyMountsReplace, LegacyMountsKeep}
+	runtimeInjectionActions = []RuntimeInjection{RuntimeInjectionPin, RuntimeInjectionSkip}
+	imageModes              = []ImagesMode{ImagesOff, ImagesOn}
+	pullSecretsChoices      = []PullSecrets{PullSecretsRead, PullSecretsNone}
+	deliveries              = []DriverDelivery{DeliveryPreferRuntime, DeliveryHostPath, DeliveryRuntime}
+	noLayoutActions         = []NoLayoutAction{NoLayoutDeny, NoLayoutAllow, NoLayoutStatic}
 )
 
 // Enums are the fields of the file that take one of a few values, by their
@@ -38,7 +38,6 @@ var (
 // give it, "" too where the field may be left empty. Validate refuses any
 // other value; JSONSchema lists these.
 func Enums() map[string][]string {
-	defaulted := func(values []string) []string { return append([]string{""}, values...) }
 	return map[string][]string{
 		"apiVersion":                        defaulted([]string{APIVersion}),
 		"kind":                              defaulted([]string{Kind}),
@@ -57,6 +56,16 @@ func Enums() map[string][]string {
 		"staticLayouts[*].runtimeInjection": defaulted(layout.RuntimeInjections),
 		"staticLayouts[*].mounts[*].kind":   {string(layout.KindDirectory), string(layout.KindFile)},
 	}
+}
+
+// defaulted is values as Enums lists them for a field that may be left
+// empty: "" first.
+func defaulted[T ~string](values []T) []string {
+	out := []string{""}
+	for _, v := range values {
+		out = append(out, string(v))
+	}
+	return out
 }
 
 // Validate reports every bad field.
@@ -311,13 +320,11 @@ func sensitiveOverlap(entry string) string {
 	return ""
 }
 
-func oneOf(p *field.Path, v string, allowed ...string) field.ErrorList {
-	for _, a := range allowed {
-		if v == a {
-			return nil
-		}
+func oneOf[T ~string](p *field.Path, v T, allowed ...T) field.ErrorList {
+	if slices.Contains(allowed, v) {
+		return nil
 	}
-	return field.ErrorList{field.NotSupported(p, v, allowed)}
+	return field.ErrorList{field.NotSupported(p, string(v), allowed)}
 }
 
 func (c *Configuration) validateLimits() field.ErrorList {

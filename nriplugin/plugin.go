@@ -100,7 +100,7 @@ type Plugin struct {
 	// LDLibraryPath is the configuration's ldLibraryPath: how the plan's
 	// library folders join the container's LD_LIBRARY_PATH; empty means
 	// Append.
-	LDLibraryPath string
+	LDLibraryPath config.LDLibraryPath
 	// RecursiveReadOnly mounts the driver with rro (KernelHasRecursiveReadOnly);
 	// false binds it without what is mounted below.
 	RecursiveReadOnly bool
@@ -241,7 +241,7 @@ func (p *Plugin) inject(log logr.Logger, ctr *api.Container, lp loadedPlan) *api
 // with the plan's library folders merged as the webhook merges them into a
 // pod's env: only those missing, after the container's own (Append) or before
 // them (Prepend). ok is false when nothing changes, or with Off.
-func libraryPath(env, libs []string, mode string) (value string, ok bool) {
+func libraryPath(env, libs []string, mode config.LDLibraryPath) (value string, ok bool) {
 	if mode == config.LDLibraryPathOff || len(libs) == 0 {
 		return "", false
 	}

@@ -303,7 +303,7 @@ func TestCreateContainerLibraryPath(t *testing.T) {
 	const driver = "/usr/local/nvidia/lib64:/usr/local/nvidia/lib64/gbm"
 	for name, tc := range map[string]struct {
 		env  []string
-		mode string
+		mode config.LDLibraryPath
 		want string // "": no LD_LIBRARY_PATH in the adjustment
 	}{
 		"none set":                 {env: []string{"PATH=/usr/bin"}, want: driver},

@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"k8s.io/utils/clock"
 
+	"github.com/gpu-injector/gpu-injector/config"
 	"github.com/gpu-injector/gpu-injector/internal/nodeagent"
 	"github.com/gpu-injector/gpu-injector/internal/wallclock"
 	"github.com/gpu-injector/gpu-injector/layout"
@@ -58,7 +59,7 @@ type Options struct {
 	Rules layout.Rules
 	// LDLibraryPath is the configuration's ldLibraryPath: how the plan's
 	// library folders join a container's LD_LIBRARY_PATH.
-	LDLibraryPath string
+	LDLibraryPath config.LDLibraryPath
 	// ProcRoot is the host's /proc as the plugin sees it: where it reads the
 	// maps of the node's GPU containers' processes for deleted driver
 	// libraries. Empty: no such scan.

@@ -57,7 +57,7 @@ func Check(in Input) *Report {
 		cfg = config.Default()
 	}
 	r := &Report{Nodes: []NodeCheck{}, Namespaces: []NamespaceCheck{}, Notes: []string{}, Attention: []string{},
-		Config:  ConfigCheck{Source: in.ConfigSource, DriverDelivery: cfg.DriverDelivery, PodSecurity: cfg.PodSecurity, Resources: cfg.Resources.Names},
+		Config:  ConfigCheck{Source: in.ConfigSource, DriverDelivery: string(cfg.DriverDelivery), PodSecurity: string(cfg.PodSecurity), Resources: cfg.Resources.Names},
 		Webhook: WebhookCheck{Outcome: WebhookSkipped, Message: "offline: the API server is not asked; run precheck against the cluster to try a dry-run GPU pod"}}
 	c := newClassifier(in, cfg)
 	for i := range in.Nodes {

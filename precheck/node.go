@@ -145,7 +145,7 @@ func (c *classifier) hostPathWhy(n *corev1.Node, l *inject.Layout) string {
 	v := n.Labels[layout.LabelNRIPlugin]
 	switch {
 	case c.cfg.DriverDelivery == config.DeliveryHostPath:
-		return "driverDelivery: " + config.DeliveryHostPath
+		return "driverDelivery: " + string(config.DeliveryHostPath)
 	case v == "":
 		return fmt.Sprintf("no NRI plugin registered (no %s label)", layout.LabelNRIPlugin)
 	case v != layout.NRIProtocol:

@@ -14,7 +14,7 @@ import (
 // pod may land on one of them.
 type PluginStatus struct {
 	// DriverDelivery is the configuration's driverDelivery.
-	DriverDelivery string `json:"driverDelivery"`
+	DriverDelivery config.DriverDelivery `json:"driverDelivery"`
 	// Without are the ready GPU nodes with no registered plugin (no label
 	// gpu-injector.io/nri-plugin), sorted; nodes whose own runtime or
 	// device plugin injects the driver are not among them.
@@ -63,7 +63,7 @@ func pluginLine(p PluginStatus) (string, tone) {
 	}
 	names := strings.Join(p.Without, ", ")
 	if p.DriverDelivery == config.DeliveryRuntime {
-		return "without a registered NRI plugin (driverDelivery: " + config.DeliveryRuntime + ", so their GPU pods fail to start): " + names, bad
+		return "without a registered NRI plugin (driverDelivery: " + string(config.DeliveryRuntime) + ", so their GPU pods fail to start): " + names, bad
 	}
 	return "without a registered NRI plugin (hostPath volumes for the pods that can only land there; see " + layout.LabelNRIPlugin + "): " + names, warn
 }

@@ -164,7 +164,11 @@ func BenchmarkHandlerCachedImage(b *testing.B) {
 	if err := remote.Write(ref, img); err != nil {
 		b.Fatal(err)
 	}
-	for _, c := range []struct{ name, mode, image string }{
+	for _, c := range []struct {
+		name  string
+		mode  config.ImagesMode
+		image string
+	}{
 		{"images-Off", config.ImagesOff, image},
 		{"images-On/cuda-steered", config.ImagesOn, image},
 		{"images-On/ld-library-path", config.ImagesOn, plain},

@@ -267,7 +267,7 @@ func (r *request) denial(d decision) string {
 	case reasonPodSecurity:
 		return r.podSecurityWhy(d.runtime) + "; turn on runtime injection (docs/runtime-injection.md), label the namespace pod-security.kubernetes.io/enforce=privileged, or opt the pod out with annotation " + layout.AnnotationInject + `: "false"`
 	case reasonLegacyKept:
-		return legacyKeptWhy(r.legacy) + ", or set legacyMounts: " + config.LegacyMountsReplace + " in the webhook's configuration"
+		return legacyKeptWhy(r.legacy) + ", or set legacyMounts: " + string(config.LegacyMountsReplace) + " in the webhook's configuration"
 	case reasonStaticLacksLegacy:
 		return fmt.Sprintf("%s; nor does the static layout %q", legacyKeptWhy(r.legacy), d.static.Name)
 	case reasonStaticConflict:

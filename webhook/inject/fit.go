@@ -213,7 +213,7 @@ func (r *request) ranking(keep bool) []rankedLayout {
 	return order
 }
 
-func better(ra, rb rankedLayout, policy string) bool {
+func better(ra, rb rankedLayout, policy config.LayoutPolicy) bool {
 	a, b := ra.layout, rb.layout
 	// A pool at zero only when no node up now fits: the pod should not wait
 	// for a scale-up while a node could run it.
@@ -470,7 +470,7 @@ func untoleratedTaint(pod *corev1.Pod, t *corev1.Taint, renamed []corev1.Resourc
 	msg := fmt.Sprintf("nodes have taint %s the pod does not tolerate (add the toleration %s to the pod", t.ToString(), describeToleration(fix))
 	if t.Effect == corev1.TaintEffectNoSchedule && config.IsExtendedResourceName(t.Key) && requestsResource(pod, corev1.ResourceName(t.Key)) {
 		if slices.Contains(renamed, corev1.ResourceName(t.Key)) {
-			msg += ", or have gpu-injector add it to pods whose legacy resource it renames (resources.renameToleration: " + config.RenameTolerationAdd + " in its configuration)"
+			msg += ", or have gpu-injector add it to pods whose legacy resource it renames (resources.renameToleration: " + string(config.RenameTolerationAdd) + " in its configuration)"
 		} else {
 			msg += ", or enable the API server's ExtendedResourceToleration admission plugin, which adds it to pods that request " + t.Key
 		}

@@ -24,10 +24,11 @@ func TestPolicyServes(t *testing.T) {
 	remembered := &Layout{Fingerprint: "d", Plan: files}
 	wedged := []*WedgedNode{{Node: node("gpu-5", nri), Reason: "Xid 79"}}
 	tests := map[string]struct {
-		delivery, runtimeInjection string
-		layouts                    []*Layout
-		wedged                     []*WedgedNode
-		want                       bool
+		delivery         config.DriverDelivery
+		runtimeInjection config.RuntimeInjection
+		layouts          []*Layout
+		wedged           []*WedgedNode
+		want             bool
 	}{
 		"every pool at zero":                {want: true},
 		"the plugin on every node":          {layouts: []*Layout{plugin}, want: true},

@@ -30,7 +30,7 @@ func honestCluster(gpus int64, liar string) ([]corev1.Node, layout.Plan) {
 // layout the honest nodes publish, under every policy that ranks.
 func TestLyingNodeCannotSteer(t *testing.T) {
 	cases := map[string]struct {
-		policy string
+		policy config.LayoutPolicy
 		gpus   int64
 		driver string
 	}{

@@ -66,11 +66,11 @@ func (d runtimeDecision) whyNot() string {
 	case noRuntimeNames:
 		return "its containers' names are not all distinct DNS labels"
 	case noRuntimeConfigured:
-		return "driverDelivery: " + config.DeliveryHostPath
+		return "driverDelivery: " + string(config.DeliveryHostPath)
 	case noRuntimeHostPath:
 		return "the pod already carries the driver as hostPath volumes"
 	case noRuntimeLegacyKept:
-		return "its hand-written driver mounts are kept (legacyMounts: " + config.LegacyMountsKeep + ")"
+		return "its hand-written driver mounts are kept (legacyMounts: " + string(config.LegacyMountsKeep) + ")"
 	case noRuntimePlugin:
 		return "no GPU node layout the pod can use has gpu-injector's NRI plugin registered on all its nodes (label " + layout.LabelNRIPlugin + "=" + layout.NRIProtocol + ")"
 	case noRuntimeNoNode:
@@ -78,7 +78,7 @@ func (d runtimeDecision) whyNot() string {
 	case noRuntimeRecord:
 		return "the pod's annotation " + layout.AnnotationInjected + " is not one gpu-injector wrote"
 	case noRuntimeSkip:
-		return "its nodes' own runtime injects the driver (runtimeInjection: " + config.RuntimeInjectionSkip + ")"
+		return "its nodes' own runtime injects the driver (runtimeInjection: " + string(config.RuntimeInjectionSkip) + ")"
 	case noRuntimeSomeNodes:
 		return fmt.Sprintf("%d of the layouts the pod can use have nodes without gpu-injector's NRI plugin", d.others)
 	}
