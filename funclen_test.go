@@ -18,12 +18,6 @@ import (
 // along its phases.
 const maxFuncLines = 80
 
-// nonProductTrees are the folders whose Go code is not the product's: the
-// tools, the e2e harness and the fixtures. A folder named testdata and a test
-// helper (a package whose code imports package testing) are not product code
-// either, wherever they are.
-var nonProductTrees = []string{"hack", "e2e", "internal/testfixtures"}
-
 // TestFunctionsAreShort: every function of every product package is under
 // maxFuncLines lines, from its func keyword to its closing brace.
 func TestFunctionsAreShort(t *testing.T) {
@@ -50,7 +44,10 @@ func TestFunctionsAreShort(t *testing.T) {
 }
 
 // productFiles parses the non-test Go files of every product package, by
-// the package's folder, every build constraint's files among them.
+// the package's folder, every build constraint's files among them. Product
+// code is what TestProductBoundaries calls so: none of tools (hack/, its
+// fixtures among them, and e2e/), no test helper (a package whose own files
+// import package testing), and nothing under a folder named testdata.
 func productFiles(t *testing.T, fset *token.FileSet) map[string][]*ast.File {
 	t.Helper()
 	pkgs := map[string][]*ast.File{}
@@ -60,7 +57,7 @@ func productFiles(t *testing.T, fset *token.FileSet) map[string][]*ast.File {
 		}
 		name := d.Name()
 		if d.IsDir() {
-			if path != "." && (strings.HasPrefix(name, ".") || strings.HasPrefix(name, "_") || name == "testdata" || slices.Contains(nonProductTrees, filepath.ToSlash(path))) {
+			if path != "." && (strings.HasPrefix(name, ".") || strings.HasPrefix(name, "_") || name == "testdata" || under(module+"/"+filepath.ToSlash(path), tools)) {
 				return filepath.SkipDir
 			}
 			return nil
