@@ -70,13 +70,14 @@ func (s *PolicySwitch) Start(ctx context.Context) error {
 	defer t.Stop()
 	var applied *bool
 	var snapshot []*inject.Layout
+	var wedgedSnap []*inject.WedgedNode
 	lastRead := time.Time{}
 	for {
 		if s.idx.Ready() {
-			layouts := s.idx.Layouts()
+			layouts, wedged := s.idx.Layouts(), s.idx.Wedged()
 			stale := applied == nil || s.Clock.Since(lastRead) >= s.Resync
-			if stale || !sameSnapshot(layouts, snapshot) {
-				on := inject.PolicyServes(s.cfg, layouts, s.idx.Wedged())
+			if stale || !sameSnapshot(layouts, snapshot) || !sameSnapshot(wedged, wedgedSnap) {
+				on := inject.PolicyServes(s.cfg, layouts, wedged)
 				if stale || *applied != on {
 					if err := s.Set(ctx, on); err != nil {
 						s.log.Error(err, "failed to switch the admission policy", "on", on)
@@ -85,7 +86,7 @@ func (s *PolicySwitch) Start(ctx context.Context) error {
 						applied, lastRead = &on, s.Clock.Now()
 					}
 				}
-				snapshot = layouts
+				snapshot, wedgedSnap = layouts, wedged
 			}
 		}
 		select {
@@ -97,7 +98,7 @@ func (s *PolicySwitch) Start(ctx context.Context) error {
 }
 
 // sameSnapshot: the index publishes a new slice on every change.
-func sameSnapshot(a, b []*inject.Layout) bool {
+func sameSnapshot[T any](a, b []*T) bool {
 	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
 }
 

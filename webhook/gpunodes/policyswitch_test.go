@@ -81,4 +81,13 @@ func TestPolicySwitch(t *testing.T) {
 	}
 	clk.Step(sw.Resync)
 	await("deleted by hand", true)
+
+	wedged := func(n *corev1.Node) {
+		nri(n)
+		n.Labels[layout.LabelState] = layout.StateWedged
+	}
+	idx.Update(gputest.Node("gpu-1", plan, 8, wedged))
+	await("the driver wedged", false)
+	idx.Update(gputest.Node("gpu-1", plan, 8, nri))
+	await("the driver answers again", true)
 }
