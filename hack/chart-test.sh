@@ -100,7 +100,10 @@ for case in "${bad_values[@]}"; do
   log "the hook refuses ${args[*]}"
   rc=0
   out=$(validate --kube-version 1.36.3 "${args[@]}" 2>&1 >/dev/null) || rc=$?
-  if [[ ${rc} -ne 1 || "${out}" != *"${want}"* ]]; then
+  # The binary names each field's line of the rendered file, which the chart's
+  # defaults move: the message is compared without it.
+  plain=$(sed -E 's/(in [^;,]*, )?on line [0-9]+(; |: |$)//g' <<<"${out}")
+  if [[ ${rc} -ne 1 || "${plain}" != *"${want}"* ]]; then
     log "exit ${rc}, want 1 and the message: ${want}"
     printf '%s\n' "${out}" >&2
     exit 1
