@@ -1382,7 +1382,8 @@ func TestNotes(t *testing.T) {
 
 // TestPoolRBAC: pinning by pool adds only the memory's one ConfigMap and Lease (by
 // name, create aside) and the read of pods and write of Events the mismatch check needs;
-// the admission policy's switch, its one ConfigMap and the same Lease.
+// the admission policy's switch, its one ConfigMap and the same Lease, with or without
+// a switched policy.
 func TestPoolRBAC(t *testing.T) {
 	memory, policySwitch := fullname+"-pools", fullname+"-policy"
 	lease := []rbacv1.PolicyRule{
@@ -1391,11 +1392,12 @@ func TestPoolRBAC(t *testing.T) {
 		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"create"}},
 	}
 	switchRule := rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"configmaps"}, ResourceNames: []string{policySwitch}, Verbs: []string{"get", "delete"}}
-	if r := render(t, with(kube136, "admission.policy=off")); r.get("Role", webhookSA+"-pools") != nil {
-		t.Errorf("pool memory Role rendered without config.pinning.nodeLabels or the policy's switch")
-	}
-	if rl := mustGet[rbacv1.Role](t, render(t, kube136), "Role", webhookSA+"-pools"); !reflect.DeepEqual(rl.Rules, append([]rbacv1.PolicyRule{switchRule}, lease...)) {
-		t.Errorf("the switch's Role without pinning by pool:\n got %+v", rl.Rules)
+	// Without a switched policy the webhook still deletes a switch an earlier
+	// release left: a later release's policy would take it as current.
+	for _, sets := range [][]string{{"admission.policy=off"}, nil} {
+		if rl := mustGet[rbacv1.Role](t, render(t, with(kube136, sets...)), "Role", webhookSA+"-pools"); !reflect.DeepEqual(rl.Rules, append([]rbacv1.PolicyRule{switchRule}, lease...)) {
+			t.Errorf("the switch's Role without pinning by pool (%v):\n got %+v", sets, rl.Rules)
+		}
 	}
 	r := render(t, with(kube136, "config.pinning.nodeLabels={karpenter.sh/nodepool}"))
 	rl := mustGet[rbacv1.Role](t, r, "Role", webhookSA+"-pools")

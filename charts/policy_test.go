@@ -704,10 +704,13 @@ func checkSwitch(t *testing.T, r rendered, switched bool) {
 	b := mustGet[admissionregistrationv1.MutatingAdmissionPolicyBinding](t, r, "MutatingAdmissionPolicyBinding", fullname+"-runtime")
 	args := strings.Join(container(t, mustGet[appsv1.Deployment](t, r, "Deployment", webhookSA).Spec.Template, "webhook").Args, " ")
 	if !switched {
-		if p.Spec.ParamKind != nil || b.Spec.ParamRef != nil || strings.Contains(args, "--policy-switch-name") {
-			t.Errorf("runtime delivery's policy is switched: paramKind %v, paramRef %v, args %s", p.Spec.ParamKind, b.Spec.ParamRef, args)
+		if p.Spec.ParamKind != nil || b.Spec.ParamRef != nil || !strings.Contains(args, "--policy-switch-name="+name+" --policy-switch-off") {
+			t.Errorf("runtime delivery's policy is switched, or the webhook does not keep the switch off: paramKind %v, paramRef %v, args %s", p.Spec.ParamKind, b.Spec.ParamRef, args)
 		}
 		return
+	}
+	if strings.Contains(args, "--policy-switch-off") {
+		t.Errorf("the switched policy's webhook keeps the switch off: %s", args)
 	}
 	if pk := p.Spec.ParamKind; pk == nil || pk.APIVersion != "v1" || pk.Kind != "ConfigMap" {
 		t.Errorf("paramKind %v, want v1 ConfigMap", pk)

@@ -52,6 +52,7 @@ func parseWebhookFlags(args []string, stderr io.Writer) (*webhookFlags, error) {
 	fs.StringVar(&o.Certs.WebhookConfigName, "webhook-configuration-name", "gpu-injector", "MutatingWebhookConfiguration whose caBundle self mode keeps current")
 	fs.StringVar(&o.PoolMemory, "pool-memory-name", "gpu-injector-pools", "ConfigMap (and leader election Lease) in --namespace that remembers each pool's layout, with config pinning.nodeLabels; empty: no memory")
 	fs.StringVar(&o.PolicySwitch, "policy-switch-name", "", "ConfigMap in --namespace that the MutatingAdmissionPolicy binding takes as its parameter (driverDelivery PreferRuntime): the elected replica keeps it while every known GPU node delivers the driver at the runtime; empty: none")
+	fs.BoolVar(&o.PolicySwitchOff, "policy-switch-off", false, "keep --policy-switch-name's ConfigMap absent (the chart's policy is not switched): one left by an earlier release is deleted, so that a later release's policy does not take it as current")
 	fs.StringVar(&o.MetricsAddr, "metrics-bind-address", ":8080", "address of the Prometheus metrics endpoint; 0 disables it")
 	fs.StringVar(&o.ProbeAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz")
 	fs.StringVar(&o.PprofAddr, "pprof-bind-address", "", "address of Go's /debug/pprof endpoints, for profiling; empty (the default) disables them")

@@ -67,6 +67,10 @@ type Options struct {
 	// policy answers as the webhook would (gpunodes.PolicySwitch); empty:
 	// no switch.
 	PolicySwitch string
+	// PolicySwitchOff keeps PolicySwitch's ConfigMap absent: where the chart
+	// renders no switched policy, a ConfigMap an earlier release left is
+	// removed before a later one's policy could take it as current.
+	PolicySwitchOff bool
 	// ShutdownDelay is how long the webhook keeps serving after ctx ends,
 	// with /readyz failing, before it drains the requests in flight.
 	ShutdownDelay time.Duration
@@ -344,6 +348,7 @@ func addElected(ctx context.Context, mgr manager.Manager, o Options, idx *gpunod
 		// The API reader: the ConfigMap informer, where there is one, holds
 		// only the memory's object.
 		sw := gpunodes.NewPolicySwitch(cfg, idx, mgr.GetAPIReader(), mgr.GetClient(), o.Certs.Namespace, o.PolicySwitch, log.WithName("policy"))
+		sw.Off = o.PolicySwitchOff
 		if err := mgr.Add(sw); err != nil {
 			return fmt.Errorf("failed to add the admission policy switch: %w", err)
 		}

@@ -324,7 +324,8 @@ func switchOn(ctx context.Context) (bool, error) {
 // pod costs no webhook call and runs with its driver. A schedulable node that only
 // hostPath volumes serve (here an API-only node of another layout, uncordoned) turns it
 // off, and the webhook decides again from the nodes; the test logs how long each switch
-// takes, from the node's change to the API server's first pod admitted the new way.
+// takes, from the node's change to the API server's first pod admitted the new way. A
+// release upgraded to values without the switch deletes it.
 func TestAdmissionPolicyByDefault(t *testing.T) {
 	waitPluginReady(t)
 	ctx := context.Background()
@@ -380,6 +381,24 @@ func TestAdmissionPolicyByDefault(t *testing.T) {
 	}
 	runsWithDriver(t, ns, p)
 	runsWithDriver(t, ns, webhookTakesLegacy(t, ns, "legacy", false))
+
+	// A release that no longer switches the policy deletes the switch the one
+	// before it left, which a later release's policy would take as current
+	// before its own switch had read a node.
+	// (helm's wait only: the webhook does not see the cordoned nodes.)
+	start = time.Now()
+	if err := testEnv.HelmUpgrade(ctx, "admission.policy=off"); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, apiTimeout, "the switch an earlier release left deleted", func(ctx context.Context) (bool, error) {
+		on, err := switchOn(ctx)
+		return !on, err
+	})
+	t.Logf("upgraded with admission.policy=off: the switch deleted %s after the upgrade began", time.Since(start).Round(time.Millisecond))
+	if err := testEnv.HelmUpgrade(ctx); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, apiTimeout, "the switch on again", switchOn)
 
 	start = time.Now()
 	setUnschedulable(t, others[0], false)

@@ -431,7 +431,14 @@ func label(labels, key string) string {
 // table is the run's result as Markdown.
 func (r *run) table() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "kube-apiserver %s on loopback, %d nodes (%d GPU nodes), %d measured dry-run creates per row after %d warm-up, %s\n\n", cluster.KubernetesVersion, r.o.nodes, gpuNodes(r.o.nodes, r.o.gpuFraction), r.o.requests, r.o.warmup, machine())
+	fmt.Fprintf(&b, "kube-apiserver %s on loopback, %d nodes (%d GPU nodes), %d measured dry-run creates per row after %d warm-up, %s\n", cluster.KubernetesVersion, r.o.nodes, gpuNodes(r.o.nodes, r.o.gpuFraction), r.o.requests, r.o.warmup, machine())
+	switch {
+	case r.o.defaultValues:
+		b.WriteString("the chart rendered with its default values; its policy switched on by gpu-injector's elected replica\n")
+	case r.o.runtimeDelivery:
+		b.WriteString("the chart rendered with config.driverDelivery=Runtime\n")
+	}
+	b.WriteString("\n")
 	b.WriteString("| admits the pod | pod | conc. | client p50 ms | client p99 ms | pods/s | API server: webhook mean ms | API server: mutating plugin mean ms | in gpu-injector ms |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|---|\n")
 	for _, x := range r.results {
@@ -450,6 +457,9 @@ func (r *run) table() string {
 	}
 	for _, size := range r.o.sizes {
 		ours, same, noop := find(variantOurs, size, 1), find(variantSamePatch, size, 1), find(variantNoop, size, 1)
+		if pol := find(variantChartPolicy, size, 1); pol != nil && noop != nil {
+			fmt.Fprintf(&b, "- %s, concurrency 1, API server's mutating-plugin mean: the chart's policy %.2fx the no-op floor\n", size, pol.pluginMean/noop.pluginMean)
+		}
 		if ours == nil {
 			continue
 		}

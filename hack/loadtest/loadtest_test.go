@@ -154,6 +154,9 @@ func TestParseFlags(t *testing.T) {
 	if o, err := parseFlags(nil); err != nil || o.nodes != 5000 || o.memoryOnly || !slices.Equal(o.memoryLimits, []int64{0}) {
 		t.Errorf("defaults: %+v, %v", o, err)
 	}
+	if o, err := parseFlags([]string{"-default-values", "-variants", "noop,chart-policy"}); err != nil || !o.nri || !o.chartPolicies() {
+		t.Errorf("-default-values: %+v, %v", o, err)
+	}
 	for name, args := range map[string][]string{
 		"too many nodes":               {"-nodes", "65001"},
 		"no nodes":                     {"-nodes", "0"},
@@ -164,6 +167,8 @@ func TestParseFlags(t *testing.T) {
 		"no node workers":              {"-node-workers", "0"},
 		"no GPU node share":            {"-gpu-fraction", "0"},
 		"a GPU share above one":        {"-gpu-fraction", "1.5"},
+		"two renderings of the chart":  {"-runtime-delivery", "-default-values"},
+		"a ref chart, no chart policy": {"-ref-chart", "/tmp", "-variants", "chart-policy-ref"},
 	} {
 		if _, err := parseFlags(args); err == nil {
 			t.Errorf("%s: %q accepted", name, args)

@@ -74,6 +74,10 @@ type options struct {
 	// implies nri): the gpu-injector variant is the webhook alone
 	// (admission.policy off), chart-policy the chart's admission policy.
 	runtimeDelivery bool
+	// defaultValues renders the chart with its default values (and implies
+	// nri): chart-policy is the chart's admission policy behind the switch
+	// that gpu-injector's elected replica keeps, as a default install runs.
+	defaultValues bool
 	// refChart is another checkout whose chart's policy runs as the
 	// chart-policy-ref variant.
 	refChart string
@@ -95,6 +99,10 @@ func main() {
 	}
 }
 
+// chartPolicies: the chart is rendered with its admission policy, whose
+// variants then run.
+func (o *options) chartPolicies() bool { return o.runtimeDelivery || o.defaultValues }
+
 func parseFlags(args []string) (*options, error) {
 	fs := flag.NewFlagSet("loadtest", flag.ContinueOnError)
 	o := &options{}
@@ -106,6 +114,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.DurationVar(&o.readyTimeout, "ready-timeout", 5*time.Minute, "how long the webhook may take to list the nodes and become ready")
 	fs.BoolVar(&o.nri, "nri", false, "every node has gpu-injector's NRI plugin registered (label "+layout.LabelNRIPlugin+"), so gpu-injector injects at the runtime")
 	fs.BoolVar(&o.runtimeDelivery, "runtime-delivery", false, "render the chart with config.driverDelivery=Runtime (implies -nri); the chart-policy variant then runs the chart's MutatingAdmissionPolicy beside the chart's webhook configuration, and gpu-injector is the webhook alone (admission.policy=off)")
+	fs.BoolVar(&o.defaultValues, "default-values", false, "render the chart with its default values (driverDelivery PreferRuntime; implies -nri): the chart-policy variant then runs the chart's MutatingAdmissionPolicy and its binding, whose parameter gpu-injector's elected replica keeps (the policy's switch), beside the chart's webhook configuration, and gpu-injector is the webhook alone (admission.policy=off)")
 	fs.IntVar(&o.requests, "requests", 300, "measured requests per cell (variant x size x concurrency)")
 	fs.IntVar(&o.warmup, "warmup", 30, "unmeasured requests before each cell")
 	fs.DurationVar(&o.cellTimeout, "cell-timeout", 60*time.Second, "a cell stops at this time even if it has sent fewer requests")
@@ -134,7 +143,10 @@ func parseFlags(args []string) (*options, error) {
 	if !slices.ContainsFunc(o.sizes, func(s string) bool { return s != sizeCPU }) {
 		return nil, errors.New("-sizes needs a GPU pod size besides " + sizeCPU)
 	}
-	if o.runtimeDelivery {
+	if o.runtimeDelivery && o.defaultValues {
+		return nil, errors.New("-runtime-delivery and -default-values render the chart two ways: choose one")
+	}
+	if o.chartPolicies() {
 		o.nri = true
 	}
 	o.variants = strings.Split(variants, ",")
@@ -143,8 +155,8 @@ func parseFlags(args []string) (*options, error) {
 			return nil, fmt.Errorf("unknown variant %q; known: %s", v, strings.Join(allVariants, ","))
 		}
 	}
-	if contains(o.variants, variantRefPolicy) != (o.refChart != "") || (o.refChart != "" && !o.runtimeDelivery) {
-		return nil, fmt.Errorf("-ref-chart and the %s variant go together, with -runtime-delivery", variantRefPolicy)
+	if contains(o.variants, variantRefPolicy) != (o.refChart != "") || (o.refChart != "" && !o.chartPolicies()) {
+		return nil, fmt.Errorf("-ref-chart and the %s variant go together, with -runtime-delivery or -default-values", variantRefPolicy)
 	}
 	for _, c := range strings.Split(conc, ",") {
 		n, err := strconv.Atoi(c)

@@ -43,11 +43,21 @@ const (
 	sizeCPU = "cpu"
 )
 
-// chartPolicy is a chart's admission policy and the webhook configuration
-// rendered beside it.
+// chartPolicy is a chart's admission policy, its binding and the webhook
+// configuration rendered beside them.
 type chartPolicy struct {
-	policy *admissionregistrationv1.MutatingAdmissionPolicy
-	mwc    *admissionregistrationv1.MutatingWebhookConfiguration
+	policy  *admissionregistrationv1.MutatingAdmissionPolicy
+	binding *admissionregistrationv1.MutatingAdmissionPolicyBinding
+	mwc     *admissionregistrationv1.MutatingWebhookConfiguration
+}
+
+// switchName is the ConfigMap the policy's binding takes as its parameter,
+// empty where the policy is not switched.
+func (p chartPolicy) switchName() string {
+	if p.binding == nil || p.binding.Spec.ParamRef == nil {
+		return ""
+	}
+	return p.binding.Spec.ParamRef.Name
 }
 
 // run is one load run's state.
@@ -158,8 +168,10 @@ func (r *run) chart(ctx context.Context) error {
 		}
 		// The URL and caBundle are set below; the chart decides the rest.
 		sets := []string{"webhook.enabled=false", "webhook.url=https://127.0.0.1:1"}
-		if r.o.runtimeDelivery {
-			sets = append(sets, "config.driverDelivery=Runtime")
+		if r.o.chartPolicies() {
+			if r.o.runtimeDelivery {
+				sets = append(sets, "config.driverDelivery=Runtime")
+			}
 			if r.chartPol, err = renderPolicy(ctx, wd, helm, sets); err != nil {
 				return err
 			}
@@ -215,6 +227,9 @@ func renderPolicy(ctx context.Context, root, helm string, sets []string) (chartP
 		case "MutatingAdmissionPolicy":
 			pol.policy = &admissionregistrationv1.MutatingAdmissionPolicy{}
 			err = runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, pol.policy)
+		case "MutatingAdmissionPolicyBinding":
+			pol.binding = &admissionregistrationv1.MutatingAdmissionPolicyBinding{}
+			err = runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, pol.binding)
 		case "MutatingWebhookConfiguration":
 			pol.mwc = &admissionregistrationv1.MutatingWebhookConfiguration{}
 			err = runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, pol.mwc)
@@ -223,8 +238,8 @@ func renderPolicy(ctx context.Context, root, helm string, sets []string) (chartP
 			return pol, fmt.Errorf("failed to read the chart's %s: %w", o.GetKind(), err)
 		}
 	}
-	if pol.policy == nil || pol.mwc == nil {
-		return pol, errors.New("the chart rendered with driverDelivery Runtime lacks its MutatingAdmissionPolicy or webhook configuration")
+	if pol.policy == nil || pol.binding == nil || pol.mwc == nil {
+		return pol, fmt.Errorf("the chart rendered with %v lacks its MutatingAdmissionPolicy, its binding or its webhook configuration", sets)
 	}
 	return pol, nil
 }
@@ -433,6 +448,11 @@ func (r *run) launchWebhook(ctx context.Context, name string, environ []string) 
 		fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", ports[2]),
 		// Nothing routes requests to it when it stops.
 		"--shutdown-delay=0s",
+	}
+	if sw := r.chartPol.switchName(); sw != "" {
+		// As the chart's Deployment runs it: its elected replica keeps the
+		// switch on while every node takes the driver at the runtime.
+		args = append(args, "--policy-switch-name="+sw)
 	}
 	if r.o.profileDir != "" {
 		r.webhookPprof = fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/profile", ports[3])

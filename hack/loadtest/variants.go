@@ -166,7 +166,7 @@ func (r *run) policies(ctx context.Context) error {
 // as helm template rendered them.
 func (r *run) chartPolicy(ctx context.Context, v string, pol chartPolicy) error {
 	if pol.policy == nil {
-		return fmt.Errorf("the %s variant needs -runtime-delivery (and -ref-chart for %s), where the chart renders its admission policy", v, variantRefPolicy)
+		return fmt.Errorf("the %s variant needs -runtime-delivery or -default-values (and -ref-chart for %s), where the chart renders its admission policy", v, variantRefPolicy)
 	}
 	ar := r.cp.client.AdmissionregistrationV1()
 	p := pol.policy.DeepCopy()
@@ -174,10 +174,9 @@ func (r *run) chartPolicy(ctx context.Context, v string, pol chartPolicy) error 
 	if _, err := ar.MutatingAdmissionPolicies().Create(ctx, p, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("failed to create the chart's admission policy: %w", err)
 	}
-	b := &admissionregistrationv1.MutatingAdmissionPolicyBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: v},
-		Spec:       admissionregistrationv1.MutatingAdmissionPolicyBindingSpec{PolicyName: v},
-	}
+	b := pol.binding.DeepCopy()
+	b.ObjectMeta = metav1.ObjectMeta{Name: v}
+	b.Spec.PolicyName = v
 	if _, err := ar.MutatingAdmissionPolicyBindings().Create(ctx, b, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("failed to create the chart's admission policy binding: %w", err)
 	}

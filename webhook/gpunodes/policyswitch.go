@@ -48,6 +48,10 @@ type PolicySwitch struct {
 	Resync time.Duration
 	// Clock paces both; the real clock unless set.
 	Clock clock.WithTicker
+	// Off keeps the ConfigMap absent, whatever the nodes: the chart renders
+	// no switched policy, and a ConfigMap left by an earlier release would
+	// turn a later release's policy on before its switch had read a node.
+	Off bool
 }
 
 // NewPolicySwitch returns the switch of ConfigMap namespace/name. The reader
@@ -65,7 +69,7 @@ func (s *PolicySwitch) NeedLeaderElection() bool { return true }
 // (an atomic load while nothing changed); the API server only when the
 // answer changes, and every Resync.
 func (s *PolicySwitch) Start(ctx context.Context) error {
-	s.log.Info("switching the admission policy", "configMap", s.namespace+"/"+s.name, "interval", s.Interval.String())
+	s.log.Info("switching the admission policy", "configMap", s.namespace+"/"+s.name, "interval", s.Interval.String(), "keptOff", s.Off)
 	t := s.Clock.NewTicker(s.Interval)
 	defer t.Stop()
 	var applied *bool
@@ -73,11 +77,11 @@ func (s *PolicySwitch) Start(ctx context.Context) error {
 	var wedgedSnap []*inject.WedgedNode
 	lastRead := time.Time{}
 	for {
-		if s.idx.Ready() {
+		if s.Off || s.idx.Ready() {
 			layouts, wedged := s.idx.Layouts(), s.idx.Wedged()
 			stale := applied == nil || s.Clock.Since(lastRead) >= s.Resync
 			if stale || !sameSnapshot(layouts, snapshot) || !sameSnapshot(wedged, wedgedSnap) {
-				on := inject.PolicyServes(s.cfg, layouts, wedged)
+				on := !s.Off && inject.PolicyServes(s.cfg, layouts, wedged)
 				if stale || *applied != on {
 					if err := s.Set(ctx, on); err != nil {
 						s.log.Error(err, "failed to switch the admission policy", "on", on)

@@ -91,3 +91,47 @@ func TestPolicySwitch(t *testing.T) {
 	idx.Update(gputest.Node("gpu-1", plan, 8, nri))
 	await("the driver answers again", true)
 }
+
+// TestPolicySwitchOff: a switch kept off deletes a ConfigMap an earlier
+// release left, before the index has listed a node, and never creates one,
+// even where every node takes the driver at the runtime.
+func TestPolicySwitchOff(t *testing.T) {
+	cfg := config.Default()
+	idx := NewIndex(cfg, logr.Discard())
+	key := types.NamespacedName{Namespace: "gpu-injector", Name: "gpu-injector-policy"}
+	left := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}}
+	c := fake.NewClientBuilder().WithObjects(left).Build()
+	clk := clocktesting.NewFakeClock(time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC))
+	sw := NewPolicySwitch(cfg, idx, c, c, key.Namespace, key.Name, logr.Discard())
+	sw.Clock, sw.Off = clk, true
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = sw.Start(ctx) }()
+	defer func() { cancel(); <-done }()
+	exists := func() bool {
+		err := c.Get(ctx, key, &corev1.ConfigMap{})
+		if err != nil && !apierrors.IsNotFound(err) {
+			t.Fatal(err)
+		}
+		return err == nil
+	}
+	for i := 0; exists(); i++ {
+		if i == 200 {
+			t.Fatal("the ConfigMap an earlier release left is still there")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	nri := func(n *corev1.Node) { n.Labels[layout.LabelNRIPlugin] = layout.NRIProtocol }
+	if err := NewNodeStore(idx).Replace([]any{gputest.Node("gpu-1", gputest.Plan("580.95.05"), 8, nri)}, "1"); err != nil {
+		t.Fatal(err)
+	}
+	for range 20 {
+		if clk.HasWaiters() {
+			clk.Step(sw.Resync)
+		}
+		time.Sleep(5 * time.Millisecond)
+		if exists() {
+			t.Fatal("a switch kept off turned on")
+		}
+	}
+}
