@@ -15,9 +15,12 @@ import (
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/gpu-injector/gpu-injector/cmd"
+	"github.com/gpu-injector/gpu-injector/config"
+	"github.com/gpu-injector/gpu-injector/layout"
 )
 
 // platformPages are the pages and what helm install learns from their clusters besides
@@ -290,6 +293,9 @@ func TestPlatformPages(t *testing.T) {
 						}
 					}
 					checkConfigMap(t, r)
+					if kube == kube133.kubeVersion {
+						checkAtZero(t, text, r, in.line)
+					}
 					if v := hookVerdict(t, r); !v.Valid() {
 						t.Errorf("Kubernetes %s: %s: the install hook refuses the configuration: %v %v", kube, in.line, v.Err, messages(v.Errs))
 					}
@@ -300,5 +306,72 @@ func TestPlatformPages(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// pagePod is the GPU pod a platform page has users apply in the namespace ml.
+func pagePod(t *testing.T, text string) string {
+	t.Helper()
+	const open = "kubectl apply -n ml -f - <<'EOF'\n"
+	_, rest, ok := strings.Cut(text, open)
+	if !ok {
+		t.Fatalf("the page applies no pod with %q", open)
+	}
+	pod, _, ok := strings.Cut(rest, "\nEOF\n")
+	if !ok {
+		t.Fatal("the page's pod has no EOF line")
+	}
+	return pod
+}
+
+// checkAtZero runs the page's pod through gpu-injector mutate with the configuration an
+// install renders and a cluster of no GPU node (every pool at zero), as the webhook
+// answers below 1.36 or while the policy's switch is off: the pod is admitted, the page
+// quotes the warning kubectl prints word for word, and every annotation the pod gets.
+// go test ./charts -run TestPlatformPages -v logs what each install shows.
+func checkAtZero(t *testing.T, text string, r rendered, line string) {
+	t.Helper()
+	cm := mustGet[corev1.ConfigMap](t, r, "ConfigMap", fullname+"-config")
+	dir := t.TempDir()
+	files := map[string]string{
+		"config.yaml": cm.Data["config.yaml"],
+		"nodes.yaml":  "apiVersion: v1\nkind: List\nitems: []\n",
+		"pod.yaml": "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: ml\n  labels:\n    " + layout.LabelInject + ": " + layout.InjectEnabled +
+			"\n---\n" + pagePod(t, text),
+	}
+	for name, content := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var stdout, stderr bytes.Buffer
+	args := []string{"-f", filepath.Join(dir, "pod.yaml"), "--nodes", filepath.Join(dir, "nodes.yaml"), "--config", filepath.Join(dir, "config.yaml"), "--namespace", "ml"}
+	err := cmd.Mutate(args, nil, &stdout, &stderr)
+	t.Logf("%s, every pool at zero:\n%s", line, stderr.String())
+	if err != nil {
+		// hostPath volumes need a layout: with no node and no remembered pool the pod is
+		// denied, which the page must say of that install.
+		if cfg := checkConfigMap(t, r); cfg.DriverDelivery == config.DeliveryHostPath && strings.Contains(text, "is denied") {
+			return
+		}
+		t.Fatalf("%s: gpu-injector mutate of the page's pod at zero: %v\n%s", line, err, stderr.String())
+	}
+	if !strings.Contains(stderr.String(), "injected: Pod/cuda") {
+		t.Errorf("%s: the page's pod is not admitted while every pool is at zero:\n%s", line, stderr.String())
+	}
+	for _, l := range strings.Split(stderr.String(), "\n") {
+		if w, ok := strings.CutPrefix(l, "warning: Pod/cuda: "); ok && !strings.Contains(text, "\nWarning: "+w+"\n") {
+			t.Errorf("%s: the page does not quote, on a line of its own, the warning kubectl prints at zero:\nWarning: %s", line, w)
+		}
+	}
+	var pod corev1.Pod
+	docs := strings.Split(stdout.String(), "\n---\n")
+	if err := yaml.Unmarshal([]byte(docs[len(docs)-1]), &pod); err != nil {
+		t.Fatalf("%s: the mutated pod: %v", line, err)
+	}
+	for k, v := range pod.Annotations {
+		if strings.Contains(k, "gpu-injector") && !strings.Contains(text, k+": '"+v+"'") && !strings.Contains(text, k+": "+v) {
+			t.Errorf("%s: the page does not show the annotation the pod gets at zero: %s: %s", line, k, v)
+		}
 	}
 }

@@ -553,26 +553,17 @@ func (e *Env) WaitProbeDaemonSet(ctx context.Context) error {
 	})
 }
 
-// HelmUpgrade is UpgradeChart up to helm's own wait for the rollout: for a
-// test whose webhook does not see every node's layout (cordoned nodes).
-func (e *Env) HelmUpgrade(ctx context.Context, sets ...string) error {
-	args := []string{"upgrade", Release, e.ChartRef(), "--version", ChartVersion, "--plain-http",
-		"--namespace", Namespace, "--wait", "--timeout", "4m"}
-	args = append(args, e.helmArgs(sets...)...)
-	if _, err := e.HelmCommand(ctx, args...); err != nil {
-		return fmt.Errorf("%w\n%s", err, e.podsReport(context.Background()))
-	}
-	return nil
-}
-
 // UpgradeChart runs `helm upgrade` of the release (the chart in the
 // cluster's registry, as installed) with HelmValues and the
 // extra --set values (none: back to the installed values), waits for the
 // rollout (a configuration change rolls the pods through their checksum
 // annotation), and until every ready webhook replica sees every node's layout.
 func (e *Env) UpgradeChart(ctx context.Context, sets ...string) error {
-	if err := e.HelmUpgrade(ctx, sets...); err != nil {
-		return err
+	args := []string{"upgrade", Release, e.ChartRef(), "--version", ChartVersion, "--plain-http",
+		"--namespace", Namespace, "--wait", "--timeout", "4m"}
+	args = append(args, e.helmArgs(sets...)...)
+	if _, err := e.HelmCommand(ctx, args...); err != nil {
+		return fmt.Errorf("%w\n%s", err, e.podsReport(context.Background()))
 	}
 	if err := e.WaitWebhookReady(ctx); err != nil {
 		return err
