@@ -1,6 +1,7 @@
 package main
 
 import (
+	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
@@ -219,4 +220,71 @@ func goList() (map[string]pkgInfo, string) {
 		pkgs[name] = p
 	}
 	return pkgs, ""
+}
+
+// TestWebhookBoundaries keeps the arrows between the webhook's rooms one way
+// (docs/webhook.md): the folder webhook/ is only a folder of packages, the
+// injection talks to no cluster, the node index never reaches into the
+// admission server, the builder of the decision's input and its offline
+// sources stand below the server, and the offline commands (`gpu-injector
+// mutate`, `status`, `status pod`, `precheck`) link neither the server nor
+// what only it needs.
+func TestWebhookBoundaries(t *testing.T) {
+	entries, err := os.ReadDir("webhook")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if !e.IsDir() && strings.HasSuffix(e.Name(), ".go") {
+			t.Errorf("webhook/%s: the folder webhook/ holds packages, no Go file of its own", e.Name())
+		}
+	}
+	const (
+		server     = module + "/webhook/server"
+		gpunodes   = module + "/webhook/gpunodes"
+		admitinput = module + "/webhook/admitinput"
+	)
+	// Trees: a path and everything below it.
+	cluster := []string{"k8s.io/client-go", "sigs.k8s.io/controller-runtime", "k8s.io/apiserver", "net/http/httptest"}
+	serving := []string{server, "github.com/open-policy-agent/cert-controller", "sigs.k8s.io/controller-runtime/pkg/manager", "sigs.k8s.io/controller-runtime/pkg/webhook"}
+	tests := map[string]struct {
+		packages, trees []string
+	}{
+		module + "/webhook/inject": {[]string{server, gpunodes, admitinput}, cluster},
+		gpunodes:                   {[]string{server, admitinput}, nil},
+		admitinput:                 {[]string{gpunodes}, serving},
+		admitinput + "/...":        {nil, serving},
+		module + "/mutate":         {nil, serving},
+		module + "/podstatus":      {nil, serving},
+		module + "/status":         {nil, serving},
+		module + "/precheck":       {nil, serving},
+	}
+	for pattern, tc := range tests {
+		t.Run(strings.TrimPrefix(pattern, module+"/"), func(t *testing.T) {
+			for _, dep := range linked(t, pattern) {
+				if slices.Contains(tc.packages, dep) || under(dep, tc.trees) {
+					t.Errorf("%s links %s", pattern, dep)
+				}
+			}
+		})
+	}
+}
+
+// linked lists what the packages of pattern link, themselves included, as
+// `go list -deps` does: without their tests.
+func linked(t *testing.T, pattern string) []string {
+	t.Helper()
+	goCmd, err := exec.LookPath("go")
+	if err != nil {
+		goCmd = filepath.Join(runtime.GOROOT(), "bin", "go")
+	}
+	out, err := exec.Command(goCmd, "list", "-deps", pattern).Output()
+	if err != nil {
+		t.Fatalf("go list -deps %s: %v", pattern, err)
+	}
+	list := strings.Fields(string(out))
+	if len(list) == 0 {
+		t.Fatalf("go list -deps %s listed nothing", pattern)
+	}
+	return list
 }

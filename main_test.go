@@ -27,7 +27,7 @@ func TestRun(t *testing.T) {
 		"nri-plugin bad":   {args: []string{"nri-plugin", "--no-such-flag"}, code: 2, wantStderr: "no-such-flag"},
 		"status bad":       {args: []string{"status", "-o", "wide"}, code: 2, wantStderr: "want table, json or yaml"},
 		"precheck bad":     {args: []string{"precheck", "-o", "wide"}, code: 2, wantStderr: "want table, json or yaml"},
-		"precheck no file": {args: []string{"precheck", "-f", "/nonexistent/nodes.yaml"}, code: 1, wantStderr: "failed to open"},
+		"precheck no file": {args: []string{"precheck", "-f", "/nonexistent/nodes.yaml"}, code: 1, wantStderr: "no such file"},
 		"mutate no file":   {args: []string{"mutate", "-f", "/nonexistent/x.yaml", "--nodes", "/nonexistent/n.yaml"}, code: 1, wantStderr: "no such file"},
 	}
 	for name, tc := range tests {

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/gpu-injector/gpu-injector/status"
-	"github.com/gpu-injector/gpu-injector/webhook"
+	"github.com/gpu-injector/gpu-injector/webhook/server"
 )
 
 func TestWebhookFlags(t *testing.T) {
@@ -25,11 +25,11 @@ func TestWebhookFlags(t *testing.T) {
 	}
 	want := webhookFlags{
 		logLevel: "info", logFormat: "json",
-		opts: webhook.Options{
+		opts: server.Options{
 			Port: 9443, MetricsAddr: ":8080", ProbeAddr: ":8081", PoolMemory: "gpu-injector-pools", ShutdownDelay: 5 * time.Second,
-			MaxInFlight: webhook.DefaultMaxInFlight, ReadTimeout: webhook.DefaultReadTimeout,
-			Certs: webhook.CertOptions{
-				Mode: webhook.CertModeSelf, Dir: "/tmp/k8s-webhook-server/serving-certs", SecretName: "gpu-injector-webhook-tls",
+			MaxInFlight: server.DefaultMaxInFlight, ReadTimeout: server.DefaultReadTimeout,
+			Certs: server.CertOptions{
+				Mode: server.CertModeSelf, Dir: "/tmp/k8s-webhook-server/serving-certs", SecretName: "gpu-injector-webhook-tls",
 				Namespace: "gpu-injector", ServiceName: "gpu-injector-webhook", WebhookConfigName: "gpu-injector",
 			},
 		},
@@ -43,7 +43,7 @@ func TestWebhookFlags(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := f.opts.Certs
-	if c.Mode != webhook.CertModeExternal || c.Namespace != "infra" || f.opts.Port != 10250 || c.WebhookConfigName != "gi" ||
+	if c.Mode != server.CertModeExternal || c.Namespace != "infra" || f.opts.Port != 10250 || c.WebhookConfigName != "gi" ||
 		strings.Join(c.ExtraDNSNames, ",") != "localhost,gi.example.com" {
 		t.Errorf("flags not applied: %+v", *f)
 	}

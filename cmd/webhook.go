@@ -15,13 +15,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/gpu-injector/gpu-injector/config"
-	"github.com/gpu-injector/gpu-injector/webhook"
+	"github.com/gpu-injector/gpu-injector/webhook/server"
 )
 
 // webhookFlags are the webhook's flags: process plumbing, since behaviour
 // lives in the config file.
 type webhookFlags struct {
-	opts       webhook.Options
+	opts       server.Options
 	configFile string
 	kubeconfig string
 	logLevel   string
@@ -37,7 +37,7 @@ func parseWebhookFlags(args []string, stderr io.Writer) (*webhookFlags, error) {
 	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig file; empty: $KUBECONFIG, else in-cluster, else ~/.kube/config")
 	fs.IntVar(&o.Port, "port", 9443, "HTTPS port of the webhook server")
 	fs.StringVar(&o.Certs.Dir, "cert-dir", "/tmp/k8s-webhook-server/serving-certs", "folder of the serving certificate files tls.crt and tls.key")
-	fs.StringVar(&o.Certs.Mode, "cert-mode", webhook.CertModeSelf, "self: generate, rotate and inject the certificate (cert-controller); external: only load --cert-dir (cert-manager)")
+	fs.StringVar(&o.Certs.Mode, "cert-mode", server.CertModeSelf, "self: generate, rotate and inject the certificate (cert-controller); external: only load --cert-dir (cert-manager)")
 	fs.StringVar(&o.Certs.SecretName, "cert-secret-name", "gpu-injector-webhook-tls", "Secret that holds the CA and serving certificate in self mode")
 	fs.StringVar(&o.Certs.ServiceName, "service-name", "gpu-injector-webhook", "Service in front of the webhook: the certificate's DNS name")
 	fs.Func("cert-extra-dns-names", "comma-separated extra DNS `names` of the self-made certificate, for a webhook configuration that calls a URL (e.g. localhost)", func(v string) error {
@@ -57,8 +57,8 @@ func parseWebhookFlags(args []string, stderr io.Writer) (*webhookFlags, error) {
 	fs.StringVar(&o.ProbeAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz")
 	fs.StringVar(&o.PprofAddr, "pprof-bind-address", "", "address of Go's /debug/pprof endpoints, for profiling; empty (the default) disables them")
 	fs.DurationVar(&o.ShutdownDelay, "shutdown-delay", 5*time.Second, "on SIGTERM, keep serving this long with /readyz failing, so that the API server stops choosing this replica before its port closes; then finish the requests in flight and exit")
-	fs.IntVar(&o.MaxInFlight, "max-in-flight", webhook.DefaultMaxInFlight, "admissions served at once; a request that finds no slot within a second is answered 429 (the webhook's failurePolicy applies)")
-	fs.DurationVar(&o.ReadTimeout, "read-timeout", webhook.DefaultReadTimeout, "how long a request's body may take to arrive after its headers")
+	fs.IntVar(&o.MaxInFlight, "max-in-flight", server.DefaultMaxInFlight, "admissions served at once; a request that finds no slot within a second is answered 429 (the webhook's failurePolicy applies)")
+	fs.DurationVar(&o.ReadTimeout, "read-timeout", server.DefaultReadTimeout, "how long a request's body may take to arrive after its headers")
 	fs.StringVar(&o.ClientCA, "client-ca-name", "", "file in --cert-dir of the CA that signs the API server's client certificate; when set, clients without such a certificate are refused at the TLS handshake")
 	fs.StringVar(&f.logLevel, "log-level", "info", "info or debug")
 	fs.StringVar(&f.logFormat, "log-format", "json", "json or console")
@@ -74,8 +74,8 @@ func parseWebhookFlags(args []string, stderr io.Writer) (*webhookFlags, error) {
 		return nil, usageErrorf("--max-in-flight %d is below 1", o.MaxInFlight)
 	case o.ReadTimeout <= 0:
 		return nil, usageErrorf("--read-timeout %s is not positive", o.ReadTimeout)
-	case o.Certs.Mode != webhook.CertModeSelf && o.Certs.Mode != webhook.CertModeExternal:
-		return nil, usageErrorf("unknown --cert-mode %q: want %s or %s", o.Certs.Mode, webhook.CertModeSelf, webhook.CertModeExternal)
+	case o.Certs.Mode != server.CertModeSelf && o.Certs.Mode != server.CertModeExternal:
+		return nil, usageErrorf("unknown --cert-mode %q: want %s or %s", o.Certs.Mode, server.CertModeSelf, server.CertModeExternal)
 	case f.logLevel != "info" && f.logLevel != "debug":
 		return nil, usageErrorf("unknown --log-level %q: want info or debug", f.logLevel)
 	case f.logFormat != "json" && f.logFormat != "console":
@@ -100,7 +100,7 @@ func Webhook(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	f.opts.Log = log
-	return webhook.Run(ctx, f.opts)
+	return server.Run(ctx, f.opts)
 }
 
 func webhookLogger(f *webhookFlags, w io.Writer) logr.Logger {

@@ -3,11 +3,8 @@
 package e2e
 
 import (
-	"bytes"
 	"encoding/json"
-	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -25,32 +22,14 @@ import (
 // returns its output and exit status.
 func gpuInjectorPrecheck(t *testing.T, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
-	cmd := exec.CommandContext(testContext(t), testEnv.Binary, append([]string{"precheck"}, args...)...)
-	var o, e bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &o, &e
-	err := cmd.Run()
-	var exit *exec.ExitError
-	switch {
-	case err == nil:
-	case errors.As(err, &exit):
-		code = exit.ExitCode()
-	default:
-		t.Fatalf("failed to run gpu-injector precheck: %v", err)
-	}
-	return o.String(), e.String(), code
+	return gpuInjector(t, append([]string{"precheck"}, args...)...)
 }
 
+// precheckReport is `gpu-injector precheck -o json`'s report and exit
+// status.
 func precheckReport(t *testing.T, args ...string) (*precheck.Report, int) {
 	t.Helper()
-	out, errOut, code := gpuInjectorPrecheck(t, append(args, "-o", "json")...)
-	if code != status.ExitOK && code != status.ExitAttention {
-		t.Fatalf("gpu-injector precheck -o json exited %d; stderr:\n%s", code, errOut)
-	}
-	var r precheck.Report
-	if err := json.Unmarshal([]byte(out), &r); err != nil {
-		t.Fatalf("failed to decode gpu-injector precheck -o json: %v\n%s", err, out)
-	}
-	return &r, code
+	return jsonReport[precheck.Report](t, append([]string{"precheck"}, args...)...)
 }
 
 // pluginNode labels an API-only node whose layout no other node publishes

@@ -3,10 +3,8 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -33,32 +31,13 @@ import (
 // admin kubeconfig, and returns its output and exit status.
 func gpuInjectorStatus(t *testing.T, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
-	cmd := exec.CommandContext(testContext(t), testEnv.Binary, append([]string{"status", "--kubeconfig", testEnv.Kubeconfig}, args...)...)
-	var o, e bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &o, &e
-	err := cmd.Run()
-	var exit *exec.ExitError
-	switch {
-	case err == nil:
-	case errors.As(err, &exit):
-		code = exit.ExitCode()
-	default:
-		t.Fatalf("failed to run gpu-injector status: %v", err)
-	}
-	return o.String(), e.String(), code
+	return gpuInjector(t, append([]string{"status", "--kubeconfig", testEnv.Kubeconfig}, args...)...)
 }
 
+// statusReport is `gpu-injector status -o json`'s report and exit status.
 func statusReport(t *testing.T, args ...string) (*status.Report, int) {
 	t.Helper()
-	out, errOut, code := gpuInjectorStatus(t, append(args, "-o", "json")...)
-	if code != status.ExitOK && code != status.ExitAttention {
-		t.Fatalf("gpu-injector status -o json exited %d; stderr:\n%s", code, errOut)
-	}
-	var r status.Report
-	if err := json.Unmarshal([]byte(out), &r); err != nil {
-		t.Fatalf("failed to decode gpu-injector status -o json: %v\n%s", err, out)
-	}
-	return &r, code
+	return jsonReport[status.Report](t, append([]string{"status", "--kubeconfig", testEnv.Kubeconfig}, args...)...)
 }
 
 // TestStatus: `gpu-injector status` shows an operator, against the real

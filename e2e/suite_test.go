@@ -11,6 +11,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -29,6 +30,7 @@ import (
 	"github.com/gpu-injector/gpu-injector/e2e/env"
 	"github.com/gpu-injector/gpu-injector/e2e/workloads"
 	"github.com/gpu-injector/gpu-injector/layout"
+	"github.com/gpu-injector/gpu-injector/status"
 )
 
 // testEnv is the one environment every test shares; TestMain owns it.
@@ -332,6 +334,41 @@ func nodeAnnotation(t *testing.T, node, key string) string {
 		t.Fatalf("failed to get node %s: %v", node, err)
 	}
 	return n.Annotations[key]
+}
+
+// gpuInjector runs `gpu-injector args...` as a user does and returns its
+// output and exit status; a binary that cannot be started fails t.
+func gpuInjector(t *testing.T, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	cmd := exec.CommandContext(testContext(t), testEnv.Binary, args...)
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
+	err := cmd.Run()
+	var exit *exec.ExitError
+	switch {
+	case err == nil:
+	case errors.As(err, &exit):
+		code = exit.ExitCode()
+	default:
+		t.Fatalf("failed to run gpu-injector %s: %v", args[0], err)
+	}
+	return o.String(), e.String(), code
+}
+
+// jsonReport runs `gpu-injector args... -o json`, which must exit with
+// status's codes for a report (all well, or something to act on), and
+// decodes the report it prints.
+func jsonReport[R any](t *testing.T, args ...string) (*R, int) {
+	t.Helper()
+	out, errOut, code := gpuInjector(t, append(args, "-o", "json")...)
+	if code != status.ExitOK && code != status.ExitAttention {
+		t.Fatalf("gpu-injector %s -o json exited %d; stderr:\n%s", args[0], code, errOut)
+	}
+	var r R
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatalf("failed to decode gpu-injector %s -o json: %v\n%s", args[0], err, out)
+	}
+	return &r, code
 }
 
 // kubectl runs the real kubectl as admin; stdin may be empty.

@@ -6,6 +6,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 count=${COUNT:-6}
 echo "==> go $(go version | cut -d' ' -f3), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)" >&2
-go test -run '^$' -bench 'BenchmarkMutate|BenchmarkHandler|BenchmarkIndexUpdate' -benchmem -count "$count" ./webhook/ ./webhook/inject/ ./webhook/gpunodes/
+go test -run '^$' -bench 'BenchmarkMutate|BenchmarkHandler|BenchmarkIndexUpdate' -benchmem -count "$count" ./webhook/server/ ./webhook/inject/ ./webhook/gpunodes/
 go test -run '^$' -bench 'BenchmarkReadCached' -benchmem -count "$count" ./internal/imageconfig/
 go test -run '^$' -bench 'BenchmarkProbe' -benchmem -count "$count" ./nodeprobe/

@@ -12,8 +12,10 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/gpu-injector/gpu-injector/config"
+	"github.com/gpu-injector/gpu-injector/internal/wallclock"
 	"github.com/gpu-injector/gpu-injector/layout"
-	"github.com/gpu-injector/gpu-injector/webhook/gpunodes"
+	"github.com/gpu-injector/gpu-injector/webhook/admitinput"
+	"github.com/gpu-injector/gpu-injector/webhook/admitinput/offline"
 	"github.com/gpu-injector/gpu-injector/webhook/inject"
 )
 
@@ -48,9 +50,10 @@ var gpuLabels = []string{
 }
 
 // Check classifies every GPU node and opted-in namespace as the webhook
-// would decide their GPU pods: the node index and the mutation are the
-// webhook's own (webhook/gpunodes, webhook/inject). The webhook check is
-// left skipped: only a cluster can answer it.
+// would decide their GPU pods: the decision's input is built as the
+// webhook builds it (webhook/admitinput, over the node index of
+// webhook/gpunodes). The webhook check is left skipped: only a cluster can
+// answer it.
 func Check(in Input) *Report {
 	cfg := in.Config
 	if cfg == nil {
@@ -85,9 +88,10 @@ func Check(in Input) *Report {
 
 // classifier asks the webhook's mutation about a GPU pod bound to each node.
 type classifier struct {
-	cfg       *config.Configuration
-	layouts   []*inject.Layout
-	wedged    []*inject.WedgedNode
+	cfg *config.Configuration
+	// input is the decision's input as the webhook and the offline commands
+	// build it, over the nodes and namespaces checked.
+	input     *admitinput.Builder
 	layoutOf  map[string]*inject.Layout
 	rules     layout.Rules
 	probeHint string
@@ -97,21 +101,24 @@ type classifier struct {
 }
 
 func newClassifier(in Input, cfg *config.Configuration) *classifier {
-	idx := gpunodes.NewIndex(cfg, logr.Discard())
-	if in.Clock != nil {
-		idx.SetClock(in.Clock)
-	}
-	nodes := make([]*corev1.Node, 0, len(in.Nodes))
-	byName := make(map[string]*corev1.Node, len(in.Nodes))
+	cl := offline.Cluster{Nodes: make([]corev1.Node, 0, len(in.Nodes)), Namespaces: offline.Namespaces{}}
 	for i := range in.Nodes {
-		n := withAdvertisedGPU(&in.Nodes[i], cfg)
-		nodes = append(nodes, n)
-		byName[n.Name] = n
+		cl.Nodes = append(cl.Nodes, *withAdvertisedGPU(&in.Nodes[i], cfg))
 	}
-	idx.Replace(nodes)
-	c := &classifier{cfg: cfg, layouts: idx.Layouts(), wedged: idx.Wedged(), layoutOf: map[string]*inject.Layout{},
-		rules: cfg.Rules(), nodes: byName, decided: map[string]inject.Result{}}
-	for _, l := range c.layouts {
+	for i := range in.Namespaces {
+		cl.Namespaces[in.Namespaces[i].Name] = in.Namespaces[i].Labels
+	}
+	// Set last: a cluster's own namespace of that name must not change
+	// what every node is asked about, a pod opted in with no Pod Security
+	// level.
+	cl.Namespaces[nodeNamespace] = map[string]string{layout.LabelInject: layout.InjectEnabled}
+	b, _ := cl.Builder(cfg, wallclock.Or(in.Clock), logr.Discard())
+	c := &classifier{cfg: cfg, input: b, layoutOf: map[string]*inject.Layout{},
+		rules: cfg.Rules(), nodes: make(map[string]*corev1.Node, len(cl.Nodes)), decided: map[string]inject.Result{}}
+	for i := range cl.Nodes {
+		c.nodes[cl.Nodes[i].Name] = &cl.Nodes[i]
+	}
+	for _, l := range b.Layouts.Layouts() {
 		for _, n := range l.Nodes {
 			c.layoutOf[n.Name] = l
 		}

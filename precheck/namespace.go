@@ -26,7 +26,7 @@ func (c *classifier) namespace(ns *corev1.Namespace, nodes []NodeCheck, release 
 		if n.Delivery == DeliveryNone || l == nil {
 			continue
 		}
-		res := c.decide(c.nodes[n.Name], l, ns.Name, ns.Labels)
+		res := c.decide(c.nodes[n.Name], l, ns.Name)
 		short, why := refusal(res, nc.Enforce)
 		if why == "" {
 			continue

@@ -1,12 +1,14 @@
 package precheck
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/gpu-injector/gpu-injector/config"
 	"github.com/gpu-injector/gpu-injector/layout"
@@ -50,7 +52,7 @@ func (c *classifier) ready(nc *NodeCheck, n *corev1.Node) {
 	l := c.layoutOf[n.Name]
 	switch {
 	case l != nil:
-		c.deliver(nc, n, l, c.decide(n, l, nodeNamespace, map[string]string{layout.LabelInject: layout.InjectEnabled}))
+		c.deliver(nc, n, l, c.decide(n, l, nodeNamespace))
 	case n.Spec.Unschedulable:
 		nc.Why, nc.NeedsAttention = "cordoned: it lends no layout until it is uncordoned", false
 	case !gpunodes.NodeReady(n):
@@ -67,16 +69,16 @@ func (c *classifier) ready(nc *NodeCheck, n *corev1.Node) {
 }
 
 // decide is the webhook's answer for the dry run's GPU pod bound to n
-// (tolerating every taint), in namespace ns with nsLabels. Nodes of one
-// layout that offer the same resource and plugin get the same answer: it is
-// asked once for them.
-func (c *classifier) decide(n *corev1.Node, l *inject.Layout, ns string, nsLabels map[string]string) inject.Result {
+// (tolerating every taint), in namespace ns. Nodes of one layout that offer
+// the same resource and plugin get the same answer: it is asked once for
+// them.
+func (c *classifier) decide(n *corev1.Node, l *inject.Layout, ns string) inject.Result {
 	names, _ := advertised(n, c.cfg)
 	res := defaultResource(c.cfg)
 	if len(names) > 0 && !slices.Contains(names, res) {
 		res = names[0]
 	}
-	key := strings.Join([]string{l.Fingerprint, l.Pool, n.Labels[layout.LabelNRIPlugin], res, ns, nsLabels[labelEnforce]}, "\x00")
+	key := strings.Join([]string{l.Fingerprint, l.Pool, n.Labels[layout.LabelNRIPlugin], res, ns}, "\x00")
 	if got, ok := c.decided[key]; ok {
 		return got
 	}
@@ -87,7 +89,9 @@ func (c *classifier) decide(n *corev1.Node, l *inject.Layout, ns string, nsLabel
 	if res != "" {
 		pod.Spec.Containers[0].Resources.Limits = corev1.ResourceList{corev1.ResourceName(res): resource.MustParse("1")}
 	}
-	got := inject.Mutate(inject.Input{Pod: pod, NamespaceLabels: nsLabels, Layouts: c.layouts, Wedged: c.wedged, Seed: inject.Seed(n.Name)}, c.cfg)
+	// The node's name seeds the Spread policy, so that a node's answer is
+	// the same on every run.
+	got := c.input.Decide(context.Background(), pod, ns, types.UID(n.Name))
 	c.decided[key] = got
 	return got
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/gpu-injector/gpu-injector/config"
 	"github.com/gpu-injector/gpu-injector/layout"
 	"github.com/gpu-injector/gpu-injector/status"
+	"github.com/gpu-injector/gpu-injector/webhook/admitinput/offline"
 )
 
 // Options of Run.
@@ -167,8 +168,8 @@ func (c *Collector) listNodes(ctx context.Context) ([]corev1.Node, error) {
 			return nil, fmt.Errorf("failed to list nodes: %w", err)
 		}
 		nodes = append(nodes, list.Items...)
-		if len(nodes) > maxNodes {
-			return nil, fmt.Errorf("failed to list nodes: more than %d", maxNodes)
+		if len(nodes) > offline.MaxObjects {
+			return nil, fmt.Errorf("failed to list nodes: more than %d", offline.MaxObjects)
 		}
 		if opts.Continue = list.Continue; opts.Continue == "" {
 			return nodes, nil

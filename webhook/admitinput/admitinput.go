@@ -1,8 +1,8 @@
 // Package admitinput builds the decision's input (inject.Input) for one pod,
 // in one place for every caller: the admission webhook, from the caches it
-// watches, and the offline commands (`gpu-injector mutate`, `status pod`),
-// from files or from what they read of a cluster. Each source is an
-// interface: the node index's layouts and wedged nodes, the namespaces'
+// watches, and the offline commands (`gpu-injector mutate`, `status pod`,
+// `precheck`), from files or from what they read of a cluster. Each source
+// is an interface: the node index's layouts and wedged nodes, the namespaces'
 // labels, the DRA objects, the images' configuration. The decision itself
 // (webhook/inject) and the node index (webhook/gpunodes) are its inputs; it
 // never reaches into the admission server.

@@ -2,7 +2,7 @@
 // driver layouts (and the nodes that publish them) and the configuration, it
 // decides whether to inject, which layout, and returns the edits, the JSON
 // Patch and the warnings. It talks to no cluster: the admission server
-// (package webhook) and the offline `gpu-injector mutate` both call Mutate,
+// (package server) and the offline `gpu-injector mutate` both call Mutate,
 // and the node index (package gpunodes) builds the candidates it is handed.
 package inject
 

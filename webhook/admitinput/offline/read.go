@@ -1,6 +1,6 @@
 // Package offline is a cluster as files describe it, for the commands that
 // decide without the webhook's caches (`gpu-injector mutate`, `gpu-injector
-// status pod`): its Nodes (as `kubectl get nodes -o yaml` or `gpu-injector
+// status pod`, `gpu-injector precheck`): its Nodes (as `kubectl get nodes -o yaml` or `gpu-injector
 // nodeprobe --once` print them), the labels of its Namespaces, its DRA
 // objects and the pool memory, and the images of OCI layouts, `docker save`
 // tarballs or registries; each is a source of admitinput.Builder, built as

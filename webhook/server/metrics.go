@@ -1,4 +1,4 @@
-package webhook
+package server
 
 import (
 	"github.com/prometheus/client_golang/prometheus"

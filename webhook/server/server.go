@@ -1,8 +1,8 @@
-// Package webhook is gpu-injector's admission server: TLS and its
+// Package server is gpu-injector's admission server: TLS and its
 // certificates, the AdmissionReview decoding, the handler that calls the
 // injection (package inject) with the candidates of the node index (package
 // gpunodes), and the metrics. `gpu-injector webhook` runs it.
-package webhook
+package server
 
 import (
 	"context"

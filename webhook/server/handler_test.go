@@ -1,4 +1,4 @@
-package webhook
+package server
 
 import (
 	"bytes"
@@ -508,7 +508,7 @@ func TestHandlerNoObject(t *testing.T) {
 // admission.Webhook as it is: reading the review itself changes no answer to
 // an API server, byte for byte.
 func TestServeAnswersAsControllerRuntime(t *testing.T) {
-	clustertest.ForEach(t, filepath.Join("inject", "testdata"), func(t *testing.T, _ string, gc clustertest.Case) {
+	clustertest.ForEach(t, filepath.Join("..", "inject", "testdata"), func(t *testing.T, _ string, gc clustertest.Case) {
 		idx, d := gc.Sources(t)
 		ns := gc.Pod.Namespace
 		if ns == "" {
