@@ -78,7 +78,7 @@ func (e *Env) UseToolkitRuntime(ctx context.Context, on bool) error {
 func toolkitConfig(log, specDir, runc string) string {
 	return fmt.Sprintf(`[nvidia-container-runtime]
 debug = %q
-log-level = "debug"
+log-level = "trace"
 mode = "cdi"
 runtimes = [%q]
 
