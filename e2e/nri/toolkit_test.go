@@ -6,6 +6,7 @@ import (
 	"context"
 	"os"
 	"path"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -170,15 +171,43 @@ func assertToolkitDelivered(t *testing.T, p *corev1.Pod, smi, cuda, version stri
 	if err != nil {
 		t.Fatalf("failed to read the toolkit's log: %v", err)
 	}
+	devices := toolkitDevices(string(log))
+	seen := map[string]bool{}
 	for _, c := range p.Status.ContainerStatuses {
-		id := c.ContainerID[strings.Index(c.ContainerID, "://")+3:]
-		if !strings.Contains(string(log), id) {
-			t.Errorf("the toolkit's log names no container %s (%s)", c.Name, id)
+		_, id, _ := strings.Cut(c.ContainerID, "://")
+		got := devices[id]
+		if !strings.HasPrefix(got, "[nvidia.com/gpu=GPU-") {
+			t.Errorf("container %s (%s): the toolkit injected %q, want its GPU's CDI device nvidia.com/gpu=<uuid>; log:\n%s", c.Name, id, got, lastLines(string(log), 40))
+		}
+		seen[got] = true
+		t.Logf("container %s: the toolkit injected %s", c.Name, got)
+	}
+	if len(seen) != 2 {
+		t.Errorf("the two containers got CDI devices %v, want one GPU each", seen)
+	}
+}
+
+// toolkitDevices reads nvidia-container-runtime's log: for each container
+// it created, the CDI devices it injected (the list as logged), "" for none.
+// Each run logs its command line, then the devices.
+func toolkitDevices(log string) map[string]string {
+	out := map[string]string{}
+	id := ""
+	for _, line := range strings.Split(log, "\n") {
+		if _, args, ok := strings.Cut(line, "Command line arguments: ["); ok {
+			f := strings.Fields(strings.TrimSuffix(strings.TrimSuffix(args, `"`), "]"))
+			id = ""
+			if slices.Contains(f, "create") && len(f) > 0 {
+				id = f[len(f)-1]
+				out[id] = ""
+			}
+			continue
+		}
+		if _, devs, ok := strings.Cut(line, "Injecting devices using CDI: "); ok && id != "" {
+			out[id] = strings.TrimSuffix(devs, `"`)
 		}
 	}
-	if !strings.Contains(string(log), "nvidia.com/gpu="+standin.UUID(0)) && !strings.Contains(string(log), "nvidia.com/gpu="+standin.UUID(1)) {
-		t.Errorf("the toolkit's log names no CDI device nvidia.com/gpu=<stand-in UUID>:\n%s", lastLines(string(log), 40))
-	}
+	return out
 }
 
 // rejoinWithRunc puts the suite's node back: it leaves, containerd runs
