@@ -61,7 +61,12 @@ func (c *Cluster) RestartContainerd(ctx context.Context, tk *ToolkitRuntime) err
 	}
 	// A bind of an earlier toolkit start goes first: the file is bound anew
 	// or not at all.
-	_, _ = c.InNodeNamespace(ctx, "umount", NodeContainerdConfig)
+	if c.configBound {
+		if _, err := c.InNodeNamespace(ctx, "umount", NodeContainerdConfig); err != nil {
+			return err
+		}
+		c.configBound = false
+	}
 	dir := filepath.Join(c.Dir, "containerd")
 	conf := filepath.Join(dir, "config.toml")
 	b, env := c.Binaries, []string{"PATH=" + filepath.Dir(c.Binaries.ContainerdShim) + ":" + filepath.Dir(c.Binaries.Runc) + ":" + os.Getenv("PATH")}
@@ -81,6 +86,7 @@ func (c *Cluster) RestartContainerd(ctx context.Context, tk *ToolkitRuntime) err
 		if _, err := c.InNodeNamespace(ctx, "mount", "--bind", conf, NodeContainerdConfig); err != nil {
 			return err
 		}
+		c.configBound = true
 		conf = NodeContainerdConfig
 	}
 	args := []string{fmt.Sprintf("--mount=/proc/%d/ns/mnt", holder.pid()), "--", c.Binaries.Containerd, "--config", conf, "--log-level", "info"}
