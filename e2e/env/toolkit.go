@@ -77,14 +77,14 @@ func (e *Env) UseToolkitRuntime(ctx context.Context, on bool) error {
 // runc it wraps.
 func toolkitConfig(log, specDir, runc string) string {
 	return fmt.Sprintf(`[nvidia-container-runtime]
-debug = %q
+debug = %[1]q
 log-level = "trace"
 mode = "cdi"
-runtimes = [%q]
+runtimes = [%[3]q]
 
 [nvidia-container-runtime.modes.cdi]
 default-kind = "nvidia.com/gpu"
-spec-dirs = [%q]
+spec-dirs = [%[2]q]
 `, log, specDir, runc)
 }
 
