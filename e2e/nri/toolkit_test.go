@@ -4,6 +4,7 @@ package nri
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"path"
 	"slices"
@@ -80,7 +81,7 @@ func TestScaleFromZeroToolkit(t *testing.T) {
 	if done.Status.Phase != corev1.PodSucceeded {
 		t.Fatalf("job pod %s on the toolkit node:\nnvidia-smi:\n%s\ncuda-check:\n%s", done.Status.Phase, smi, cuda)
 	}
-	t.Logf("job done %s after the node joined (%s in all)", time.Since(joined).Round(time.Second), time.Since(start).Round(time.Second))
+	t.Logf("job done %s after the node joined (%s in all)\nnvidia-smi:\n%s\ncuda-check:\n%s", time.Since(joined).Round(time.Second), time.Since(start).Round(time.Second), smi, cuda)
 	assertToolkitDelivered(t, done, smi, cuda, kn.DriverVersion)
 }
 
@@ -189,22 +190,29 @@ func assertToolkitDelivered(t *testing.T, p *corev1.Pod, smi, cuda, version stri
 
 // toolkitDevices reads nvidia-container-runtime's log: for each container
 // it created, the CDI devices it injected (the list as logged), "" for none.
-// Each run logs its command line, then the devices.
+// Each run logs its command line, then the devices. containerd asks for
+// JSON (--log-format json), which the toolkit's own log follows.
 func toolkitDevices(log string) map[string]string {
 	out := map[string]string{}
 	id := ""
 	for _, line := range strings.Split(log, "\n") {
-		if _, args, ok := strings.Cut(line, "Command line arguments: ["); ok {
-			f := strings.Fields(strings.TrimSuffix(strings.TrimSuffix(args, `"`), "]"))
+		var entry struct {
+			Msg string `json:"msg"`
+		}
+		if json.Unmarshal([]byte(line), &entry) != nil {
+			continue
+		}
+		if args, ok := strings.CutPrefix(entry.Msg, "Command line arguments: ["); ok {
+			f := strings.Fields(strings.TrimSuffix(args, "]"))
 			id = ""
-			if slices.Contains(f, "create") && len(f) > 0 {
+			if slices.Contains(f, "create") {
 				id = f[len(f)-1]
 				out[id] = ""
 			}
 			continue
 		}
-		if _, devs, ok := strings.Cut(line, "Injecting devices using CDI: "); ok && id != "" {
-			out[id] = strings.TrimSuffix(devs, `"`)
+		if devs, ok := strings.CutPrefix(entry.Msg, "Injecting devices using CDI: "); ok && id != "" {
+			out[id] = devs
 		}
 	}
 	return out
