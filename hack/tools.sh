@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Builds and caches, by version, the binaries the local cluster needs: etcd, the
-# Kubernetes components, helm, NVIDIA's device plugin, the NRI runtime
+# Kubernetes components, helm, NVIDIA's device plugin and container toolkit runtime, the NRI runtime
 # (containerd 2.x with its runc shim and ctr, and runc) and CRI-O with its pinns.
 # Nothing is downloaded but
 # Go modules (and, for the runtime's cgo builds, Debian's headers when missing):
 # no Docker, no release tarballs, so the same script works wherever Go and its
 # module proxy do.
 #
-#   hack/tools.sh [etcd|kubernetes|helm|nvidia-device-plugin|containerd|runc|crio|promtool|registry|all]...  (default: all)
+#   hack/tools.sh [etcd|kubernetes|helm|nvidia-device-plugin|nvidia-container-toolkit|containerd|runc|crio|promtool|registry|all]...  (default: all)
 #
 # Versions come from e2e/cluster/versions.env (hack/versions.sh); KUBERNETES_VERSION=v1.X.Y
 # (and the others) in the environment win. Each tool is built into
@@ -219,6 +219,19 @@ build_nvidia_device_plugin() {
   build_module_command nvidia-device-plugin "${NVIDIA_DEVICE_PLUGIN_VERSION}" github.com/NVIDIA/k8s-device-plugin \
     cmd/nvidia-device-plugin "-X github.com/NVIDIA/k8s-device-plugin/internal/info.version=${NVIDIA_DEVICE_PLUGIN_VERSION}" \
     "~1 min" GOFLAGS= CGO_ENABLED=1
+}
+
+# NVIDIA's container toolkit's runtime, nvidia-container-runtime: the OCI runtime
+# that wraps runc and, in its cdi mode, applies the CDI specs of the devices a
+# container asks for (NVIDIA_VISIBLE_DEVICES) itself, without libnvidia-container.
+# The NRI suite's toolkit node runs it as containerd's default runtime, as
+# `nvidia-ctk runtime configure` sets it on EKS's GPU AMIs. cgo: go-nvml loads
+# libnvidia-ml with dlopen; its deprecated NVML calls warn at every build.
+build_nvidia_container_toolkit() {
+  local pkg=github.com/NVIDIA/nvidia-container-toolkit
+  build_module_command nvidia-container-runtime "${NVIDIA_CONTAINER_TOOLKIT_VERSION}" "${pkg}" \
+    cmd/nvidia-container-runtime "-X ${pkg}/internal/info.version=${NVIDIA_CONTAINER_TOOLKIT_VERSION#v}" \
+    "~1 min" CGO_ENABLED=1 CGO_CFLAGS=-Wno-deprecated-declarations
 }
 
 # build_module_command TOOL VERSION MODULE CMD LDFLAGS DURATION [VAR=VALUE...]: the
@@ -443,14 +456,15 @@ main() {
       kubernetes|k8s) build_kubernetes ;;
       helm) build_helm ;;
       nvidia-device-plugin) build_nvidia_device_plugin ;;
+      nvidia-container-toolkit) build_nvidia_container_toolkit ;;
       containerd) build_containerd ;;
       runc) build_runc ;;
       crio) build_crio ;;
       promtool) build_promtool ;;
       registry) build_registry ;;
-      all) build_etcd; build_kubernetes; build_helm; build_nvidia_device_plugin; build_containerd; build_runc; build_promtool; build_registry ;;
+      all) build_etcd; build_kubernetes; build_helm; build_nvidia_device_plugin; build_nvidia_container_toolkit; build_containerd; build_runc; build_promtool; build_registry ;;
       -h|--help) sed -n '2,10p' "${BASH_SOURCE[0]}"; return ;;
-      *) die "unknown tool ${t} (want etcd, kubernetes, helm, nvidia-device-plugin, containerd, runc, crio, promtool, registry or all)" ;;
+      *) die "unknown tool ${t} (want etcd, kubernetes, helm, nvidia-device-plugin, nvidia-container-toolkit, containerd, runc, crio, promtool, registry or all)" ;;
     esac
   done
 }

@@ -159,9 +159,12 @@ type Cluster struct {
 	// mntNSPin holds the namespace open until Stop's last sweep, so that
 	// its number is never another cluster's (see pinNamespace).
 	mntNSPin *os.File
-	failed   bool
-	stopped  bool
-	stopErr  error
+	// configBound is set while containerd's configuration is bound at
+	// NodeContainerdConfig in the node's mount namespace (RestartContainerd).
+	configBound bool
+	failed      bool
+	stopped     bool
+	stopErr     error
 }
 
 // Start brings a cluster up and returns once it is usable: the API server is

@@ -34,6 +34,9 @@ var (
 	RuncVersion       = version("RUNC_VERSION")
 	// CRIOVersion is RuntimeCRIO's CRI-O; it runs RuncVersion's runc.
 	CRIOVersion = version("CRIO_VERSION")
+	// NvidiaContainerToolkitVersion is the toolkit runtime's
+	// (ToolkitRuntime), built by hack/tools.sh nvidia-container-toolkit.
+	NvidiaContainerToolkitVersion = version("NVIDIA_CONTAINER_TOOLKIT_VERSION")
 )
 
 // releaseVersion is how every tool names a release: v1.37.2, never 1.37.2.

@@ -165,7 +165,7 @@ func (e *Env) installDriver(n *Node, version string) error {
 		return err
 	}
 	if old != "" && old != version {
-		if err := standin.Remove(n.stage, n.Layout, old); err != nil {
+		if err := standin.RemoveReplaced(n.stage, n.Layout, old, version); err != nil {
 			return err
 		}
 	}

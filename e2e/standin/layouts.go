@@ -48,6 +48,10 @@ const (
 	ComputeCapability = "8.0"
 )
 
+// UUID is the UUID the stand-in's NVML reports for GPU i (libnvidia-ml.c):
+// what NVIDIA's device plugin puts in NVIDIA_VISIBLE_DEVICES.
+func UUID(i int) string { return fmt.Sprintf("GPU-5354414e-442d-494e-0000-%012d", i) }
+
 // Library and binary names of the stand-in driver.
 const (
 	LibCUDA    = "libcuda"

@@ -191,12 +191,32 @@ func (c *Cache) Install(root string, layout Layout, version string) error {
 // Remove deletes the files Install created for a version, except SONAME
 // links that now point to another version, then the folders this left empty.
 func Remove(root string, layout Layout, version string) error {
+	return RemoveReplaced(root, layout, version, "")
+}
+
+// RemoveReplaced is Remove of the version an upgrade to next replaced: the
+// files next installed at the same paths (nvidia-smi, whose name carries no
+// version) are next's, and stay, as a package upgrade leaves them.
+func RemoveReplaced(root string, layout Layout, version, next string) error {
 	entries, err := Files(layout, version)
 	if err != nil {
 		return err
 	}
+	kept := map[string]bool{}
+	if next != "" {
+		nextEntries, err := Files(layout, next)
+		if err != nil {
+			return err
+		}
+		for _, e := range nextEntries {
+			kept[e.Path] = e.Kind != KindSONAMELink
+		}
+	}
 	var dirs []string
 	for _, e := range entries {
+		if kept[e.Path] {
+			continue
+		}
 		p := filepath.Join(root, filepath.FromSlash(e.Path))
 		if e.Kind == KindSONAMELink {
 			target, err := os.Readlink(p)

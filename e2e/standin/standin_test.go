@@ -689,7 +689,7 @@ func TestUpgrade(t *testing.T) {
 	if err := c.Install(root, UbuntuNvidia, "390.116"); err != nil {
 		t.Fatalf("Install 390: %v", err)
 	}
-	if err := Remove(root, UbuntuNvidia, "384.130"); err != nil {
+	if err := RemoveReplaced(root, UbuntuNvidia, "384.130", "390.116"); err != nil {
 		t.Fatalf("Remove 384: %v", err)
 	}
 	for _, gone := range []string{"/usr/lib/nvidia-384", "/usr/lib/x86_64-linux-gnu/libcuda.so.384.130"} {
@@ -721,6 +721,29 @@ func TestUpgrade(t *testing.T) {
 	})
 	if len(left) != 0 {
 		t.Errorf("files left after removing every version: %v", left)
+	}
+}
+
+// TestUpgradeKeepsSharedPaths: where both versions install a file at the
+// same path (GKE's bin/nvidia-smi), removing the replaced version leaves the
+// new one's.
+func TestUpgradeKeepsSharedPaths(t *testing.T) {
+	root := t.TempDir()
+	c := sharedCache(t)
+	for _, v := range []string{"535.104.05", "550.54.15"} {
+		if err := c.Install(root, GKE, v); err != nil {
+			t.Fatalf("Install %s: %v", v, err)
+		}
+	}
+	if err := RemoveReplaced(root, GKE, "535.104.05", "550.54.15"); err != nil {
+		t.Fatal(err)
+	}
+	smi := filepath.Join(root, "/home/kubernetes/bin/nvidia/bin/nvidia-smi")
+	if _, err := os.Stat(smi); err != nil {
+		t.Errorf("nvidia-smi gone after the upgrade: %v", err)
+	}
+	if _, err := os.Lstat(filepath.Join(root, "/home/kubernetes/bin/nvidia/lib64/libcuda.so.535.104.05")); !os.IsNotExist(err) {
+		t.Errorf("the replaced libcuda is still there (err %v)", err)
 	}
 }
 
