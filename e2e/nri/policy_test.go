@@ -119,23 +119,32 @@ func plainPod(name string) *corev1.Pod {
 // the API server, which calls no webhook for it, and the pod runs with the node's
 // driver; a legacy pod is the webhook's, which renames its resource and marks it; a pod
 // without a GPU costs no call. With admission.policy=off (as on a cluster that does
-// not serve the policy), the webhook does both, with the same result.
+// not serve the policy), the webhook does both, with the same result. On an API server
+// that does not serve the policy (1.33 to 1.35), auto renders none and the webhook
+// marks the modern pod (TestAdmissionPolicyNotServed runs such pods).
 func TestAdmissionPolicy(t *testing.T) {
 	waitPluginReady(t)
+	served := servesPolicy(t)
 	t.Cleanup(func() { upgrade(t) })
 	upgrade(t, "config.driverDelivery=Runtime")
-	if _, err := client().AdmissionregistrationV1().MutatingAdmissionPolicies().Get(context.Background(), policyName, metav1.GetOptions{}); err != nil {
-		t.Fatalf("the chart installed no MutatingAdmissionPolicy on this cluster: %v", err)
-	}
 	ns := namespace(t, "restricted")
-	// The API server loads a new policy from its informer: the first pods may get
-	// neither the policy nor the webhook, whose matchConditions already leave them out.
-	poll(t, apiTimeout, "the API server to apply the policy", func(ctx context.Context) (bool, error) {
-		got, err := client().CoreV1().Pods(ns).Create(ctx, cudaPod("warm"), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
-		return err == nil && got.Annotations[layout.AnnotationRuntimeInject] != "", nil
-	})
 
 	t.Run("policy", func(t *testing.T) {
+		if !served {
+			assertNoPolicy(t)
+			p, calls := createCounting(t, ns, cudaPod("modern"), true)
+			assertWebhookMarked(t, p, calls)
+			return
+		}
+		if _, err := client().AdmissionregistrationV1().MutatingAdmissionPolicies().Get(context.Background(), policyName, metav1.GetOptions{}); err != nil {
+			t.Fatalf("the chart installed no MutatingAdmissionPolicy on an API server that serves the kind: %v", err)
+		}
+		// The API server loads a new policy from its informer: the first pods may get
+		// neither the policy nor the webhook, whose matchConditions already leave them out.
+		poll(t, apiTimeout, "the API server to apply the policy", func(ctx context.Context) (bool, error) {
+			got, err := client().CoreV1().Pods(ns).Create(ctx, cudaPod("warm"), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+			return err == nil && got.Annotations[layout.AnnotationRuntimeInject] != "", nil
+		})
 		p, calls := createCounting(t, ns, cudaPod("modern"), false)
 		assertRuntimeInjected(t, p, "cuda")
 		if calls != 0 {
@@ -270,12 +279,30 @@ func TestAdmissionPolicyNotServed(t *testing.T) {
 	upgrade(t, "config.driverDelivery=Runtime")
 	t.Logf("helm upgrade with runtime delivery, rolled out, in %s", time.Since(start).Round(time.Millisecond))
 
+	assertNoPolicy(t)
+
+	ns := namespace(t, "restricted")
+	p, calls := createCounting(t, ns, cudaPod("modern"), false)
+	assertWebhookMarked(t, p, calls)
+	runsWithDriver(t, ns, p)
+	runsWithDriver(t, ns, webhookTakesLegacy(t, ns, "legacy", false))
+}
+
+// assertNoPolicy checks that the release, on an API server that does not serve
+// MutatingAdmissionPolicy, holds no policy and no switch of one, and that the webhook
+// leaves out no pod by the policy's label: it must take every GPU pod.
+func assertNoPolicy(t *testing.T) {
+	t.Helper()
+	ctx := context.Background()
 	manifest, err := testEnv.HelmCommand(ctx, "get", "manifest", env.Release, "--namespace", env.Namespace)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if strings.Contains(manifest, "kind: MutatingAdmissionPolicy") {
 		t.Errorf("the release holds a MutatingAdmissionPolicy the API server does not serve")
+	}
+	if strings.Contains(manifest, "--policy-switch-name") {
+		t.Errorf("the webhook keeps the switch of a policy that is not there")
 	}
 	mwc, err := client().AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, env.Release, metav1.GetOptions{})
 	if err != nil {
@@ -286,15 +313,20 @@ func TestAdmissionPolicyNotServed(t *testing.T) {
 			t.Errorf("webhook %s leaves out the pods of a policy that is not there: objectSelector %v", wh.Name, wh.ObjectSelector)
 		}
 	}
+}
 
-	ns := namespace(t, "restricted")
-	p, calls := createCounting(t, ns, cudaPod("modern"), false)
+// assertWebhookMarked checks that a modern GPU pod was the webhook's (calls: the API
+// server's calls to it for the pod), marked for the plugin and not labelled as the
+// policy's.
+func assertWebhookMarked(t *testing.T, p *corev1.Pod, calls float64) {
+	t.Helper()
 	if calls < 1 {
 		t.Errorf("the webhook was not called for a modern GPU pod")
 	}
+	if got := p.Labels[layout.LabelAdmission]; got != "" {
+		t.Errorf("pod %s has label %s=%q with no policy on the API server", p.Name, layout.LabelAdmission, got)
+	}
 	assertRuntimeInjected(t, p, "cuda")
-	runsWithDriver(t, ns, p)
-	runsWithDriver(t, ns, webhookTakesLegacy(t, ns, "legacy", false))
 }
 
 // setUnschedulable cordons (or uncordons) a node, as kubectl cordon does.
@@ -326,9 +358,15 @@ func switchOn(ctx context.Context) (bool, error) {
 // hostPath volumes serve (here an API-only node of another layout, uncordoned) turns it
 // off, and the webhook decides again from the nodes; the test logs how long each switch
 // takes, from the node's change to the API server's first pod admitted the new way. A
-// release upgraded to values without the switch deletes one left behind.
+// release upgraded to values without the switch deletes one left behind. Where the API
+// server does not serve the policy (1.33 to 1.35), the same nodes leave every GPU pod to
+// the webhook (byDefaultWithoutPolicy).
 func TestAdmissionPolicyByDefault(t *testing.T) {
 	waitPluginReady(t)
+	if !servesPolicy(t) {
+		byDefaultWithoutPolicy(t)
+		return
+	}
 	ctx := context.Background()
 	b, err := client().AdmissionregistrationV1().MutatingAdmissionPolicyBindings().Get(ctx, policyName, metav1.GetOptions{})
 	if err != nil {
@@ -337,15 +375,7 @@ func TestAdmissionPolicyByDefault(t *testing.T) {
 	if ref := b.Spec.ParamRef; ref == nil || ref.Name != switchName || ref.Namespace != env.Namespace {
 		t.Fatalf("the binding's paramRef is %+v, want the webhook's switch %s/%s", ref, env.Namespace, switchName)
 	}
-	var others []string
-	for _, n := range testEnv.Nodes {
-		if !n.Kubelet {
-			others = append(others, n.Name)
-		}
-	}
-	if len(others) == 0 {
-		t.Fatal("the environment has no node that only hostPath volumes serve")
-	}
+	others := hostPathNodes(t)
 	if on, err := switchOn(ctx); err != nil || on {
 		t.Errorf("the switch is on (%v) beside schedulable nodes without the plugin", err)
 	}
@@ -441,4 +471,47 @@ func leftSwitchDeleted(t *testing.T) {
 		return !on, err
 	})
 	t.Logf("upgraded with admission.policy=off: a switch left behind deleted after %s", time.Since(start).Round(time.Millisecond))
+}
+
+// hostPathNodes names the environment's nodes without the plugin, which only hostPath
+// volumes serve.
+func hostPathNodes(t *testing.T) []string {
+	t.Helper()
+	var others []string
+	for _, n := range testEnv.Nodes {
+		if !n.Kubelet {
+			others = append(others, n.Name)
+		}
+	}
+	if len(others) == 0 {
+		t.Fatal("the environment has no node that only hostPath volumes serve")
+	}
+	return others
+}
+
+// byDefaultWithoutPolicy: the chart's default values on an API server that does not
+// serve MutatingAdmissionPolicy. The release holds no policy and no switch; with every
+// node without the plugin cordoned, where a served policy would take modern pods, the
+// webhook still takes a modern and a legacy GPU pod, marks both for the plugin, and
+// both run with the node's driver.
+func byDefaultWithoutPolicy(t *testing.T) {
+	ctx := context.Background()
+	assertNoPolicy(t)
+	others := hostPathNodes(t)
+	t.Cleanup(func() {
+		for _, name := range others {
+			setUnschedulable(t, name, false)
+		}
+	})
+	for _, name := range others {
+		setUnschedulable(t, name, true)
+	}
+	ns := namespace(t, "restricted")
+	p, calls := createCounting(t, ns, cudaPod("by-webhook"), false)
+	assertWebhookMarked(t, p, calls)
+	runsWithDriver(t, ns, p)
+	runsWithDriver(t, ns, webhookTakesLegacy(t, ns, "legacy", false))
+	if on, err := switchOn(ctx); err != nil || on {
+		t.Errorf("the switch of a policy that is not there is on (%v)", err)
+	}
 }

@@ -10,9 +10,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	_ "time/tzdata"
 
+	"github.com/spf13/cobra"
 	_ "k8s.io/client-go/plugin/pkg/client/auth"
 	"k8s.io/component-base/cli"
 	"k8s.io/component-base/logs"
@@ -41,9 +43,9 @@ func main() {
 	case "kube-scheduler":
 		os.Exit(cli.Run(scheduler.NewSchedulerCommand()))
 	case "kubelet":
-		os.Exit(cli.Run(kubelet.NewKubeletCommand(context.Background())))
+		os.Exit(cli.Run(kubeletCommand()))
 	case "kubectl":
-		logs.GlogSetter(kubectl.GetLogVerbosity(os.Args)) //nolint:errcheck
+		logs.GlogSetter(logVerbosity(os.Args)) //nolint:errcheck
 		if err := cli.RunNoErrOutput(kubectl.NewDefaultKubectlCommand()); err != nil {
 			kubectlutil.CheckErr(err)
 		}
@@ -51,4 +53,39 @@ func main() {
 		fmt.Fprintln(os.Stderr, "usage: kube kube-apiserver|kube-controller-manager|kube-scheduler|kubelet|kubectl [flags]")
 		os.Exit(2)
 	}
+}
+
+// kubeletCommand builds the kubelet's command as every supported release spells its
+// constructor: with a context (1.37) or without one (1.33, the floor).
+func kubeletCommand() *cobra.Command {
+	var newCommand any = kubelet.NewKubeletCommand
+	switch f := newCommand.(type) {
+	case func(context.Context) *cobra.Command:
+		return f(context.Background())
+	case func() *cobra.Command:
+		return f()
+	default:
+		panic(fmt.Sprintf("unknown kubelet constructor %T", newCommand))
+	}
+}
+
+// logVerbosity is kubectl's own GetLogVerbosity, which kubectl's main calls before it
+// builds its command (so that klog logs at -v while plugins and .kuberc are read), and
+// which the floor's k8s.io/kubectl (1.33) lacks.
+func logVerbosity(args []string) string {
+	for i, arg := range args {
+		if arg == "--" {
+			break
+		}
+		if arg == "--v" || arg == "-v" {
+			if i+1 < len(args) {
+				return args[i+1]
+			}
+		} else if strings.Contains(arg, "--v=") || strings.Contains(arg, "-v=") {
+			if parg := strings.Split(arg, "="); len(parg) > 1 && parg[1] != "" {
+				return parg[1]
+			}
+		}
+	}
+	return "0"
 }
