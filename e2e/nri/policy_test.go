@@ -301,8 +301,8 @@ func assertNoPolicy(t *testing.T) {
 	if strings.Contains(manifest, "kind: MutatingAdmissionPolicy") {
 		t.Errorf("the release holds a MutatingAdmissionPolicy the API server does not serve")
 	}
-	if strings.Contains(manifest, "--policy-switch-name") {
-		t.Errorf("the webhook keeps the switch of a policy that is not there")
+	if !strings.Contains(manifest, "--policy-switch-off") {
+		t.Errorf("the webhook is not told to keep the switch of a policy that is not there off")
 	}
 	mwc, err := client().AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, env.Release, metav1.GetOptions{})
 	if err != nil {
