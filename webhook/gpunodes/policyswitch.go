@@ -62,8 +62,9 @@ func NewPolicySwitch(cfg *config.Configuration, idx *Index, r client.Reader, w c
 }
 
 // NeedLeaderElection: one writer, so that replicas whose indexes differ for a
-// moment do not flip the switch back and forth.
-func (s *PolicySwitch) NeedLeaderElection() bool { return true }
+// moment do not flip the switch back and forth. A switch kept off only
+// deletes, which every replica may do.
+func (s *PolicySwitch) NeedLeaderElection() bool { return !s.Off }
 
 // Start keeps the switch until ctx ends. The index is read every Interval
 // (an atomic load while nothing changed); the API server only when the

@@ -104,6 +104,9 @@ func TestPolicySwitchOff(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC))
 	sw := NewPolicySwitch(cfg, idx, c, c, key.Namespace, key.Name, logr.Discard())
 	sw.Clock, sw.Off = clk, true
+	if sw.NeedLeaderElection() {
+		t.Error("a switch kept off waits for a Lease: a replica that loses one exits")
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); _ = sw.Start(ctx) }()

@@ -180,10 +180,14 @@ type elected struct {
 	remember bool
 	// switches: the admission policy switch is kept.
 	switches bool
+	// keepsOff: the switch is kept absent, by every replica: deleting needs
+	// no single writer, and a replica that loses a Lease exits, which an
+	// unswitched release need not risk on an API server's outage.
+	keepsOff bool
 }
 
 // any reports whether a replica must be elected at all.
-func (e elected) any() bool { return e.pools || e.switches }
+func (e elected) any() bool { return e.pools || (e.switches && !e.keepsOff) }
 
 // electedWork says what the elected replica does: the pinning and the
 // switch that the configuration asks for, each only where a Lease can be
@@ -195,11 +199,11 @@ func electedWork(o Options, log logr.Logger) elected {
 	if cfg.Pinning.ByPool() && !pools {
 		log.Info("pinning by pool without --namespace or --pool-memory-name: no memory of pools at zero and no mismatch Events")
 	}
-	switches := o.PolicySwitch != "" && canElect
+	switches := o.PolicySwitch != "" && (canElect || (o.PolicySwitchOff && o.Certs.Namespace != ""))
 	if o.PolicySwitch != "" && !switches {
 		log.Info("a policy switch without --namespace or --pool-memory-name (its Lease): the admission policy stays off")
 	}
-	return elected{pools: pools, remember: pools && cfg.Pinning.Remember() > 0, switches: switches}
+	return elected{pools: pools, remember: pools && cfg.Pinning.Remember() > 0, switches: switches, keepsOff: switches && o.PolicySwitchOff}
 }
 
 // cacheByObject is what the manager's cache holds beyond its defaults: the

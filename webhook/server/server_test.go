@@ -16,6 +16,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
+
+	"github.com/gpu-injector/gpu-injector/config"
 )
 
 func certSecret(crt, key string) *corev1.Secret {
@@ -147,5 +149,25 @@ func TestStartAfter(t *testing.T) {
 	case <-srv2.started:
 		t.Error("server started after cancellation")
 	default:
+	}
+}
+
+// TestElectedWork: a switch kept off needs no Lease, so a release without a switched
+// policy (and no pinning by pool) elects no replica, and a replica never exits over a
+// Lease it could not renew during an API server's outage; a switched policy elects one.
+func TestElectedWork(t *testing.T) {
+	o := Options{Config: config.Default(), PoolMemory: "gpu-injector-pools", PolicySwitch: "gpu-injector-policy", PolicySwitchOff: true}
+	o.Certs.Namespace = "gpu-injector"
+	if el := electedWork(o, logr.Discard()); !el.switches || !el.keepsOff || el.any() {
+		t.Errorf("switch kept off: %+v, elects %v", el, el.any())
+	}
+	o.PolicySwitchOff = false
+	if el := electedWork(o, logr.Discard()); !el.switches || el.keepsOff || !el.any() {
+		t.Errorf("switched policy: %+v, elects %v", el, el.any())
+	}
+	o.Certs.Namespace = ""
+	o.PolicySwitchOff = true
+	if el := electedWork(o, logr.Discard()); el.switches {
+		t.Errorf("a switch kept off without a namespace: %+v", el)
 	}
 }
