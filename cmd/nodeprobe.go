@@ -36,7 +36,7 @@ func parseNodeProbeFlags(args []string, stderr io.Writer) (*nodeProbeFlags, erro
 	fs.SetOutput(stderr)
 	fs.BoolVar(&f.once, "once", false, "probe once, print what would be published on the Node, and exit; non-zero when no usable layout was found")
 	fs.StringVar(&o.Probe.HostRoot, "host-root", "/host", "folder where the host's / is mounted (read-only)")
-	fs.StringVar(&f.output, "o", "yaml", "output format of --once: yaml or json")
+	fs.StringVar(&f.output, "o", "yaml", "output format of --once: yaml or json (the Node), or layout (its "+layout.AnnotationLayout+" annotation alone, as config.pinning.pools takes it)")
 	fs.StringVar(&f.configFile, "config", "", "configuration file (InjectorConfiguration); empty means defaults")
 	fs.StringVar(&o.NodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME; --once falls back to the hostname)")
 	fs.DurationVar(&o.Interval, "interval", 5*time.Minute, "time between probes; SIGHUP probes at once")
@@ -53,8 +53,8 @@ func parseNodeProbeFlags(args []string, stderr io.Writer) (*nodeProbeFlags, erro
 		return nil, err
 	}
 	switch {
-	case f.output != "yaml" && f.output != "json":
-		return nil, usageErrorf("-o must be yaml or json, not %q", f.output)
+	case f.output != "yaml" && f.output != "json" && f.output != "layout":
+		return nil, usageErrorf("-o must be yaml, json or layout, not %q", f.output)
 	case o.Interval <= 0:
 		return nil, usageErrorf("--interval must be positive")
 	case f.nvmlTimeout <= 0:

@@ -60,6 +60,24 @@ func TestParseNamesEachBadField(t *testing.T) {
 		"credential providers without config": {head + "images: {credentialProviders: {binDir: /opt/bin}}\n", []string{"images.credentialProviders.config: Required"}},
 		"credential providers at the root":    {head + "images: {credentialProviders: {config: /etc/config.json, binDir: /}}\n", []string{"images.credentialProviders.binDir: Invalid"}},
 		"pinning duration":                    {head + "pinning: {rememberFor: three days}\n", []string{`invalid duration "three days"`}},
+		"declared pool without pinning labels": {head + `pinning: {pools: [{pool: {karpenter.sh/nodepool: a}, layout: "{}"}]}
+`, []string{"pinning.pools: Forbidden: on line 3; declared pools need pinning.nodeLabels"}},
+		"declared pools": {head + `pinning:
+  nodeLabels: [karpenter.sh/nodepool]
+  pools:
+  - {pool: {cloud.google.com/gke-nodepool: a}, layout: '{"schemaVersion":"v1","driverVersion":"1","mounts":[{"hostPath":"/usr/lib/nvidia-384","containerPath":"/usr/local/nvidia/lib64","kind":"Directory"}],"libraryPaths":["/usr/local/nvidia/lib64"]}'}
+  - {pool: {karpenter.sh/nodepool: b}, layout: '{"schemaVersion":"v1","driverVersion":"1","mounts":[{"hostPath":"/etc","containerPath":"/usr/local/nvidia/lib64","kind":"Directory"}],"libraryPaths":["/usr/local/nvidia/lib64"]}'}
+  - {pool: {karpenter.sh/nodepool: c}, layout: 'not json'}
+  - {pool: {karpenter.sh/nodepool: d}, taints: [{key: nvidia.com/gpu, effect: PreferNoSchedule}], layout: '{}'}
+  - {pool: {karpenter.sh/nodepool: e}, layout: '{"schemaVersion":"v1","driverVersion":"1","mounts":[{"hostPath":"/usr/lib/nvidia-384","containerPath":"/usr/local/nvidia/lib64","kind":"Directory"}],"libraryPaths":["/usr/local/nvidia/lib64"]}'}
+  - {pool: {karpenter.sh/nodepool: e}, layout: '{"schemaVersion":"v1","driverVersion":"1","mounts":[{"hostPath":"/usr/lib/nvidia-384","containerPath":"/usr/local/nvidia/lib64","kind":"Directory"}],"libraryPaths":["/usr/local/nvidia/lib64"]}'}
+`, []string{
+			"pinning.pools[0]: Invalid value: \"\": on line 6; the pool must give a value to each pinning label (karpenter.sh/nodepool) and to no other",
+			"pinning.pools[1]: Invalid value: \"karpenter.sh/nodepool=b\"",
+			"pinning.pools[2]: Invalid value: \"karpenter.sh/nodepool=c\"",
+			"pinning.pools[3].taints[0].effect: Unsupported value: \"PreferNoSchedule\"",
+			"pinning.pools[5].pool: Duplicate value: \"karpenter.sh/nodepool=e\"",
+		}},
 		"bad static layout": {head + `noLayout: {action: Static, staticLayout: s}
 staticLayouts:
 - name: s

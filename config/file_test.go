@@ -10,6 +10,8 @@ import (
 
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"sigs.k8s.io/yaml"
+
+	"github.com/gpu-injector/gpu-injector/layout"
 )
 
 // configMap is the chart's ConfigMap of a file, as helm template renders it.
@@ -155,6 +157,15 @@ func TestSchemaChoicesAreValidates(t *testing.T) {
 	doc["staticLayouts"] = []any{map[string]any{
 		"name": "s", "nodeSelector": map[string]any{"a": "b"}, "driverVersion": "1", "libraryPaths": []any{"/usr/local/nvidia/lib64"},
 		"mounts": []any{map[string]any{"hostPath": "/usr/lib/nvidia-384", "containerPath": "/usr/local/nvidia/lib64", "kind": "Directory"}},
+	}}
+	plan, err := layout.Encode(layout.Plan{SchemaVersion: layout.SchemaVersion, DriverVersion: "1", LibraryPaths: []string{"/usr/local/nvidia/lib64"},
+		Mounts: []layout.Mount{{HostPath: "/usr/lib/nvidia-384", ContainerPath: "/usr/local/nvidia/lib64", Kind: layout.KindDirectory}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc["pinning"].(map[string]any)["pools"] = []any{map[string]any{
+		"pool": map[string]any{"karpenter.sh/nodepool": "a"}, "nodeLabels": map[string]any{"a": "b"},
+		"taints": []any{map[string]any{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}}, "layout": plan,
 	}}
 	// errorsAt sets the field at path to v and returns Validate's errors of
 	// that field, or a decode error: what the field's type refuses.

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/gpu-injector/gpu-injector/layout"
@@ -300,6 +301,48 @@ type Pinning struct {
 	// last node left, so that a pod for a pool scaled to zero is injected and
 	// can trigger the scale-up. 0s forgets a pool as soon as it is empty.
 	RememberFor *metav1.Duration `json:"rememberFor,omitempty"`
+	// Pools declare pools before any of their nodes has published: a pool a
+	// pod asks for with no ready node, and nothing remembered of it, is
+	// served from its declaration, so that the first pod of a fresh cluster
+	// is injected and the autoscaler adds a node for it. What the pool's
+	// nodes publish, once remembered, comes first.
+	Pools []DeclaredPool `json:"pools,omitempty"`
+}
+
+// DeclaredPool is one pool of Pinning.Pools, in the form of an entry of the
+// pool memory's ConfigMap less its lastSeen, so that an entry of a cluster
+// where the pool ran can be copied.
+type DeclaredPool struct {
+	// Pool gives each label of Pinning.NodeLabels its value for this pool.
+	Pool map[string]string `json:"pool"`
+	// NodeLabels are other labels every node of the pool gets from its
+	// template, matched against a pod's node selector and affinity.
+	NodeLabels map[string]string `json:"nodeLabels,omitempty"`
+	// Taints are the NoSchedule and NoExecute taints of the pool's nodes.
+	Taints []PoolTaint `json:"taints,omitempty"`
+	// Layout is the driver layout its nodes publish: the gpu-injector.io/layout
+	// annotation, as `gpu-injector nodeprobe --once -o layout` prints it on a
+	// machine of the pool's node image.
+	Layout string `json:"layout"`
+}
+
+// PoolTaint is a taint of a declared pool's nodes.
+type PoolTaint struct {
+	Key    string `json:"key"`
+	Value  string `json:"value,omitempty"`
+	Effect string `json:"effect"`
+}
+
+// TaintList is the pool's taints as the API's.
+func (p DeclaredPool) TaintList() []corev1.Taint {
+	if len(p.Taints) == 0 {
+		return nil
+	}
+	out := make([]corev1.Taint, 0, len(p.Taints))
+	for _, t := range p.Taints {
+		out = append(out, corev1.Taint{Key: t.Key, Value: t.Value, Effect: corev1.TaintEffect(t.Effect)})
+	}
+	return out
 }
 
 // ByPool reports whether pods are pinned by pool labels.

@@ -7,10 +7,12 @@ import (
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/gpu-injector/gpu-injector/layout"
+	"github.com/gpu-injector/gpu-injector/layout/pools"
 )
 
 // MaxPinningLabels bounds the pool key: every label is a nodeSelector term
@@ -55,6 +57,7 @@ func Enums() map[string][]string {
 		"staticLayouts[*].schemaVersion":    defaulted([]string{layout.SchemaVersion}),
 		"staticLayouts[*].runtimeInjection": defaulted(layout.RuntimeInjections),
 		"staticLayouts[*].mounts[*].kind":   {string(layout.KindDirectory), string(layout.KindFile)},
+		"pinning.pools[*].taints[*].effect": {string(corev1.TaintEffectNoSchedule), string(corev1.TaintEffectNoExecute)},
 	}
 }
 
@@ -93,6 +96,7 @@ func (c *Configuration) Validate() field.ErrorList {
 	errs = append(errs, c.validateNoLayout(field.NewPath("noLayout"))...)
 	errs = append(errs, c.validateStaticLayouts(field.NewPath("staticLayouts"))...)
 	errs = append(errs, c.Pinning.validate(field.NewPath("pinning"))...)
+	errs = append(errs, c.validateDeclaredPools(field.NewPath("pinning", "pools"))...)
 	for i, ns := range c.ExcludedNamespaces {
 		if msgs := validation.IsDNS1123Label(ns); len(msgs) > 0 {
 			errs = append(errs, field.Invalid(field.NewPath("excludedNamespaces").Index(i), ns, strings.Join(msgs, "; ")))
@@ -263,6 +267,60 @@ func (p Pinning) validate(fp *field.Path) field.ErrorList {
 		errs = append(errs, field.Invalid(fp.Child("rememberFor"), p.RememberFor.Duration.String(), "must not be negative; 0s forgets a pool as soon as its last node leaves"))
 	}
 	return errs
+}
+
+// validateDeclaredPools checks each declared pool as the webhook will read
+// it, so that a pool it would skip is refused here, with the reason.
+func (c *Configuration) validateDeclaredPools(fp *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	ps := c.Pinning.Pools
+	if len(ps) == 0 {
+		return nil
+	}
+	if !c.Pinning.ByPool() {
+		return append(errs, field.Forbidden(fp, "declared pools need pinning.nodeLabels, the labels that name a pool"))
+	}
+	if len(ps) > pools.MaxDeclared {
+		return append(errs, field.TooMany(fp, len(ps), pools.MaxDeclared))
+	}
+	seen := map[string]bool{}
+	for i, p := range ps {
+		bad := false
+		for j, t := range p.Taints {
+			if t.Effect != string(corev1.TaintEffectNoSchedule) && t.Effect != string(corev1.TaintEffectNoExecute) {
+				errs = append(errs, field.NotSupported(fp.Index(i).Child("taints").Index(j).Child("effect"), t.Effect, []corev1.TaintEffect{corev1.TaintEffectNoSchedule, corev1.TaintEffectNoExecute}))
+				bad = true
+			}
+		}
+		if bad {
+			continue
+		}
+		m, err := pools.Declared(p.Pool, p.NodeLabels, p.TaintList(), p.Layout, c.Pinning.NodeLabels, c.Rules())
+		switch {
+		case err != nil:
+			errs = append(errs, field.Invalid(fp.Index(i), m.Pool, err.Error()))
+		case seen[m.Pool]:
+			errs = append(errs, field.Duplicate(fp.Index(i).Child("pool"), m.Pool))
+		}
+		seen[m.Pool] = true
+	}
+	return errs
+}
+
+// DeclaredPools are the pools the configuration declares, as the webhook
+// serves them; a declaration that does not hold (Validate refuses it) is
+// left out.
+func (c *Configuration) DeclaredPools() []pools.Memory {
+	var out []pools.Memory
+	for i, p := range c.Pinning.Pools {
+		if i == pools.MaxDeclared {
+			break
+		}
+		if m, err := pools.Declared(p.Pool, p.NodeLabels, p.TaintList(), p.Layout, c.Pinning.NodeLabels, c.Rules()); err == nil {
+			out = append(out, m)
+		}
+	}
+	return out
 }
 
 // IsExtendedResourceName reports whether name is an extended resource, as

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -248,6 +249,103 @@ func TestPoolScaledToZero(t *testing.T) {
 			t.Errorf("LayoutMismatch event %q lacks %q", msg, want)
 		}
 	}
+}
+
+// TestDeclaredPoolAtZero: a pool that never had a node, declared in the
+// chart's values (config.pinning.pools, from a values file as a user writes
+// it) with the layout its node image publishes, serves its first GPU pod:
+// admitted through the webhook, injected with the declared layout, pinned by
+// the pool's label only, warned, and Unschedulable. Then a node of the pool
+// appears (the kubelet node takes the pool's label, as a node the
+// autoscaler adds for the pod would carry it from its template), and the
+// pod runs there against the injected driver.
+func TestDeclaredPoolAtZero(t *testing.T) {
+	kn := testEnv.KubeletNode()
+	const declared = "nvidia-declared-a100"
+	pool := env.LabelAccelerator + "=" + declared
+	fp := currentFingerprint(t, kn.Name)
+	text := nodeAnnotation(t, kn.Name, layout.AnnotationLayout)
+	values := filepath.Join(t.TempDir(), "pools-values.yaml")
+	if err := os.WriteFile(values, []byte("config:\n  pinning:\n    nodeLabels: ["+env.LabelAccelerator+"]\n    pools:\n"+
+		"    - pool: {"+env.LabelAccelerator+": "+declared+"}\n      layout: '"+text+"'\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx := testContext(t)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		if err := testEnv.UpgradeChart(ctx); err != nil {
+			t.Errorf("failed to upgrade back to the installed values: %v", err)
+		}
+	})
+	if err := testEnv.UpgradeChartWithValues(ctx, values); err != nil {
+		t.Fatalf("failed to upgrade with a declared pool: %v", err)
+	}
+	waitPoolState(t, pool, "declared")
+
+	ns := newNamespace(t, true)
+	warnings := &warningRecorder{}
+	pod := gpuPod("declared", podOpts{resource: gpu, nodeSelector: map[string]string{env.LabelAccelerator: declared}})
+	created, err := warningClient(t, warnings).CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("the first GPU pod of a declared pool at zero was refused: %v", err)
+	}
+	rec, ok := injected(t, created)
+	if !ok || !rec.Remembered || rec.Pool != pool || rec.Fingerprint != fp {
+		t.Fatalf("injection record %+v (injected %v), want layout %s from pool %s's declaration; warnings %q", rec, ok, fp, pool, warnings.all())
+	}
+	if got := created.Spec.NodeSelector; len(got) != 1 || got[env.LabelAccelerator] != declared {
+		t.Errorf("nodeSelector %v, want only the pool label %s", got, pool)
+	}
+	if w := warnings.all(); !strings.Contains(w, "pool "+pool+" has no ready node; injected the layout pinning.pools declares for it") {
+		t.Errorf("warnings %q do not say the layout came from the pool's declaration", w)
+	}
+	waitFor(t, apiTimeout, "the scheduler to find no node for the pod", func(ctx context.Context) (bool, error) {
+		p, err := client().CoreV1().Pods(ns).Get(ctx, created.Name, metav1.GetOptions{})
+		if err != nil || p.Spec.NodeName != "" {
+			return false, nil
+		}
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+
+	// The pool's node appears: the kubelet node now carries the pool's label.
+	setAccelerator := func(ctx context.Context, value string) error {
+		return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			n, err := client().CoreV1().Nodes().Get(ctx, kn.Name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			n.Labels[env.LabelAccelerator] = value
+			_, err = client().CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{})
+			return err
+		})
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_ = client().CoreV1().Pods(ns).Delete(ctx, created.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr(int64(0))})
+		if err := setAccelerator(ctx, kn.Accelerator); err != nil {
+			t.Errorf("failed to give node %s its label back: %v", kn.Name, err)
+		}
+	})
+	if err := setAccelerator(ctx, declared); err != nil {
+		t.Fatalf("failed to label node %s into pool %s: %v", kn.Name, pool, err)
+	}
+	bound := waitBound(t, ns, created.Name)
+	if bound.Spec.NodeName != kn.Name {
+		t.Fatalf("pod bound to %s, want the pool's node %s", bound.Spec.NodeName, kn.Name)
+	}
+	done := waitPodDone(t, ns, created.Name)
+	log := podLog(t, ns, created.Name, "cuda")
+	if done.Status.Phase != corev1.PodSucceeded || !strings.Contains(log, "driver="+kn.DriverVersion) {
+		t.Fatalf("pod on the pool's node: phase %s, log:\n%s\nwant Succeeded with driver=%s", done.Status.Phase, log, kn.DriverVersion)
+	}
+	waitPoolState(t, pool, "live")
 }
 
 // enablePoolPinning runs helm upgrade of the release with the given values

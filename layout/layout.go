@@ -499,7 +499,7 @@ type Injected struct {
 	// Pool is the pool the pod is pinned to (its labels, k=v,...), when pinned
 	// by pool; the pools, separated by a space, when pinned to several pools
 	// of one layout; Remembered says the pool had no node and the layout came from
-	// memory.
+	// memory or from the pool's declaration in the configuration.
 	Pool       string `json:"pool,omitempty"`
 	Remembered bool   `json:"remembered,omitempty"`
 

@@ -98,10 +98,18 @@ func Once(o Options, format string, stdout io.Writer) error {
 		node.Status = &NodeObjectStatus{Conditions: []NodeObjectCondition{{Type: NodeConditionDriverWedged, Status: pub.Wedged.Status, Reason: pub.Wedged.Reason, Message: pub.Wedged.Message}}}
 	}
 	var out []byte
-	if format == "json" {
+	switch format {
+	case "json":
 		out, err = json.MarshalIndent(node, "", "  ")
 		out = append(out, '\n')
-	} else {
+	case "layout":
+		// What a declared pool (config.pinning.pools) takes as its layout.
+		text, ok := pub.Annotations[layout.AnnotationLayout]
+		if !ok {
+			return fmt.Errorf("%w: %s", ErrNotReady, res.Reason())
+		}
+		out = []byte(text + "\n")
+	default:
 		out, err = yaml.Marshal(node)
 	}
 	if err != nil {

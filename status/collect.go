@@ -421,8 +421,10 @@ func (c *Collector) readNamespaces(ctx context.Context, cfg *config.Configuratio
 }
 
 // readPools decodes the pool memory with the webhook's own decoder, so that
-// the report shows exactly the pools the webhook would serve.
+// the report shows exactly the pools the webhook would serve, and adds the
+// pools the configuration declares that nothing remembered replaces.
 func (c *Collector) readPools(ctx context.Context, cfg *config.Configuration, cfgNote, ns, name string, now time.Time, out *PoolsStatus) error {
+	defer addDeclared(cfg, now, out)
 	out.ConfigMap = name
 	if ns == "" {
 		return nil
@@ -454,6 +456,18 @@ func (c *Collector) readPools(ctx context.Context, cfg *config.Configuration, cf
 	}
 	out.Note = strings.Join(notes, "; ")
 	return nil
+}
+
+// addDeclared adds each declared pool whose memory has expired or was never
+// written: the webhook serves it from its declaration.
+func addDeclared(cfg *config.Configuration, now time.Time, out *PoolsStatus) {
+	for _, m := range cfg.DeclaredPools() {
+		i := slices.IndexFunc(out.Pools, func(p PoolStatus) bool { return p.Pool == m.Pool })
+		if i >= 0 && now.Before(out.Pools[i].Expires) {
+			continue
+		}
+		out.Pools = append(out.Pools, PoolStatus{Pool: m.Pool, Fingerprint: m.Plan.Fingerprint(), DriverVersion: m.Plan.DriverVersion, Declared: true})
+	}
 }
 
 func (c *Collector) readEvents(ctx context.Context, now time.Time, r *Report) error {

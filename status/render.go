@@ -232,17 +232,21 @@ func renderNodes(w *errWriter, r *Report, o RenderOptions) {
 }
 
 // renderPools writes the pool memory's block: each pool remembered and
-// when its memory expires.
+// when its memory expires, and each pool served from its declaration.
 func renderPools(w *errWriter, pl PoolsStatus, o RenderOptions) {
 	w.printf("\nPOOLS\n")
 	switch {
-	case !pl.Found:
+	case !pl.Found && len(pl.Pools) == 0:
 		w.printf("  none remembered (no ConfigMap %s)\n", dash(pl.ConfigMap))
 	case len(pl.Pools) == 0:
 		w.printf("  none remembered (%s)%s\n", pl.ConfigMap, notePart(pl.Note))
 	default:
 		pools := &table{header: []string{"POOL", "FINGERPRINT", "DRIVER", "LAST SEEN", "EXPIRES IN"}}
 		for _, m := range pl.Pools {
+			if m.Declared {
+				pools.add(txt(m.Pool), txt(m.Fingerprint), txt(m.DriverVersion), txt("declared"), txt("never"))
+				continue
+			}
 			left := m.Expires.Sub(o.Now)
 			t := plain
 			switch {

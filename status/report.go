@@ -132,15 +132,17 @@ type PoolsStatus struct {
 	Note string `json:"note,omitempty"`
 }
 
-// PoolStatus is one remembered pool.
+// PoolStatus is one remembered or declared pool.
 type PoolStatus struct {
 	Pool          string    `json:"pool"`
 	Fingerprint   string    `json:"fingerprint"`
 	DriverVersion string    `json:"driverVersion"`
-	LastSeen      time.Time `json:"lastSeen"`
+	LastSeen      time.Time `json:"lastSeen,omitzero"`
 	// Expires is when the layout stops serving pods of the pool: LastSeen
 	// plus pinning.rememberFor.
-	Expires time.Time `json:"expires"`
+	Expires time.Time `json:"expires,omitzero"`
+	// Declared: served from config.pinning.pools, which never expires.
+	Declared bool `json:"declared,omitempty"`
 }
 
 // NamespaceStatus is one opted-in namespace.

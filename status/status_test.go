@@ -432,6 +432,34 @@ func TestPools(t *testing.T) {
 	}
 }
 
+// TestDeclaredPools: with no pool memory yet, the pools the configuration
+// declares are listed as the webhook serves them: declared, never expiring.
+func TestDeclaredPools(t *testing.T) {
+	plan, err := layout.Encode(layout.Plan{SchemaVersion: layout.SchemaVersion, DriverVersion: "550.54.14",
+		Mounts:       []layout.Mount{{HostPath: "/usr/local/nvidia/lib64", ContainerPath: "/usr/local/nvidia/lib64", Kind: layout.KindDirectory}},
+		LibraryPaths: []string{"/usr/local/nvidia/lib64"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgYAML := "pinning:\n  nodeLabels: [pool]\n  pools:\n  - pool: {pool: a100}\n    layout: '" + plan + "'\n"
+	if _, err := config.Parse([]byte(cfgYAML)); err != nil {
+		t.Fatal(err)
+	}
+	objs := healthy()
+	objs[3] = configMap(cfgYAML)
+	r := collect(t, &stubDryRun{pod: injectedPod("fp-gpu-a")}, objs...)
+	if r.Pools.Found || len(r.Pools.Pools) != 1 || !r.Pools.Pools[0].Declared || r.Pools.Pools[0].Pool != "pool=a100" {
+		t.Fatalf("pools %+v, want the declared one", r.Pools)
+	}
+	var out bytes.Buffer
+	if err := Render(&out, r, RenderOptions{Now: now}); err != nil {
+		t.Fatal(err)
+	}
+	if s := out.String(); !strings.Contains(s, "pool=a100") || !strings.Contains(s, "declared") || !strings.Contains(s, "never") || strings.Contains(s, "none remembered") {
+		t.Errorf("the declared pool is not listed:\n%s", s)
+	}
+}
+
 func TestPoolMemoryWithoutPoolPinning(t *testing.T) {
 	objs := append(healthy(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "gpu-injector-pools", Namespace: ns}, Data: map[string]string{"pool-1": "{}"}})
 	r := collect(t, &stubDryRun{pod: injectedPod("fp-gpu-a")}, objs...)

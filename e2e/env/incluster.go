@@ -559,8 +559,18 @@ func (e *Env) WaitProbeDaemonSet(ctx context.Context) error {
 // rollout (a configuration change rolls the pods through their checksum
 // annotation), and until every ready webhook replica sees every node's layout.
 func (e *Env) UpgradeChart(ctx context.Context, sets ...string) error {
+	return e.UpgradeChartWithValues(ctx, "", sets...)
+}
+
+// UpgradeChartWithValues is UpgradeChart with a values file (helm -f) too,
+// for values that --set cannot write, such as a string of JSON; empty:
+// none.
+func (e *Env) UpgradeChartWithValues(ctx context.Context, valuesFile string, sets ...string) error {
 	args := []string{"upgrade", Release, e.ChartRef(), "--version", ChartVersion, "--plain-http",
 		"--namespace", Namespace, "--wait", "--timeout", "4m"}
+	if valuesFile != "" {
+		args = append(args, "-f", valuesFile)
+	}
 	args = append(args, e.helmArgs(sets...)...)
 	if _, err := e.HelmCommand(ctx, args...); err != nil {
 		return fmt.Errorf("%w\n%s", err, e.podsReport(context.Background()))

@@ -44,6 +44,9 @@ type Memory struct {
 	Taints   []corev1.Taint
 	Plan     layout.Plan
 	LastSeen time.Time
+	// Declared is set on a pool the configuration declares (Declared), which
+	// has no LastSeen and never expires.
+	Declared bool
 }
 
 // Key is the pool of a node with these labels: "k1=v1,k2=v2" in the order
@@ -206,53 +209,83 @@ func decodeEntry(key, value string, keys []string, rules layout.Rules, now time.
 		// Written under other pinning labels: not an error, just not ours now.
 		return m, true, nil
 	}
-	m.Pool = Key(e.Pool, keys)
-	if key != MemoryKey(m.Pool) {
-		return m, false, fmt.Errorf("data key does not match pool %q", m.Pool)
-	}
-	if len(e.NodeLabels) > maxNodeLabels {
-		return m, false, fmt.Errorf("%d node labels exceed the limit of %d", len(e.NodeLabels), maxNodeLabels)
-	}
-	for k, v := range e.NodeLabels {
-		if msgs := append(validation.IsQualifiedName(k), validation.IsValidLabelValue(v)...); len(msgs) > 0 {
-			return m, false, fmt.Errorf("node label %q: %s", layout.Truncate(k, 64), strings.Join(msgs, "; "))
-		}
-	}
-	for k, v := range e.Pool {
-		if msgs := validation.IsValidLabelValue(v); len(msgs) > 0 {
-			return m, false, fmt.Errorf("pool label %s: %s", k, strings.Join(msgs, "; "))
-		}
-	}
-	if len(e.Taints) > maxPoolTaints {
-		return m, false, fmt.Errorf("%d taints exceed the limit of %d", len(e.Taints), maxPoolTaints)
-	}
-	for _, t := range e.Taints {
-		if msgs := append(validation.IsQualifiedName(t.Key), validation.IsValidLabelValue(t.Value)...); len(msgs) > 0 {
-			return m, false, fmt.Errorf("taint %q: %s", layout.Truncate(t.Key, 64), strings.Join(msgs, "; "))
-		}
-		if t.Effect != corev1.TaintEffectNoSchedule && t.Effect != corev1.TaintEffectNoExecute {
-			return m, false, fmt.Errorf("taint %q: effect %q is not NoSchedule or NoExecute", t.Key, layout.Truncate(string(t.Effect), 32))
-		}
-	}
-	plan, err := layout.Decode(e.Layout)
-	if err != nil {
-		return m, false, err
-	}
-	if errs := plan.Validate(rules); len(errs) > 0 {
-		return m, false, errs.ToAggregate()
+	if key != MemoryKey(Key(e.Pool, keys)) {
+		return m, false, fmt.Errorf("data key does not match pool %q", Key(e.Pool, keys))
 	}
 	if e.LastSeen.IsZero() || e.LastSeen.After(now.Add(maxClockSkew)) {
 		return m, false, fmt.Errorf("lastSeen %s is unset or in the future", e.LastSeen.UTC().Format(time.RFC3339))
 	}
-	m.Labels = e.Pool
+	m, err := checkEntry(e.Pool, e.NodeLabels, e.Taints, e.Layout, keys, rules)
+	m.LastSeen = e.LastSeen.Time
+	return m, false, err
+}
+
+// MaxDeclared bounds the pools a configuration declares: each is checked and
+// served like a remembered one.
+const MaxDeclared = 64
+
+// Declared is the memory of a pool that the configuration declares: the
+// pool's pinning labels and their values, the other labels and the taints
+// its nodes get from their template, and the layout they publish (the
+// gpu-injector.io/layout annotation, as `gpu-injector nodeprobe --once -o
+// layout` prints it on a machine of the pool's node image). It is checked as
+// strictly as a remembered entry, since it is served the same way.
+func Declared(pool, nodeLabels map[string]string, taints []corev1.Taint, plan string, keys []string, rules layout.Rules) (Memory, error) {
+	if len(pool) != len(keys) || Key(pool, keys) == "" {
+		return Memory{}, fmt.Errorf("the pool must give a value to each pinning label (%s) and to no other", strings.Join(keys, ", "))
+	}
+	if len(plan) > layout.MaxAnnotationBytes {
+		return Memory{}, fmt.Errorf("the layout's %d bytes exceed the limit of %d", len(plan), layout.MaxAnnotationBytes)
+	}
+	m, err := checkEntry(pool, nodeLabels, taints, plan, keys, rules)
+	m.Declared = true
+	return m, err
+}
+
+// checkEntry is the memory of one pool's entry, which keys (the pinning
+// labels) name and pool has every one of, checked against rules.
+func checkEntry(pool, nodeLabels map[string]string, taints []corev1.Taint, plan string, keys []string, rules layout.Rules) (Memory, error) {
+	var m Memory
+	m.Pool = Key(pool, keys)
+	if len(nodeLabels) > maxNodeLabels {
+		return m, fmt.Errorf("%d node labels exceed the limit of %d", len(nodeLabels), maxNodeLabels)
+	}
+	for k, v := range nodeLabels {
+		if msgs := append(validation.IsQualifiedName(k), validation.IsValidLabelValue(v)...); len(msgs) > 0 {
+			return m, fmt.Errorf("node label %q: %s", layout.Truncate(k, 64), strings.Join(msgs, "; "))
+		}
+	}
+	for k, v := range pool {
+		if msgs := validation.IsValidLabelValue(v); len(msgs) > 0 {
+			return m, fmt.Errorf("pool label %s: %s", k, strings.Join(msgs, "; "))
+		}
+	}
+	if len(taints) > maxPoolTaints {
+		return m, fmt.Errorf("%d taints exceed the limit of %d", len(taints), maxPoolTaints)
+	}
+	for _, t := range taints {
+		if msgs := append(validation.IsQualifiedName(t.Key), validation.IsValidLabelValue(t.Value)...); len(msgs) > 0 {
+			return m, fmt.Errorf("taint %q: %s", layout.Truncate(t.Key, 64), strings.Join(msgs, "; "))
+		}
+		if t.Effect != corev1.TaintEffectNoSchedule && t.Effect != corev1.TaintEffectNoExecute {
+			return m, fmt.Errorf("taint %q: effect %q is not NoSchedule or NoExecute", t.Key, layout.Truncate(string(t.Effect), 32))
+		}
+	}
+	p, err := layout.Decode(plan)
+	if err != nil {
+		return m, err
+	}
+	if errs := p.Validate(rules); len(errs) > 0 {
+		return m, errs.ToAggregate()
+	}
+	m.Labels = pool
 	// The next node of the pool has the pool's labels, whatever was stored.
-	m.NodeLabels = maps.Clone(e.NodeLabels)
+	m.NodeLabels = maps.Clone(nodeLabels)
 	if m.NodeLabels == nil {
 		m.NodeLabels = map[string]string{}
 	}
-	maps.Copy(m.NodeLabels, e.Pool)
-	m.Taints = e.Taints
-	m.Plan = plan
-	m.LastSeen = e.LastSeen.Time
-	return m, false, nil
+	maps.Copy(m.NodeLabels, pool)
+	m.Taints = taints
+	m.Plan = p
+	return m, nil
 }

@@ -29,7 +29,7 @@ var (
 	}, []string{"fingerprint"})
 	poolLayouts = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "gpu_injector_pools",
-		Help: "GPU pools (with pinning.nodeLabels), by pool and state: live (every ready node publishes one layout; pods are pinned by the pool's labels), mixed (pinned by fingerprint) or remembered (no node; the last layout serves until it expires). Always 1.",
+		Help: "GPU pools (with pinning.nodeLabels), by pool and state: live (every ready node publishes one layout; pods are pinned by the pool's labels), mixed (pinned by fingerprint), remembered (no node; the last layout serves until it expires) or declared (no node and nothing remembered; config.pinning.pools serves it). Always 1.",
 	}, []string{"pool", "state"})
 	wedgedNodes = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "gpu_injector_wedged_nodes",

@@ -53,6 +53,9 @@ type Index struct {
 	// pools and memory are the pool view, with pinning.nodeLabels only.
 	pools     map[string]*poolState
 	memory    map[string]pools.Memory
+	// declared are the configuration's pools, served where neither a node
+	// nor memory is.
+	declared map[string]pools.Memory
 	poolViews map[string]poolView
 	clock     clock.PassiveClock
 	// draGPUs are the GPUs that DRA ResourceSlices publish per node, which a
@@ -129,10 +132,21 @@ func NewIndex(cfg *config.Configuration, log logr.Logger) *Index {
 		draGPUs: map[string]int64{},
 		wedged:  map[string]*inject.WedgedNode{},
 	}
+	for _, m := range cfg.DeclaredPools() {
+		if idx.declared == nil {
+			idx.declared = map[string]pools.Memory{}
+		}
+		idx.declared[m.Pool] = m
+	}
 	empty := []*inject.Layout{}
 	idx.snapshot.Store(&empty)
 	noWedged := []*inject.WedgedNode{}
 	idx.wedgedSnap.Store(&noWedged)
+	if len(idx.declared) > 0 {
+		// Served before the first node is listed: a cluster whose pools
+		// are all at zero may never list one.
+		idx.publish(nil)
+	}
 	return idx
 }
 

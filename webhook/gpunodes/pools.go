@@ -240,7 +240,7 @@ func (idx *Index) splitByPool(out []*inject.Layout, l *inject.Layout, uniform ma
 }
 
 // countPoolLayouts sets the pool layouts gauge: every pool live or mixed,
-// and every pool remembered.
+// and every pool served from memory or its declaration.
 func (idx *Index) countPoolLayouts(mixed map[string]bool, remembered map[string][]pools.Memory) {
 	poolLayouts.Reset()
 	for key := range idx.pools {
@@ -252,7 +252,11 @@ func (idx *Index) countPoolLayouts(mixed map[string]bool, remembered map[string]
 	}
 	for _, mems := range remembered {
 		for _, m := range mems {
-			poolLayouts.WithLabelValues(m.Pool, "remembered").Set(1)
+			state := "remembered"
+			if m.Declared {
+				state = "declared"
+			}
+			poolLayouts.WithLabelValues(m.Pool, state).Set(1)
 		}
 	}
 }
@@ -283,9 +287,10 @@ func poolSignature(uniform map[string]string, mixed map[string]bool, remembered 
 	return strings.Join(keys, "\x01")
 }
 
-// rememberedPools are the remembered pools with no live member and not yet
-// expired at now, by fingerprint and sorted by pool, and the earliest expiry
-// among them.
+// rememberedPools are the remembered and declared pools with no live member,
+// the remembered ones not yet expired at now, by fingerprint and sorted by
+// pool, and the earliest expiry among them. A pool's memory comes before its
+// declaration: it is what its nodes published.
 func (idx *Index) rememberedPools(now time.Time) (map[string][]pools.Memory, time.Time) {
 	var next time.Time
 	remember := idx.cfg.Pinning.Remember()
@@ -304,6 +309,16 @@ func (idx *Index) rememberedPools(now time.Time) (map[string][]pools.Memory, tim
 		fp := m.Plan.Fingerprint()
 		out[fp] = append(out[fp], m)
 	}
+	for key, m := range idx.declared {
+		if _, live := idx.pools[key]; live {
+			continue
+		}
+		if r, ok := idx.memory[key]; ok && now.Before(r.LastSeen.Add(remember)) {
+			continue
+		}
+		fp := m.Plan.Fingerprint()
+		out[fp] = append(out[fp], m)
+	}
 	for _, mems := range out {
 		slices.SortFunc(mems, func(a, b pools.Memory) int { return strings.Compare(a.Pool, b.Pool) })
 	}
@@ -311,8 +326,9 @@ func (idx *Index) rememberedPools(now time.Time) (map[string][]pools.Memory, tim
 }
 
 // rememberedLayout serves the pools of one layout that have no node from
-// memory: one node stands for each pool's next one, and the pin names them
-// all. It is remembered until the last of them expires.
+// memory and declarations: one node stands for each pool's next one, and
+// the pin names them all. It is remembered until the last remembered one
+// expires, and for as long as one of them is declared.
 func (idx *Index) rememberedLayout(fp string, mems []pools.Memory) *inject.Layout {
 	remember := idx.cfg.Pinning.Remember()
 	l := &inject.Layout{Fingerprint: fp, Plan: mems[0].Plan, Remembered: &inject.Remembered{}}
@@ -320,6 +336,10 @@ func (idx *Index) rememberedLayout(fp string, mems []pools.Memory) *inject.Layou
 	for _, m := range mems {
 		l.Nodes = append(l.Nodes, &inject.NodeInfo{Labels: inject.NewLabels(m.NodeLabels), Taints: m.Taints})
 		keys = append(keys, m.Pool)
+		if m.Declared {
+			l.Remembered.Declared = append(l.Remembered.Declared, m.Pool)
+			continue
+		}
 		if m.LastSeen.After(l.Remembered.LastSeen) {
 			l.Remembered.LastSeen, l.Remembered.Until = m.LastSeen, m.LastSeen.Add(remember)
 		}
@@ -344,12 +364,15 @@ func (idx *Index) pinPools(l *inject.Layout, keys []string) {
 	}
 }
 
-// poolLabels are the labels of a live or remembered pool.
+// poolLabels are the labels of a live, remembered or declared pool.
 func (idx *Index) poolLabels(key string) map[string]string {
 	if ps := idx.pools[key]; ps != nil {
 		return ps.labels
 	}
 	if m, ok := idx.memory[key]; ok {
+		return m.Labels
+	}
+	if m, ok := idx.declared[key]; ok {
 		return m.Labels
 	}
 	return nil

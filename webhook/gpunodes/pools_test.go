@@ -382,3 +382,81 @@ func TestMemorySync(t *testing.T) {
 		t.Fatalf("a broken entry survived a write: %v", d)
 	}
 }
+
+// TestIndexDeclaredPools: a declared pool serves its pods while it has no
+// node and nothing is remembered of it, whatever the day; its nodes' layout,
+// live or remembered, comes first.
+func TestIndexDeclaredPools(t *testing.T) {
+	cfg := poolConfig(t, ", rememberFor: 48h")
+	declaredA, declaredB, published := gputest.Plan("535.104.05"), gputest.Plan("550.54.15"), gputest.Plan("580.65.06")
+	for pool, plan := range map[string]layout.Plan{"a": declaredA, "b": declaredB} {
+		text, err := layout.Encode(plan)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Pinning.Pools = append(cfg.Pinning.Pools, config.DeclaredPool{
+			Pool:       map[string]string{poolLabel: pool},
+			NodeLabels: map[string]string{"node.kubernetes.io/instance-type": "g4dn.xlarge"},
+			Taints:     []config.PoolTaint{{Key: "nvidia.com/gpu", Effect: "NoSchedule"}},
+			Layout:     text,
+		})
+	}
+	if errs := cfg.Validate(); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	clk := clocktesting.NewFakePassiveClock(now)
+	idx := NewIndex(cfg, logr.Discard())
+	idx.SetClock(clk)
+	served := func() map[string]*inject.Layout {
+		t.Helper()
+		out := map[string]*inject.Layout{}
+		for _, l := range idx.Layouts() {
+			if l.Remembered != nil {
+				out[l.Pool] = l
+			}
+		}
+		return out
+	}
+
+	// No node, no memory: each pool from its declaration, with the labels
+	// and taints of its template, and pinned by the pool's labels.
+	got := served()
+	a, b := got["karpenter.sh/nodepool=a"], got["karpenter.sh/nodepool=b"]
+	if len(got) != 2 || a == nil || b == nil {
+		t.Fatalf("declared layouts = %v", keysOf(got))
+	}
+	if a.Fingerprint != declaredA.Fingerprint() || !a.Remembered.LastSeen.IsZero() || len(a.Remembered.Declared) != 1 || a.NodeSelector[poolLabel] != "a" {
+		t.Errorf("pool a = %+v %+v", a, a.Remembered)
+	}
+	if n := a.Nodes[0]; n.Labels.Map()["node.kubernetes.io/instance-type"] != "g4dn.xlarge" || len(n.Taints) != 1 {
+		t.Errorf("pool a's next node = %+v", n)
+	}
+
+	// A declaration never expires.
+	now = now.AddDate(1, 0, 0)
+	clk.SetTime(now)
+	if got := served(); len(got) != 2 {
+		t.Fatalf("a year later: declared layouts = %v", keysOf(got))
+	}
+
+	// A node of pool a publishes: a is live, and no longer declared.
+	idx.Update(gputest.Node("a1", published, 4, inPool("a")))
+	if got := served(); len(got) != 1 || got["karpenter.sh/nodepool=b"] == nil {
+		t.Fatalf("with a node in pool a: declared layouts = %v", keysOf(got))
+	}
+
+	// Pool b remembered with another layout: its memory comes first, until
+	// it expires.
+	idx.SetMemory([]pools.Memory{{Pool: "karpenter.sh/nodepool=b", Labels: map[string]string{poolLabel: "b"}, NodeLabels: map[string]string{poolLabel: "b"}, Plan: published, LastSeen: now}})
+	got = served()
+	if b := got["karpenter.sh/nodepool=b"]; len(got) != 1 || b == nil || b.Fingerprint != published.Fingerprint() || len(b.Remembered.Declared) != 0 {
+		t.Fatalf("pool b remembered: %v", got)
+	}
+	now = now.Add(48 * time.Hour)
+	clk.SetTime(now)
+	got = served()
+	if b := got["karpenter.sh/nodepool=b"]; len(got) != 1 || b == nil || b.Fingerprint != declaredB.Fingerprint() {
+		t.Fatalf("pool b's memory expired: %v", got)
+	}
+}

@@ -141,8 +141,17 @@ func poolWarnings(c *change, l *Layout) {
 		if len(l.PoolLabels) > 1 {
 			has = "have"
 		}
-		c.warn("%s %s no ready node; injected the layout its nodes published last (driver %s, last seen %s, remembered until %s), so that the autoscaler can add a node for this pod",
-			describePools(l.Pool), has, l.Plan.DriverVersion, rm.LastSeen.UTC().Format(time.RFC3339), rm.Until.UTC().Format(time.RFC3339))
+		if rm.LastSeen.IsZero() {
+			c.warn("%s %s no ready node; injected the layout pinning.pools declares for it (driver %s), so that the autoscaler can add a node for this pod",
+				describePools(l.Pool), has, l.Plan.DriverVersion)
+			return
+		}
+		declared := ""
+		if len(rm.Declared) > 0 {
+			declared = fmt.Sprintf("; pinning.pools declares %s", strings.Join(rm.Declared, " and "))
+		}
+		c.warn("%s %s no ready node; injected the layout its nodes published last (driver %s, last seen %s, remembered until %s%s), so that the autoscaler can add a node for this pod",
+			describePools(l.Pool), has, l.Plan.DriverVersion, rm.LastSeen.UTC().Format(time.RFC3339), rm.Until.UTC().Format(time.RFC3339), declared)
 		return
 	}
 	if l.Pool == "" && len(l.MixedPools) > 0 {

@@ -107,7 +107,10 @@ func (r *request) chooseLayout(v *podView, prev *layout.Injected, keep bool) (*L
 	}
 	order := r.ranking(keep)
 	if len(order) == 0 {
-		return nil, "no GPU node publishes a ready layout"
+		if r.cfg.Pinning.ByPool() {
+			return nil, "no GPU node publishes a ready layout, and no pool at zero is remembered or declared (config.pinning.pools)"
+		}
+		return nil, "no GPU node publishes a ready layout (for GPU pools at zero: pin by pool with config.pinning.nodeLabels and declare their layouts in config.pinning.pools)"
 	}
 	spread := r.cfg.LayoutPolicy == config.LayoutPolicySpread && prev == nil
 	misfits := make([]rankedMisfit, 0, maxMisfitsNamed)
@@ -451,6 +454,8 @@ func (r *request) wedgedWhy(pod *corev1.Pod, need *gpuNeed) string {
 // layoutDescription names a candidate layout in a denial message.
 func layoutDescription(l *Layout) string {
 	switch {
+	case l.Remembered != nil && l.Remembered.LastSeen.IsZero():
+		return fmt.Sprintf("layout %s (driver %s) declared for %s, which has no node", l.Fingerprint, l.Plan.DriverVersion, describePools(l.Pool))
 	case l.Remembered != nil:
 		return fmt.Sprintf("layout %s (driver %s) remembered for %s, which has no node", l.Fingerprint, l.Plan.DriverVersion, describePools(l.Pool))
 	case l.Pool != "":

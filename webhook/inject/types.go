@@ -177,11 +177,16 @@ func (l *Layout) nodeLookup() *nodeLookup {
 	return l.lookup
 }
 
-// Remembered says when a pool's remembered layout was last seen on a node.
+// Remembered says when a pool's remembered layout was last seen on a node,
+// and which of the layout's pools at zero the configuration declares.
 type Remembered struct {
+	// LastSeen is zero where every pool is declared.
 	LastSeen time.Time
 	// Until is when the memory expires (LastSeen + pinning.rememberFor).
 	Until time.Time
+	// Declared are the keys of the pools served from pinning.pools, which
+	// never expire.
+	Declared []string
 }
 
 // Decision is what the mutation did with a pod.
