@@ -51,11 +51,11 @@ type Index struct {
 	nodes   map[string]*nodeState
 	layouts map[string]*layoutState
 	// pools and memory are the pool view, with pinning.nodeLabels only.
-	pools     map[string]*poolState
-	memory    map[string]pools.Memory
+	pools  map[string]*poolState
+	memory map[string]pools.Memory
 	// declared are the configuration's pools, served where neither a node
 	// nor memory is.
-	declared map[string]pools.Memory
+	declared  map[string]pools.Memory
 	poolViews map[string]poolView
 	clock     clock.PassiveClock
 	// draGPUs are the GPUs that DRA ResourceSlices publish per node, which a
