@@ -168,21 +168,7 @@ func TestPoolScaledToZero(t *testing.T) {
 	}
 
 	// Nothing can run it yet: the scheduler finds no node.
-	waitFor(t, apiTimeout, "the scheduler to find no node for the pod", func(ctx context.Context) (bool, error) {
-		p, err := client().CoreV1().Pods(ns).Get(ctx, created.Name, metav1.GetOptions{})
-		if err != nil {
-			return false, nil
-		}
-		if p.Spec.NodeName != "" {
-			return false, nil
-		}
-		for _, c := range p.Status.Conditions {
-			if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
-				return true, nil
-			}
-		}
-		return false, nil
-	})
+	waitUnschedulable(t, ns, created.Name)
 
 	// A new node of the pool joins, with the pool's label and no layout yet.
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -300,18 +286,7 @@ func TestDeclaredPoolAtZero(t *testing.T) {
 	if w := warnings.all(); !strings.Contains(w, "pool "+pool+" has no ready node; injected the layout pinning.pools declares for it") {
 		t.Errorf("warnings %q do not say the layout came from the pool's declaration", w)
 	}
-	waitFor(t, apiTimeout, "the scheduler to find no node for the pod", func(ctx context.Context) (bool, error) {
-		p, err := client().CoreV1().Pods(ns).Get(ctx, created.Name, metav1.GetOptions{})
-		if err != nil || p.Spec.NodeName != "" {
-			return false, nil
-		}
-		for _, c := range p.Status.Conditions {
-			if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
-				return true, nil
-			}
-		}
-		return false, nil
-	})
+	waitUnschedulable(t, ns, created.Name)
 
 	// The pool's node appears: the kubelet node now carries the pool's label.
 	setAccelerator := func(ctx context.Context, value string) error {
@@ -346,6 +321,24 @@ func TestDeclaredPoolAtZero(t *testing.T) {
 		t.Fatalf("pod on the pool's node: phase %s, log:\n%s\nwant Succeeded with driver=%s", done.Status.Phase, log, kn.DriverVersion)
 	}
 	waitPoolState(t, pool, "live")
+}
+
+// waitUnschedulable waits until the scheduler has found no node for pod
+// ns/name.
+func waitUnschedulable(t *testing.T, ns, name string) {
+	t.Helper()
+	waitFor(t, apiTimeout, "the scheduler to find no node for the pod", func(ctx context.Context) (bool, error) {
+		p, err := client().CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil || p.Spec.NodeName != "" {
+			return false, nil
+		}
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
 }
 
 // enablePoolPinning runs helm upgrade of the release with the given values

@@ -132,10 +132,9 @@ func NewIndex(cfg *config.Configuration, log logr.Logger) *Index {
 		draGPUs: map[string]int64{},
 		wedged:  map[string]*inject.WedgedNode{},
 	}
-	for _, m := range cfg.DeclaredPools() {
-		if idx.declared == nil {
-			idx.declared = map[string]pools.Memory{}
-		}
+	declared := cfg.DeclaredPools()
+	idx.declared = make(map[string]pools.Memory, len(declared))
+	for _, m := range declared {
 		idx.declared[m.Pool] = m
 	}
 	empty := []*inject.Layout{}
