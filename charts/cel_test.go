@@ -647,3 +647,54 @@ func checkDecisions(t *testing.T, res validating.ValidateResult, notMatch bool, 
 		t.Errorf("denied with %q, want %q", denied, want)
 	}
 }
+
+// TestPolicySwitchPolicy: the webhook's account may open and close its admission
+// policy's binding, and change nothing else of it that matters; others are not
+// checked (their RBAC decides).
+func TestPolicySwitchPolicy(t *testing.T) {
+	r := render(t, kube136)
+	vap := mustGet[admissionregistrationv1.ValidatingAdmissionPolicy](t, r, "ValidatingAdmissionPolicy", fullname+"-policy-switch")
+	validator := compilePolicy(t, vap)
+	rendered := r.get("MutatingAdmissionPolicyBinding", fullname+"-runtime")
+	if rendered == nil {
+		t.Fatal("the default values render no MutatingAdmissionPolicyBinding on 1.36")
+	}
+	const (
+		bind = "the gpu-injector webhook may only switch its admission policy's binding, not bind another policy or parameter"
+		meta = "the gpu-injector webhook may not change its admission policy binding's labels, annotations, owners or finalizers"
+	)
+	webhookUser := &user.DefaultInfo{Name: "system:serviceaccount:" + namespace + ":" + webhookSA}
+	tests := map[string]struct {
+		old    *unstructured.Unstructured
+		new    string // a JSON merge patch onto old
+		user   user.Info
+		denied []string
+		// notMatch: the policy does not apply at all.
+		notMatch bool
+	}{
+		"opened":                {new: `{"spec":{"matchResources":{"namespaceSelector":{"matchLabels":null,"matchExpressions":null}}}}`},
+		"closed again":          {old: mergePatch(t, rendered, `{"spec":{"matchResources":{"namespaceSelector":{"matchExpressions":null}}}}`), new: `{"spec":{"matchResources":{"namespaceSelector":{"matchExpressions":[{"key":"kubernetes.io/metadata.name","operator":"DoesNotExist"}]}}}}`},
+		"another policy":        {new: `{"spec":{"policyName":"someone-elses"}}`, denied: []string{bind}},
+		"a parameter":           {new: `{"spec":{"paramRef":{"name":"x","namespace":"default","parameterNotFoundAction":"Allow"}}}`, denied: []string{bind}},
+		"helm's labels removed": {new: `{"metadata":{"labels":null}}`, denied: []string{meta}},
+		"an owner":              {new: `{"metadata":{"ownerReferences":[{"apiVersion":"v1","kind":"Namespace","name":"x","uid":"u"}]}}`, denied: []string{meta}},
+		"someone else":          {new: `{"spec":{"policyName":"someone-elses"}}`, user: &user.DefaultInfo{Name: "kubernetes-admin"}, notMatch: true},
+	}
+	gvk := admissionregistrationv1.SchemeGroupVersion.WithKind("MutatingAdmissionPolicyBinding")
+	gvr := admissionregistrationv1.SchemeGroupVersion.WithResource("mutatingadmissionpolicybindings")
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			old := tc.old
+			if old == nil {
+				old = rendered
+			}
+			u := tc.user
+			if u == nil {
+				u = webhookUser
+			}
+			va := attributes(mergePatch(t, old, tc.new), old, gvk, gvr, "", admission.Update, u)
+			res := validator.Validate(context.Background(), gvr, va, nil, nil, celconfig.RuntimeCELCostBudget, nil)
+			checkDecisions(t, res, tc.notMatch, tc.denied, u.GetName())
+		})
+	}
+}

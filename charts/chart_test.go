@@ -459,7 +459,7 @@ func TestRender(t *testing.T) {
 					"--service-name=" + webhookSvc,
 					"--webhook-configuration-name=" + fullname,
 					"--pool-memory-name=" + fullname + "-pools",
-					"--policy-switch-name=" + fullname + "-policy",
+					"--policy-binding-name=" + fullname + "-runtime",
 					"--metrics-bind-address=:8080",
 					"--health-probe-bind-address=:8081",
 				}
@@ -934,6 +934,13 @@ func checkWebhookRBAC(t *testing.T, r rendered, selfCerts, dra bool) {
 			rbacv1.PolicyRule{APIGroups: []string{"admissionregistration.k8s.io"}, Resources: []string{"mutatingwebhookconfigurations"}, Verbs: []string{"list", "watch"}},
 		)
 	}
+	// A switched policy (PreferRuntime): its binding, by name (checkSwitch).
+	if b := r.get("MutatingAdmissionPolicyBinding", fullname+"-runtime"); b != nil {
+		if _, switched, _ := unstructured.NestedMap(b.Object, "spec", "matchResources"); switched {
+			want = append(want, rbacv1.PolicyRule{APIGroups: []string{"admissionregistration.k8s.io"}, Resources: []string{"mutatingadmissionpolicybindings"},
+				ResourceNames: []string{fullname + "-runtime"}, Verbs: []string{"get", "patch"}})
+		}
+	}
 	if !reflect.DeepEqual(cr.Rules, want) {
 		t.Errorf("webhook ClusterRole rules:\n got %+v\nwant %+v", cr.Rules, want)
 	}
@@ -1302,12 +1309,12 @@ func TestNotes(t *testing.T) {
 	}{
 		"1.37 says how to see the policy's switch": {
 			opts: renderOpts{kubeVersion: "1.37.2"},
-			want: []string{"Admission policy: modern GPU pods are admitted by the API server itself", "kubectl get configmap " + fullname + "-policy -n " + namespace},
+			want: []string{"Admission policy: modern GPU pods are admitted by the API server itself", "kubectl get mutatingadmissionpolicybinding " + fullname + "-runtime -o jsonpath='{.spec.matchResources.namespaceSelector}"},
 		},
 		"1.37 with runtime delivery: the policy, no switch": {
 			opts:    renderOpts{kubeVersion: "1.37.2", set: []string{"config.driverDelivery=Runtime"}},
 			want:    []string{"Admission policy: modern GPU pods are admitted by the API server itself, with no webhook call."},
-			notWant: []string{"kubectl get configmap " + fullname + "-policy"},
+			notWant: []string{"kubectl get mutatingadmissionpolicybinding"},
 		},
 		"1.29 install is refused": {
 			opts:    onCluster(renderOpts{kubeVersion: "1.29.0"}),
@@ -1382,28 +1389,24 @@ func TestNotes(t *testing.T) {
 
 // TestPoolRBAC: pinning by pool adds only the memory's one ConfigMap and Lease (by
 // name, create aside) and the read of pods and write of Events the mismatch check needs;
-// the admission policy's switch, its one ConfigMap and the same Lease, with or without
-// a switched policy.
+// the admission policy's switch needs only the same Lease (its binding's rule is in
+// checkSwitch), and a release with neither gets no Role in its namespace.
 func TestPoolRBAC(t *testing.T) {
-	memory, policySwitch := fullname+"-pools", fullname+"-policy"
+	memory := fullname + "-pools"
 	lease := []rbacv1.PolicyRule{
-		{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"create"}},
 		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, ResourceNames: []string{memory}, Verbs: []string{"get", "update"}},
 		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"create"}},
 	}
-	switchRule := rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"configmaps"}, ResourceNames: []string{policySwitch}, Verbs: []string{"get", "delete"}}
-	// Without a switched policy the webhook still deletes a switch an earlier
-	// release left: a later release's policy would take it as current.
-	for _, sets := range [][]string{{"admission.policy=off"}, nil} {
-		if rl := mustGet[rbacv1.Role](t, render(t, with(kube136, sets...)), "Role", webhookSA+"-pools"); !reflect.DeepEqual(rl.Rules, append([]rbacv1.PolicyRule{switchRule}, lease...)) {
-			t.Errorf("the switch's Role without pinning by pool (%v):\n got %+v", sets, rl.Rules)
-		}
+	if rl := mustGet[rbacv1.Role](t, render(t, kube136), "Role", webhookSA+"-pools"); !reflect.DeepEqual(rl.Rules, lease) {
+		t.Errorf("the switch's Role without pinning by pool:\n got %+v\nwant %+v", rl.Rules, lease)
+	}
+	if rl := render(t, with(kube136, "admission.policy=off")).get("Role", webhookSA+"-pools"); rl != nil {
+		t.Errorf("a Role for a release that elects no replica: %v", rl.Object["rules"])
 	}
 	r := render(t, with(kube136, "config.pinning.nodeLabels={karpenter.sh/nodepool}"))
 	rl := mustGet[rbacv1.Role](t, r, "Role", webhookSA+"-pools")
 	want := []rbacv1.PolicyRule{
 		{APIGroups: []string{""}, Resources: []string{"configmaps"}, ResourceNames: []string{memory}, Verbs: []string{"get", "list", "watch", "update"}},
-		switchRule,
 		{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"create"}},
 		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, ResourceNames: []string{memory}, Verbs: []string{"get", "update"}},
 		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"create"}},
@@ -1415,8 +1418,9 @@ func TestPoolRBAC(t *testing.T) {
 	if rb.RoleRef.Name != rl.Name || len(rb.Subjects) != 1 || rb.Subjects[0].Name != webhookSA {
 		t.Errorf("RoleBinding = %+v", rb)
 	}
+	// Before the switch's rule on its binding (checkSwitch).
 	cr := mustGet[rbacv1.ClusterRole](t, r, "ClusterRole", webhookSA)
-	tail := cr.Rules[len(cr.Rules)-2:]
+	tail := cr.Rules[len(cr.Rules)-3 : len(cr.Rules)-1]
 	wantTail := []rbacv1.PolicyRule{
 		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list", "watch"}},
 		{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}},

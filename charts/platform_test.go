@@ -467,7 +467,7 @@ func TestCleanupHook(t *testing.T) {
 	r := render(t, kube136)
 	job := mustGet[batchv1.Job](t, r, "Job", cleanupName)
 	wantArgs := []string{"cleanup", "--namespace=" + namespace, "--webhook-configuration-name=" + fullname, "--webhook-deployment=" + fullname + "-webhook",
-		"--probe-daemonset=" + probeSA, "--pool-memory-name=" + fullname + "-pools", "--policy-switch-name=" + fullname + "-policy", "--delete-pods=" + testNamespace + "," + precheckName, "--timeout=2m"}
+		"--probe-daemonset=" + probeSA, "--pool-memory-name=" + fullname + "-pools", "--delete-pods=" + testNamespace + "," + precheckName, "--timeout=2m"}
 	if got := job.Spec.Template.Spec.Containers[0].Args; !slices.Equal(got, wantArgs) {
 		t.Errorf("cleanup args %q, want %q", got, wantArgs)
 	}
@@ -501,7 +501,6 @@ func TestCleanupHook(t *testing.T) {
 		{APIGroups: []string{"apps"}, Resources: []string{"daemonsets"}, ResourceNames: []string{probeSA}, Verbs: []string{"get", "delete"}},
 		{APIGroups: []string{""}, Resources: []string{"configmaps"}, ResourceNames: []string{fullname + "-pools"}, Verbs: []string{"delete"}},
 		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, ResourceNames: []string{fullname + "-pools"}, Verbs: []string{"delete"}},
-		{APIGroups: []string{""}, Resources: []string{"configmaps"}, ResourceNames: []string{fullname + "-policy"}, Verbs: []string{"delete"}},
 		{APIGroups: []string{""}, Resources: []string{"pods"}, ResourceNames: []string{testNamespace, precheckName}, Verbs: []string{"delete"}},
 	}
 	if !reflect.DeepEqual(role.Rules, wantRole) {

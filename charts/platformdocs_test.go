@@ -286,7 +286,7 @@ func TestPlatformPages(t *testing.T) {
 					// Where the chart admits pods with its policy, the page says what users
 					// see then.
 					if r.get("MutatingAdmissionPolicy", fullname+"-runtime") != nil {
-						for _, want := range []string{"gpu-injector.io/admission: policy", fullname + "-policy"} {
+						for _, want := range []string{"gpu-injector.io/admission: policy", "kubectl get mutatingadmissionpolicybinding " + fullname + "-runtime"} {
 							if !strings.Contains(text, want) {
 								t.Errorf("Kubernetes %s: %s renders the admission policy, and the page does not say %q", kube, in.line, want)
 							}

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -46,6 +47,7 @@ import (
 	"github.com/gpu-injector/gpu-injector/e2e/cluster"
 	"github.com/gpu-injector/gpu-injector/hack/testfixtures/workload"
 	"github.com/gpu-injector/gpu-injector/layout"
+	"github.com/gpu-injector/gpu-injector/webhook/gpunodes"
 	"github.com/gpu-injector/gpu-injector/webhook/inject"
 )
 
@@ -694,43 +696,48 @@ func TestAdmissionPolicyRender(t *testing.T) {
 	}
 }
 
-// checkSwitch: under PreferRuntime the policy runs only while the webhook's switch, a
-// ConfigMap of the release namespace, exists; the webhook is told its name, may create
-// and delete it, and the cleanup hook deletes it. Under Runtime nothing switches it.
+// checkSwitch: under PreferRuntime the policy's binding is rendered closed, for the
+// webhook's elected replica to open; the webhook is told its name and may get and patch
+// it by name, and a ValidatingAdmissionPolicy limits that patch to the switch. Under
+// Runtime nothing switches it: the binding is open, and the webhook is told no switch.
 func checkSwitch(t *testing.T, r rendered, switched bool) {
 	t.Helper()
-	const name = fullname + "-policy"
-	p := mustGet[admissionregistrationv1.MutatingAdmissionPolicy](t, r, "MutatingAdmissionPolicy", fullname+"-runtime")
-	b := mustGet[admissionregistrationv1.MutatingAdmissionPolicyBinding](t, r, "MutatingAdmissionPolicyBinding", fullname+"-runtime")
+	const name = fullname + "-runtime"
+	p := mustGet[admissionregistrationv1.MutatingAdmissionPolicy](t, r, "MutatingAdmissionPolicy", name)
+	b := mustGet[admissionregistrationv1.MutatingAdmissionPolicyBinding](t, r, "MutatingAdmissionPolicyBinding", name)
 	args := strings.Join(container(t, mustGet[appsv1.Deployment](t, r, "Deployment", webhookSA).Spec.Template, "webhook").Args, " ")
+	if p.Spec.ParamKind != nil || b.Spec.ParamRef != nil {
+		t.Errorf("the policy takes a parameter (paramKind %v, paramRef %v): the API server keeps a parameter kind's last objects once no binding names it", p.Spec.ParamKind, b.Spec.ParamRef)
+	}
+	switchVAP := fullname + "-policy-switch"
+	var rule *rbacv1.PolicyRule
+	for _, rl := range mustGet[rbacv1.ClusterRole](t, r, "ClusterRole", webhookSA).Rules {
+		if slices.Contains(rl.Resources, "mutatingadmissionpolicybindings") {
+			rule = &rl
+		}
+	}
 	if !switched {
-		if p.Spec.ParamKind != nil || b.Spec.ParamRef != nil || !strings.Contains(args, "--policy-switch-name="+name+" --policy-switch-off") {
-			t.Errorf("runtime delivery's policy is switched, or the webhook does not keep the switch off: paramKind %v, paramRef %v, args %s", p.Spec.ParamKind, b.Spec.ParamRef, args)
+		if b.Spec.MatchResources != nil || strings.Contains(args, "--policy-binding-name") || rule != nil || r.get("ValidatingAdmissionPolicy", switchVAP) != nil {
+			t.Errorf("runtime delivery's policy is switched: matchResources %+v, args %s, rule %+v", b.Spec.MatchResources, args, rule)
 		}
 		return
 	}
-	if strings.Contains(args, "--policy-switch-off") {
-		t.Errorf("the switched policy's webhook keeps the switch off: %s", args)
+	if !gpunodes.PolicyBindingClosed(b) {
+		t.Errorf("the switched binding's matchResources %+v are not closed as the switch closes them (gpunodes.PolicyOffSelector)", b.Spec.MatchResources)
 	}
-	if pk := p.Spec.ParamKind; pk == nil || pk.APIVersion != "v1" || pk.Kind != "ConfigMap" {
-		t.Errorf("paramKind %v, want v1 ConfigMap", pk)
+	if !strings.Contains(args, "--policy-binding-name="+name) {
+		t.Errorf("the webhook is not told the binding to switch: %s", args)
 	}
-	ref := b.Spec.ParamRef
-	if ref == nil || ref.Name != name || ref.Namespace != namespace || ref.ParameterNotFoundAction == nil || *ref.ParameterNotFoundAction != admissionregistrationv1.AllowAction {
-		t.Fatalf("paramRef %+v, want %s/%s with parameterNotFoundAction Allow: without the switch the policy must do nothing", ref, namespace, name)
+	if want := (rbacv1.PolicyRule{APIGroups: []string{"admissionregistration.k8s.io"}, Resources: []string{"mutatingadmissionpolicybindings"},
+		ResourceNames: []string{name}, Verbs: []string{"get", "patch"}}); rule == nil || !reflect.DeepEqual(*rule, want) {
+		t.Errorf("the webhook's rule on the binding: %+v, want %+v", rule, want)
 	}
-	if !strings.Contains(args, "--policy-switch-name="+name) {
-		t.Errorf("the webhook is not told the switch's name: %s", args)
+	vap := mustGet[admissionregistrationv1.ValidatingAdmissionPolicy](t, r, "ValidatingAdmissionPolicy", switchVAP)
+	if rr := vap.Spec.MatchConstraints.ResourceRules; len(rr) != 1 || !slices.Equal(rr[0].ResourceNames, []string{name}) || !slices.Equal(rr[0].Resources, []string{"mutatingadmissionpolicybindings"}) {
+		t.Errorf("the switch's ValidatingAdmissionPolicy matches %+v, want the binding %s", rr, name)
 	}
-	role := mustGet[rbacv1.Role](t, r, "Role", fullname+"-webhook-pools")
-	var verbs []string
-	for _, rule := range role.Rules {
-		if slices.Contains(rule.Resources, "configmaps") && slices.Contains(rule.ResourceNames, name) {
-			verbs = append(verbs, rule.Verbs...)
-		}
-	}
-	if slices.Sort(verbs); !slices.Equal(verbs, []string{"delete", "get"}) {
-		t.Errorf("the webhook's verbs on its switch: %v, want get and delete (create is granted without a name)", verbs)
+	if vb := mustGet[admissionregistrationv1.ValidatingAdmissionPolicyBinding](t, r, "ValidatingAdmissionPolicyBinding", switchVAP); vb.Spec.PolicyName != switchVAP || !slices.Equal(vb.Spec.ValidationActions, []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny}) {
+		t.Errorf("the switch's ValidatingAdmissionPolicyBinding: %+v", vb.Spec)
 	}
 }
 

@@ -1,8 +1,7 @@
 // Package cleanup removes what gpu-injector wrote to a cluster besides the
 // objects its chart installs: the probes' labels, annotations and
 // GPUDriverWedged condition on every Node, and the webhook's memory of pools
-// (a ConfigMap and its leader election Lease), the admission policy's switch
-// (a ConfigMap), and the helm test's pods. The chart's pre-delete hook
+// (a ConfigMap and its leader election Lease), and the helm test's pods. The chart's pre-delete hook
 // runs it (`gpu-injector cleanup`), so that helm uninstall leaves the
 // cluster as it found it.
 //
@@ -49,10 +48,6 @@ type Options struct {
 	ProbeDaemonSet    string
 	// PoolMemory names the ConfigMap and the Lease of the remembered pools.
 	PoolMemory string
-	// PolicySwitch names the ConfigMap the admission policy's binding takes
-	// as its parameter: deleted after the webhook, which would create it
-	// again, has stopped.
-	PolicySwitch string
 	// Pods in Namespace are deleted: the helm test's, which helm keeps for
 	// its logs.
 	Pods []string
@@ -140,10 +135,6 @@ func deleteOwn(ctx context.Context, o Options) error {
 		errs = append(errs, logDelete(o.Log, err, "ConfigMap", o.PoolMemory))
 		err = c.CoordinationV1().Leases(o.Namespace).Delete(ctx, o.PoolMemory, metav1.DeleteOptions{})
 		errs = append(errs, logDelete(o.Log, err, "Lease", o.PoolMemory))
-	}
-	if o.PolicySwitch != "" {
-		err := c.CoreV1().ConfigMaps(o.Namespace).Delete(ctx, o.PolicySwitch, metav1.DeleteOptions{})
-		errs = append(errs, logDelete(o.Log, err, "ConfigMap", o.PolicySwitch))
 	}
 	for _, name := range o.Pods {
 		err := c.CoreV1().Pods(o.Namespace).Delete(ctx, name, metav1.DeleteOptions{})

@@ -62,7 +62,6 @@ func TestRun(t *testing.T) {
 		&appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: "gpu-injector-nodeprobe", Namespace: ns}},
 		&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "gpu-injector-pools", Namespace: ns}},
 		&coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "gpu-injector-pools", Namespace: ns}},
-		&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "gpu-injector-policy", Namespace: ns}},
 		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "gpu-injector-test", Namespace: ns}},
 		// Someone else's, in the same namespace: kept.
 		&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "other", Namespace: ns}},
@@ -71,7 +70,7 @@ func TestRun(t *testing.T) {
 	err := Run(context.Background(), Options{
 		Client: c, Namespace: ns,
 		WebhookConfiguration: "gpu-injector", WebhookDeployment: "gpu-injector-webhook", ProbeDaemonSet: "gpu-injector-nodeprobe",
-		PoolMemory: "gpu-injector-pools", PolicySwitch: "gpu-injector-policy",
+		PoolMemory: "gpu-injector-pools",
 		// One there, one already gone: not an error.
 		Pods: []string{"gpu-injector-test", "gone"},
 		Log:  logr.Discard(),
@@ -109,7 +108,6 @@ func TestRun(t *testing.T) {
 	_, gone["DaemonSet"] = c.AppsV1().DaemonSets(ns).Get(ctx, "gpu-injector-nodeprobe", metav1.GetOptions{})
 	_, gone["ConfigMap"] = c.CoreV1().ConfigMaps(ns).Get(ctx, "gpu-injector-pools", metav1.GetOptions{})
 	_, gone["Lease"] = c.CoordinationV1().Leases(ns).Get(ctx, "gpu-injector-pools", metav1.GetOptions{})
-	_, gone["ConfigMap of the policy switch"] = c.CoreV1().ConfigMaps(ns).Get(ctx, "gpu-injector-policy", metav1.GetOptions{})
 	_, gone["Pod"] = c.CoreV1().Pods(ns).Get(ctx, "gpu-injector-test", metav1.GetOptions{})
 	for kind, err := range gone {
 		if !apierrors.IsNotFound(err) {

@@ -37,7 +37,6 @@ func parseCleanupFlags(args []string, stderr io.Writer) (*cleanupFlags, error) {
 	fs.StringVar(&o.WebhookDeployment, "webhook-deployment", "", "webhook Deployment to delete and wait for; empty: none")
 	fs.StringVar(&o.ProbeDaemonSet, "probe-daemonset", "", "probe DaemonSet to delete and wait for; empty: none")
 	fs.StringVar(&o.PoolMemory, "pool-memory-name", "", "ConfigMap and Lease of the remembered pools to delete; empty: none")
-	fs.StringVar(&o.PolicySwitch, "policy-switch-name", "", "ConfigMap of the admission policy's switch to delete once the webhook is stopped; empty: none")
 	fs.StringVar(&f.pods, "delete-pods", "", "comma-separated pods in --namespace to delete (the helm test's, which helm keeps)")
 	fs.DurationVar(&o.Timeout, "timeout", 2*time.Minute, "how long to wait for the webhook's and the probes' pods to stop")
 	if err := parse(fs, args); err != nil {

@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -16,9 +17,12 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/gpu-injector/gpu-injector/e2e/env"
 	"github.com/gpu-injector/gpu-injector/layout"
+	"github.com/gpu-injector/gpu-injector/webhook/gpunodes"
 )
 
 // policyName is the chart's MutatingAdmissionPolicy of the environment's release.
@@ -301,8 +305,8 @@ func assertNoPolicy(t *testing.T) {
 	if strings.Contains(manifest, "kind: MutatingAdmissionPolicy") {
 		t.Errorf("the release holds a MutatingAdmissionPolicy the API server does not serve")
 	}
-	if !strings.Contains(manifest, "--policy-switch-off") {
-		t.Errorf("the webhook is not told to keep the switch of a policy that is not there off")
+	if strings.Contains(manifest, "--policy-binding-name") {
+		t.Errorf("the webhook is told to switch a policy that is not there")
 	}
 	mwc, err := client().AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, env.Release, metav1.GetOptions{})
 	if err != nil {
@@ -338,17 +342,17 @@ func setUnschedulable(t *testing.T, name string, cordoned bool) {
 	}
 }
 
-// switchName is the ConfigMap the webhook's elected replica keeps while the policy may
-// answer in its stead (driverDelivery PreferRuntime).
-const switchName = env.Release + "-policy"
-
-// switchOn reports whether the webhook's switch of the policy is on.
+// switchOn reports whether the webhook's switch of the policy is on: the policy's
+// binding there and open (driverDelivery PreferRuntime).
 func switchOn(ctx context.Context) (bool, error) {
-	_, err := client().CoreV1().ConfigMaps(env.Namespace).Get(ctx, switchName, metav1.GetOptions{})
+	b, err := client().AdmissionregistrationV1().MutatingAdmissionPolicyBindings().Get(ctx, policyName, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return false, nil
 	}
-	return err == nil, err
+	if err != nil {
+		return false, err
+	}
+	return gpunodes.PolicyBindingOpen(b), nil
 }
 
 // TestAdmissionPolicyByDefault: with the chart's default values (PreferRuntime) on 1.37,
@@ -357,8 +361,9 @@ func switchOn(ctx context.Context) (bool, error) {
 // pod costs no webhook call and runs with its driver. A schedulable node that only
 // hostPath volumes serve (here an API-only node of another layout, uncordoned) turns it
 // off, and the webhook decides again from the nodes; the test logs how long each switch
-// takes, from the node's change to the API server's first pod admitted the new way. A
-// release upgraded to values without the switch deletes one left behind. Where the API
+// takes, from the node's change to the API server's first pod admitted the new way. The
+// switch survives upgrades away from the policy and back (switchAfterUpgrades), and the
+// webhook's account may switch the binding but not rebind it (switchGuarded). Where the API
 // server does not serve the policy (1.33 to 1.35), the same nodes leave every GPU pod to
 // the webhook (byDefaultWithoutPolicy).
 func TestAdmissionPolicyByDefault(t *testing.T) {
@@ -372,8 +377,8 @@ func TestAdmissionPolicyByDefault(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the chart's default values installed no MutatingAdmissionPolicyBinding on this cluster: %v", err)
 	}
-	if ref := b.Spec.ParamRef; ref == nil || ref.Name != switchName || ref.Namespace != env.Namespace {
-		t.Fatalf("the binding's paramRef is %+v, want the webhook's switch %s/%s", ref, env.Namespace, switchName)
+	if b.Spec.ParamRef != nil || b.Spec.MatchResources == nil {
+		t.Fatalf("the binding is not switched by its selector: paramRef %+v, matchResources %+v", b.Spec.ParamRef, b.Spec.MatchResources)
 	}
 	others := hostPathNodes(t)
 	if on, err := switchOn(ctx); err != nil || on {
@@ -419,6 +424,8 @@ func TestAdmissionPolicyByDefault(t *testing.T) {
 	}
 	runsWithDriver(t, ns, p)
 	runsWithDriver(t, ns, webhookTakesLegacy(t, ns, "legacy", false))
+	switchGuarded(t)
+	switchAfterUpgrades(t, admittedBy)
 
 	start = time.Now()
 	setUnschedulable(t, others[0], false)
@@ -436,41 +443,60 @@ func TestAdmissionPolicyByDefault(t *testing.T) {
 	}
 	assertRuntimeInjected(t, w, "cuda")
 	runsWithDriver(t, ns, w)
-	// The environment's upgrade waits until the webhook sees every node's layout.
-	for _, name := range others {
-		setUnschedulable(t, name, false)
-	}
-	leftSwitchDeleted(t)
 }
 
-// leftSwitchDeleted: a release whose values switch no policy (admission.policy=off)
-// deletes a switch an earlier release left, which a later release's policy would
-// otherwise take as current before its own switch had read a node. The release is
-// upgraded while the switch is off: once the last binding with a ConfigMap parameter is
-// gone, the API server stops watching ConfigMaps for policies and keeps the last ones it
-// saw until it restarts (kubernetes/kubernetes#130887, docs/webhook.md), so the switch
-// left is made by hand after the upgrade, as the API server no longer sees it.
-func leftSwitchDeleted(t *testing.T) {
+// switchAfterUpgrades: with the switch on, the release is upgraded to values without the
+// policy (admission.policy=off) and back. Without the policy the webhook takes every GPU
+// pod; back, the binding is rendered closed and the switch opens it again within its
+// resync (a minute). The test that follows turns the switch off by a node and checks
+// that the webhook takes the pods again: a switch that was a ConfigMap parameter stayed
+// on there, since the API server stops watching a parameter kind once no binding names
+// it (kubernetes/kubernetes#130887).
+func switchAfterUpgrades(t *testing.T, admittedBy func(policy bool) time.Duration) {
 	ctx := context.Background()
-	t.Cleanup(func() {
-		if err := testEnv.UpgradeChart(ctx); err != nil {
-			t.Errorf("failed to upgrade back to the suite's values: %v", err)
-		}
-	})
-	if err := testEnv.UpgradeChart(ctx, "admission.policy=off"); err != nil {
+	// Its nodes without the plugin cordoned, whose layouts the webhook leaves out.
+	if err := testEnv.UpgradeChartRollout(ctx, "admission.policy=off"); err != nil {
 		t.Fatal(err)
 	}
-	left := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: switchName, Namespace: env.Namespace}}
-	if _, err := client().CoreV1().ConfigMaps(env.Namespace).Create(ctx, left, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("failed to leave a switch behind: %v", err)
+	if _, err := client().AdmissionregistrationV1().MutatingAdmissionPolicyBindings().Get(ctx, policyName, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the policy's binding is still there with admission.policy=off (%v)", err)
 	}
+	t.Logf("upgraded with admission.policy=off: the webhook admitting after %s", admittedBy(false).Round(time.Millisecond))
 	start := time.Now()
-	// Within the switch's resync (a minute), which reads the ConfigMap back.
-	poll(t, 90*time.Second, "the switch an earlier release left deleted", func(ctx context.Context) (bool, error) {
-		on, err := switchOn(ctx)
-		return !on, err
-	})
-	t.Logf("upgraded with admission.policy=off: a switch left behind deleted after %s", time.Since(start).Round(time.Millisecond))
+	if err := testEnv.UpgradeChartRollout(ctx); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, 90*time.Second, "the switch on again after the upgrade back", switchOn)
+	t.Logf("upgraded back: the switch on %s after the upgrade began, the policy admitting after %s",
+		time.Since(start).Round(time.Millisecond), admittedBy(true).Round(time.Millisecond))
+}
+
+// switchGuarded: the webhook's own account, which RBAC lets patch the policy's binding,
+// may not bind another policy to it (the chart's <release>-policy-switch
+// ValidatingAdmissionPolicy), nor touch another binding (RBAC, by name).
+func switchGuarded(t *testing.T) {
+	ctx := context.Background()
+	kc := filepath.Join(t.TempDir(), "webhook.kubeconfig")
+	if err := testEnv.TokenKubeconfig(ctx, testEnv.WebhookSA, nil, kc); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", kc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	asWebhook, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bindings := asWebhook.AdmissionregistrationV1().MutatingAdmissionPolicyBindings()
+	_, err = bindings.Patch(ctx, policyName, types.MergePatchType, []byte(`{"spec":{"policyName":"someone-elses"}}`), metav1.PatchOptions{})
+	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "may only switch its admission policy's binding") {
+		t.Errorf("the webhook's account rebinding its policy's binding: %v, want refused by the switch's ValidatingAdmissionPolicy", err)
+	}
+	_, err = bindings.Patch(ctx, "another", types.MergePatchType, []byte(`{"spec":{"matchResources":{"namespaceSelector":null}}}`), metav1.PatchOptions{})
+	if !apierrors.IsForbidden(err) {
+		t.Errorf("the webhook's account patching another binding: %v, want forbidden by RBAC", err)
+	}
 }
 
 // hostPathNodes names the environment's nodes without the plugin, which only hostPath

@@ -114,7 +114,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.DurationVar(&o.readyTimeout, "ready-timeout", 5*time.Minute, "how long the webhook may take to list the nodes and become ready")
 	fs.BoolVar(&o.nri, "nri", false, "every node has gpu-injector's NRI plugin registered (label "+layout.LabelNRIPlugin+"), so gpu-injector injects at the runtime")
 	fs.BoolVar(&o.runtimeDelivery, "runtime-delivery", false, "render the chart with config.driverDelivery=Runtime (implies -nri); the chart-policy variant then runs the chart's MutatingAdmissionPolicy beside the chart's webhook configuration, and gpu-injector is the webhook alone (admission.policy=off)")
-	fs.BoolVar(&o.defaultValues, "default-values", false, "render the chart with its default values (driverDelivery PreferRuntime; implies -nri): the chart-policy variant then runs the chart's MutatingAdmissionPolicy and its binding, whose parameter gpu-injector's elected replica keeps (the policy's switch), beside the chart's webhook configuration, and gpu-injector is the webhook alone (admission.policy=off)")
+	fs.BoolVar(&o.defaultValues, "default-values", false, "render the chart with its default values (driverDelivery PreferRuntime; implies -nri): the chart-policy variant then runs the chart's MutatingAdmissionPolicy and its binding, which gpu-injector's elected replica opens (the policy's switch), beside the chart's webhook configuration, and gpu-injector is the webhook alone (admission.policy=off)")
 	fs.IntVar(&o.requests, "requests", 300, "measured requests per cell (variant x size x concurrency)")
 	fs.IntVar(&o.warmup, "warmup", 30, "unmeasured requests before each cell")
 	fs.DurationVar(&o.cellTimeout, "cell-timeout", 60*time.Second, "a cell stops at this time even if it has sent fewer requests")

@@ -51,13 +51,13 @@ type chartPolicy struct {
 	mwc     *admissionregistrationv1.MutatingWebhookConfiguration
 }
 
-// switchName is the ConfigMap the policy's binding takes as its parameter,
-// empty where the policy is not switched.
+// switchName is the policy's binding where the chart renders it switched
+// (closed, for gpu-injector's elected replica to open), empty otherwise.
 func (p chartPolicy) switchName() string {
-	if p.binding == nil || p.binding.Spec.ParamRef == nil {
+	if p.binding == nil || !gpunodes.PolicyBindingClosed(p.binding) {
 		return ""
 	}
-	return p.binding.Spec.ParamRef.Name
+	return p.binding.Name
 }
 
 // run is one load run's state.
@@ -451,8 +451,8 @@ func (r *run) launchWebhook(ctx context.Context, name string, environ []string) 
 	}
 	if sw := r.chartPol.switchName(); sw != "" {
 		// As the chart's Deployment runs it: its elected replica keeps the
-		// switch on while every node takes the driver at the runtime.
-		args = append(args, "--policy-switch-name="+sw)
+		// binding open while every node takes the driver at the runtime.
+		args = append(args, "--policy-binding-name="+sw)
 	}
 	if r.o.profileDir != "" {
 		r.webhookPprof = fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/profile", ports[3])

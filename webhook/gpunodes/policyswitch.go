@@ -2,11 +2,14 @@ package gpunodes
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"time"
 
 	"github.com/go-logr/logr"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -15,62 +18,71 @@ import (
 
 	"github.com/gpu-injector/gpu-injector/config"
 	"github.com/gpu-injector/gpu-injector/internal/wallclock"
-	"github.com/gpu-injector/gpu-injector/layout"
 	"github.com/gpu-injector/gpu-injector/webhook/inject"
 )
 
 // PolicySwitch turns the chart's MutatingAdmissionPolicy on and off under
-// driverDelivery PreferRuntime. The policy's binding names a ConfigMap as its
-// parameter, with parameterNotFoundAction Allow: while the ConfigMap exists
-// the API server admits the pods the policy takes itself, and while it does
-// not the policy does nothing and the webhook is called for every GPU pod.
-// The switch keeps the ConfigMap while inject.PolicyServes holds for the
-// index: the policy is on only while it answers as the webhook would.
+// driverDelivery PreferRuntime through the policy's one binding. The chart
+// renders the binding off: its matchResources select no namespace
+// (PolicyOffSelector). While inject.PolicyServes holds for the index, the
+// switch opens the selector and the API server admits the pods the policy
+// takes itself; when a known GPU node needs hostPath volumes it closes it, and
+// the webhook is called for every GPU pod again.
 //
-// Absent is the safe state: a webhook that never starts, a replica that is
-// not elected, an index not yet listed or an API error leave every pod to the
-// webhook, which decides from the nodes it sees. Only a switch left on while
-// the webhook is gone outlives what it knew.
+// The switch is the binding's own spec, not a parameter object: the API
+// server stops watching a parameter kind once no binding names it and keeps
+// the last objects it saw until it restarts (kubernetes/kubernetes#130887), so
+// a parameter turned off after an upgrade could stay on. Bindings themselves
+// are always watched.
+//
+// Closed is the safe state: a webhook that never starts, a replica that is
+// not elected, an index not yet listed, an API error or a helm upgrade (which
+// renders the binding closed again) leave every pod to the webhook, which
+// decides from the nodes it sees. Only a switch left open while the webhook is
+// gone outlives what it knew.
 type PolicySwitch struct {
-	cfg       *config.Configuration
-	idx       *Index
-	reader    client.Reader
-	writer    client.Writer
-	namespace string
-	name      string
-	log       logr.Logger
+	cfg    *config.Configuration
+	idx    *Index
+	reader client.Reader
+	writer client.Writer
+	name   string
+	log    logr.Logger
 	// Interval is how often the index is read: a layout that needs hostPath
 	// turns the policy off within it, plus the API server's watch of the
-	// ConfigMap.
+	// binding.
 	Interval time.Duration
-	// Resync is how often the ConfigMap is read back, so that one deleted or
-	// created by hand is put right.
+	// Resync is how often the binding is read back, so that one closed by an
+	// upgrade or changed by hand is put right.
 	Resync time.Duration
 	// Clock paces both; the real clock unless set.
 	Clock clock.WithTicker
-	// Off keeps the ConfigMap absent, whatever the nodes: the chart renders
-	// no switched policy, and a ConfigMap left by an earlier release would
-	// turn a later release's policy on before its switch had read a node.
-	Off bool
 }
 
-// NewPolicySwitch returns the switch of ConfigMap namespace/name. The reader
-// should be the API server's, not a cache's: the switch's only read is the
-// one object, rarely.
-func NewPolicySwitch(cfg *config.Configuration, idx *Index, r client.Reader, w client.Writer, namespace, name string, log logr.Logger) *PolicySwitch {
-	return &PolicySwitch{cfg: cfg, idx: idx, reader: r, writer: w, namespace: namespace, name: name, log: log, Interval: time.Second, Resync: time.Minute, Clock: wallclock.Real()}
+// PolicyOffSelector is the namespaceSelector of a closed binding: no
+// namespace lacks kubernetes.io/metadata.name, which the API server sets on
+// every namespace. The chart renders it; an open binding selects every
+// namespace and leaves the choice to the policy's matchConstraints.
+func PolicyOffSelector() *metav1.LabelSelector {
+	return &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
+		Key: corev1.LabelMetadataName, Operator: metav1.LabelSelectorOpDoesNotExist}}}
+}
+
+// NewPolicySwitch returns the switch of MutatingAdmissionPolicyBinding name.
+// The reader should be the API server's, not a cache's: the switch's only
+// read is the one object, rarely.
+func NewPolicySwitch(cfg *config.Configuration, idx *Index, r client.Reader, w client.Writer, name string, log logr.Logger) *PolicySwitch {
+	return &PolicySwitch{cfg: cfg, idx: idx, reader: r, writer: w, name: name, log: log, Interval: time.Second, Resync: time.Minute, Clock: wallclock.Real()}
 }
 
 // NeedLeaderElection: one writer, so that replicas whose indexes differ for a
-// moment do not flip the switch back and forth. A switch kept off only
-// deletes, which every replica may do.
-func (s *PolicySwitch) NeedLeaderElection() bool { return !s.Off }
+// moment do not flip the switch back and forth.
+func (s *PolicySwitch) NeedLeaderElection() bool { return true }
 
 // Start keeps the switch until ctx ends. The index is read every Interval
 // (an atomic load while nothing changed); the API server only when the
 // answer changes, and every Resync.
 func (s *PolicySwitch) Start(ctx context.Context) error {
-	s.log.Info("switching the admission policy", "configMap", s.namespace+"/"+s.name, "interval", s.Interval.String(), "keptOff", s.Off)
+	s.log.Info("switching the admission policy", "binding", s.name, "interval", s.Interval.String(), "resync", s.Resync.String())
 	t := s.Clock.NewTicker(s.Interval)
 	defer t.Stop()
 	var applied *bool
@@ -78,11 +90,11 @@ func (s *PolicySwitch) Start(ctx context.Context) error {
 	var wedgedSnap []*inject.WedgedNode
 	lastRead := time.Time{}
 	for {
-		if s.Off || s.idx.Ready() {
+		if s.idx.Ready() {
 			layouts, wedged := s.idx.Layouts(), s.idx.Wedged()
 			stale := applied == nil || s.Clock.Since(lastRead) >= s.Resync
 			if stale || !sameSnapshot(layouts, snapshot) || !sameSnapshot(wedged, wedgedSnap) {
-				on := !s.Off && inject.PolicyServes(s.cfg, layouts, wedged)
+				on := inject.PolicyServes(s.cfg, layouts, wedged)
 				if stale || *applied != on {
 					if err := s.Set(ctx, on); err != nil {
 						s.log.Error(err, "failed to switch the admission policy", "on", on)
@@ -107,27 +119,76 @@ func sameSnapshot[T any](a, b []*T) bool {
 	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
 }
 
-// Set creates the ConfigMap (on) or deletes it (off), if it is not so yet.
+// Set opens (on) or closes the binding's namespaceSelector, if it is not so
+// yet. A binding that is not there is nothing to switch: the chart renders
+// none where the API server serves no MutatingAdmissionPolicy.
 func (s *PolicySwitch) Set(ctx context.Context, on bool) error {
-	key := types.NamespacedName{Namespace: s.namespace, Name: s.name}
-	err := s.reader.Get(ctx, key, &corev1.ConfigMap{})
-	switch {
-	case err != nil && !apierrors.IsNotFound(err):
-		return fmt.Errorf("failed to read configmap %s: %w", key, err)
-	case on == (err == nil):
-		return nil
-	case on:
-		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: s.namespace, Name: s.name,
-			Labels:      map[string]string{"app.kubernetes.io/name": "gpu-injector", "app.kubernetes.io/component": "webhook"},
-			Annotations: map[string]string{layout.Prefix + "about": "present while every known GPU node delivers the driver at the runtime: the admission policy then admits modern GPU pods without a webhook call; written by the webhook"}}}
-		if err := s.writer.Create(ctx, cm); err != nil && !apierrors.IsAlreadyExists(err) {
-			return fmt.Errorf("failed to create configmap %s: %w", key, err)
+	b := &admissionregistrationv1.MutatingAdmissionPolicyBinding{}
+	if err := s.reader.Get(ctx, types.NamespacedName{Name: s.name}, b); err != nil {
+		if apierrors.IsNotFound(err) {
+			s.log.V(1).Info("no admission policy binding to switch", "binding", s.name)
+			return nil
 		}
-	default:
-		if err := s.writer.Delete(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: s.namespace, Name: s.name}}); err != nil && !apierrors.IsNotFound(err) {
-			return fmt.Errorf("failed to delete configmap %s: %w", key, err)
-		}
+		return fmt.Errorf("failed to read mutatingadmissionpolicybinding %s: %w", s.name, err)
 	}
-	s.log.Info("switched the admission policy", "configMap", key.String(), "on", on)
+	if switchState(b) == state(on) {
+		return nil
+	}
+	// A merge patch of the selector alone: the API server fills in the rest
+	// of matchResources, and the chart's other fields stay as rendered. An
+	// open selector has no terms (null removes them).
+	var terms []metav1.LabelSelectorRequirement
+	if !on {
+		terms = PolicyOffSelector().MatchExpressions
+	}
+	patch, err := json.Marshal(map[string]any{"spec": map[string]any{"matchResources": map[string]any{
+		"namespaceSelector": map[string]any{"matchLabels": nil, "matchExpressions": terms}}}})
+	if err != nil {
+		return fmt.Errorf("failed to encode the switch of mutatingadmissionpolicybinding %s: %w", s.name, err)
+	}
+	if err := s.writer.Patch(ctx, b, client.RawPatch(types.MergePatchType, patch)); err != nil {
+		return fmt.Errorf("failed to switch mutatingadmissionpolicybinding %s: %w", s.name, err)
+	}
+	s.log.Info("switched the admission policy", "binding", s.name, "on", on)
 	return nil
+}
+
+// switchPosition is a binding's switch as read: open, closed, or neither (a
+// selector someone else wrote), which Set replaces.
+type switchPosition int
+
+const (
+	positionOther switchPosition = iota
+	positionOn
+	positionOff
+)
+
+func state(on bool) switchPosition {
+	if on {
+		return positionOn
+	}
+	return positionOff
+}
+
+func switchState(b *admissionregistrationv1.MutatingAdmissionPolicyBinding) switchPosition {
+	mr := b.Spec.MatchResources
+	switch {
+	case mr == nil || mr.NamespaceSelector == nil || equality.Semantic.DeepEqual(*mr.NamespaceSelector, metav1.LabelSelector{}):
+		return positionOn
+	case equality.Semantic.DeepEqual(mr.NamespaceSelector, PolicyOffSelector()):
+		return positionOff
+	}
+	return positionOther
+}
+
+// PolicyBindingClosed reports whether a binding is switched off as the chart
+// renders it under PreferRuntime, for the switch to open.
+func PolicyBindingClosed(b *admissionregistrationv1.MutatingAdmissionPolicyBinding) bool {
+	return switchState(b) == positionOff
+}
+
+// PolicyBindingOpen reports whether a binding is switched on: its selector
+// leaves the choice to the policy's matchConstraints.
+func PolicyBindingOpen(b *admissionregistrationv1.MutatingAdmissionPolicyBinding) bool {
+	return switchState(b) == positionOn
 }

@@ -6,11 +6,12 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	clocktesting "k8s.io/utils/clock/testing"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	"github.com/gpu-injector/gpu-injector/config"
@@ -18,32 +19,52 @@ import (
 	"github.com/gpu-injector/gpu-injector/webhook/internal/gputest"
 )
 
-// TestPolicySwitch: the switch's ConfigMap exists while every known GPU node
-// delivers the driver at the runtime (none at all, the plugin's, the
-// toolkit's), goes within an interval of a node that only hostPath volumes
-// serve, and comes back when that node leaves; nothing is written before the
-// index has listed the nodes, and a ConfigMap deleted by hand is put back at
-// the next resync.
+// TestPolicySwitch: the binding is open while every known GPU node delivers
+// the driver at the runtime (the plugin's), closes within an interval of a
+// node that only hostPath volumes serve or of a wedged driver, and opens when
+// that node leaves; nothing is written before the index has listed the nodes,
+// and a binding closed by an upgrade is opened again at the next resync.
 func TestPolicySwitch(t *testing.T) {
 	cfg := config.Default()
 	idx := NewIndex(cfg, logr.Discard())
-	c := fake.NewClientBuilder().Build()
+	const name = "gpu-injector-runtime"
+	// As the chart renders it, with the API server's defaults.
+	rendered := &admissionregistrationv1.MutatingAdmissionPolicyBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: admissionregistrationv1.MutatingAdmissionPolicyBindingSpec{PolicyName: name,
+			MatchResources: &admissionregistrationv1.MatchResources{NamespaceSelector: PolicyOffSelector(),
+				ObjectSelector: &metav1.LabelSelector{}, MatchPolicy: ptr.To(admissionregistrationv1.Equivalent)}}}
+	c := fake.NewClientBuilder().WithObjects(rendered.DeepCopy()).Build()
 	clk := clocktesting.NewFakeClock(time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC))
-	sw := NewPolicySwitch(cfg, idx, c, c, "gpu-injector", "gpu-injector-policy", logr.Discard())
+	sw := NewPolicySwitch(cfg, idx, c, c, name, logr.Discard())
 	sw.Clock = clk
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); _ = sw.Start(ctx) }()
 	defer func() { cancel(); <-done }()
 
-	exists := func() bool {
-		err := c.Get(ctx, types.NamespacedName{Namespace: "gpu-injector", Name: "gpu-injector-policy"}, &corev1.ConfigMap{})
-		if err != nil && !apierrors.IsNotFound(err) {
+	read := func() *admissionregistrationv1.MutatingAdmissionPolicyBinding {
+		b := &admissionregistrationv1.MutatingAdmissionPolicyBinding{}
+		if err := c.Get(ctx, types.NamespacedName{Name: name}, b); err != nil {
 			t.Fatal(err)
 		}
-		return err == nil
+		return b
 	}
-	// await steps the clock one interval at a time until the ConfigMap is
+	exists := func() bool {
+		b := read()
+		if b.Spec.PolicyName != name || b.Spec.MatchResources.ObjectSelector == nil || b.Spec.MatchResources.MatchPolicy == nil {
+			t.Fatalf("the switch changed more than the namespaceSelector: %+v", b.Spec)
+		}
+		switch switchState(b) {
+		case positionOn:
+			return true
+		case positionOff:
+			return false
+		}
+		t.Fatalf("the binding is neither open nor closed: %+v", b.Spec.MatchResources.NamespaceSelector)
+		return false
+	}
+	// await steps the clock one interval at a time until the binding is
 	// as wanted, or fails after a few intervals.
 	await := func(what string, want bool) {
 		t.Helper()
@@ -56,7 +77,7 @@ func TestPolicySwitch(t *testing.T) {
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
-		t.Fatalf("%s: the switch's ConfigMap exists %v, want %v", what, exists(), want)
+		t.Fatalf("%s: the binding is open %v, want %v", what, exists(), want)
 	}
 
 	time.Sleep(50 * time.Millisecond)
@@ -76,11 +97,11 @@ func TestPolicySwitch(t *testing.T) {
 	idx.Delete("rhel-1")
 	await("that node gone", true)
 
-	if err := c.Delete(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "gpu-injector", Name: "gpu-injector-policy"}}); err != nil {
+	if err := c.Update(ctx, &admissionregistrationv1.MutatingAdmissionPolicyBinding{ObjectMeta: read().ObjectMeta, Spec: rendered.Spec}); err != nil {
 		t.Fatal(err)
 	}
 	clk.Step(sw.Resync)
-	await("deleted by hand", true)
+	await("closed by an upgrade", true)
 
 	wedged := func(n *corev1.Node) {
 		nri(n)
@@ -92,49 +113,32 @@ func TestPolicySwitch(t *testing.T) {
 	await("the driver answers again", true)
 }
 
-// TestPolicySwitchOff: a switch kept off deletes a ConfigMap an earlier
-// release left, before the index has listed a node, and never creates one,
-// even where every node takes the driver at the runtime.
-func TestPolicySwitchOff(t *testing.T) {
+// TestPolicySwitchSet: no binding is nothing to switch (the API server serves
+// no policy), and a selector the switch did not write is replaced by the
+// wanted one, not taken for either.
+func TestPolicySwitchSet(t *testing.T) {
+	ctx := context.Background()
 	cfg := config.Default()
-	idx := NewIndex(cfg, logr.Discard())
-	key := types.NamespacedName{Namespace: "gpu-injector", Name: "gpu-injector-policy"}
-	left := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}}
-	c := fake.NewClientBuilder().WithObjects(left).Build()
-	clk := clocktesting.NewFakeClock(time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC))
-	sw := NewPolicySwitch(cfg, idx, c, c, key.Namespace, key.Name, logr.Discard())
-	sw.Clock, sw.Off = clk, true
-	if sw.NeedLeaderElection() {
-		t.Error("a switch kept off waits for a Lease: a replica that loses one exits")
+	sw := NewPolicySwitch(cfg, NewIndex(cfg, logr.Discard()), fake.NewClientBuilder().Build(), fake.NewClientBuilder().Build(), "gpu-injector-runtime", logr.Discard())
+	if err := sw.Set(ctx, true); err != nil {
+		t.Fatalf("no binding: %v", err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = sw.Start(ctx) }()
-	defer func() { cancel(); <-done }()
-	exists := func() bool {
-		err := c.Get(ctx, key, &corev1.ConfigMap{})
-		if err != nil && !apierrors.IsNotFound(err) {
+
+	edited := &admissionregistrationv1.MutatingAdmissionPolicyBinding{ObjectMeta: metav1.ObjectMeta{Name: "gpu-injector-runtime"},
+		Spec: admissionregistrationv1.MutatingAdmissionPolicyBindingSpec{PolicyName: "gpu-injector-runtime",
+			MatchResources: &admissionregistrationv1.MatchResources{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"team": "ml"}}}}}
+	for _, on := range []bool{false, true} {
+		c := fake.NewClientBuilder().WithObjects(edited.DeepCopy()).Build()
+		sw := NewPolicySwitch(cfg, NewIndex(cfg, logr.Discard()), c, c, "gpu-injector-runtime", logr.Discard())
+		if err := sw.Set(ctx, on); err != nil {
 			t.Fatal(err)
 		}
-		return err == nil
-	}
-	for i := 0; exists(); i++ {
-		if i == 200 {
-			t.Fatal("the ConfigMap an earlier release left is still there")
+		b := &admissionregistrationv1.MutatingAdmissionPolicyBinding{}
+		if err := c.Get(ctx, types.NamespacedName{Name: "gpu-injector-runtime"}, b); err != nil {
+			t.Fatal(err)
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	nri := func(n *corev1.Node) { n.Labels[layout.LabelNRIPlugin] = layout.NRIProtocol }
-	if err := NewNodeStore(idx).Replace([]any{gputest.Node("gpu-1", gputest.Plan("580.95.05"), 8, nri)}, "1"); err != nil {
-		t.Fatal(err)
-	}
-	for range 20 {
-		if clk.HasWaiters() {
-			clk.Step(sw.Resync)
-		}
-		time.Sleep(5 * time.Millisecond)
-		if exists() {
-			t.Fatal("a switch kept off turned on")
+		if got := switchState(b); got != state(on) {
+			t.Errorf("set %v over an edited selector: the binding's selector is %+v", on, b.Spec.MatchResources.NamespaceSelector)
 		}
 	}
 }

@@ -61,16 +61,11 @@ type Options struct {
 	// PoolMemory names the ConfigMap (and leader election Lease) in
 	// Certs.Namespace that remembers each pool's layout; empty: no memory.
 	PoolMemory string
-	// PolicySwitch names the ConfigMap in Certs.Namespace that the chart's
-	// MutatingAdmissionPolicy binding takes as its parameter under
-	// driverDelivery PreferRuntime: the elected replica keeps it while the
+	// PolicyBinding names the chart's MutatingAdmissionPolicyBinding under
+	// driverDelivery PreferRuntime: the elected replica opens it while the
 	// policy answers as the webhook would (gpunodes.PolicySwitch); empty:
 	// no switch.
-	PolicySwitch string
-	// PolicySwitchOff keeps PolicySwitch's ConfigMap absent: where the chart
-	// renders no switched policy, a ConfigMap an earlier release left is
-	// removed before a later one's policy could take it as current.
-	PolicySwitchOff bool
+	PolicyBinding string
 	// ShutdownDelay is how long the webhook keeps serving after ctx ends,
 	// with /readyz failing, before it drains the requests in flight.
 	ShutdownDelay time.Duration
@@ -180,14 +175,10 @@ type elected struct {
 	remember bool
 	// switches: the admission policy switch is kept.
 	switches bool
-	// keepsOff: the switch is kept absent, by every replica: deleting needs
-	// no single writer, and a replica that loses a Lease exits, which an
-	// unswitched release need not risk on an API server's outage.
-	keepsOff bool
 }
 
 // any reports whether a replica must be elected at all.
-func (e elected) any() bool { return e.pools || (e.switches && !e.keepsOff) }
+func (e elected) any() bool { return e.pools || e.switches }
 
 // electedWork says what the elected replica does: the pinning and the
 // switch that the configuration asks for, each only where a Lease can be
@@ -199,11 +190,11 @@ func electedWork(o Options, log logr.Logger) elected {
 	if cfg.Pinning.ByPool() && !pools {
 		log.Info("pinning by pool without --namespace or --pool-memory-name: no memory of pools at zero and no mismatch Events")
 	}
-	switches := o.PolicySwitch != "" && (canElect || (o.PolicySwitchOff && o.Certs.Namespace != ""))
-	if o.PolicySwitch != "" && !switches {
+	switches := o.PolicyBinding != "" && canElect
+	if o.PolicyBinding != "" && !switches {
 		log.Info("a policy switch without --namespace or --pool-memory-name (its Lease): the admission policy stays off")
 	}
-	return elected{pools: pools, remember: pools && cfg.Pinning.Remember() > 0, switches: switches, keepsOff: switches && o.PolicySwitchOff}
+	return elected{pools: pools, remember: pools && cfg.Pinning.Remember() > 0, switches: switches}
 }
 
 // cacheByObject is what the manager's cache holds beyond its defaults: the
@@ -349,10 +340,9 @@ func addElected(ctx context.Context, mgr manager.Manager, o Options, idx *gpunod
 		}
 	}
 	if el.switches {
-		// The API reader: the ConfigMap informer, where there is one, holds
-		// only the memory's object.
-		sw := gpunodes.NewPolicySwitch(cfg, idx, mgr.GetAPIReader(), mgr.GetClient(), o.Certs.Namespace, o.PolicySwitch, log.WithName("policy"))
-		sw.Off = o.PolicySwitchOff
+		// The API reader: the cache holds no bindings, and one object read
+		// once a resync needs no informer.
+		sw := gpunodes.NewPolicySwitch(cfg, idx, mgr.GetAPIReader(), mgr.GetClient(), o.PolicyBinding, log.WithName("policy"))
 		if err := mgr.Add(sw); err != nil {
 			return fmt.Errorf("failed to add the admission policy switch: %w", err)
 		}

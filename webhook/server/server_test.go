@@ -152,22 +152,22 @@ func TestStartAfter(t *testing.T) {
 	}
 }
 
-// TestElectedWork: a switch kept off needs no Lease, so a release without a switched
-// policy (and no pinning by pool) elects no replica, and a replica never exits over a
-// Lease it could not renew during an API server's outage; a switched policy elects one.
+// TestElectedWork: a release without a switched policy (no --policy-binding-name) and
+// without pinning by pool elects no replica, so no replica exits over a Lease it could
+// not renew during an API server's outage; a switched policy elects one, where a Lease
+// can be named.
 func TestElectedWork(t *testing.T) {
-	o := Options{Config: config.Default(), PoolMemory: "gpu-injector-pools", PolicySwitch: "gpu-injector-policy", PolicySwitchOff: true}
+	o := Options{Config: config.Default(), PoolMemory: "gpu-injector-pools"}
 	o.Certs.Namespace = "gpu-injector"
-	if el := electedWork(o, logr.Discard()); !el.switches || !el.keepsOff || el.any() {
-		t.Errorf("switch kept off: %+v, elects %v", el, el.any())
+	if el := electedWork(o, logr.Discard()); el.switches || el.any() {
+		t.Errorf("no switched policy: %+v, elects %v", el, el.any())
 	}
-	o.PolicySwitchOff = false
-	if el := electedWork(o, logr.Discard()); !el.switches || el.keepsOff || !el.any() {
+	o.PolicyBinding = "gpu-injector-runtime"
+	if el := electedWork(o, logr.Discard()); !el.switches || !el.any() {
 		t.Errorf("switched policy: %+v, elects %v", el, el.any())
 	}
 	o.Certs.Namespace = ""
-	o.PolicySwitchOff = true
 	if el := electedWork(o, logr.Discard()); el.switches {
-		t.Errorf("a switch kept off without a namespace: %+v", el)
+		t.Errorf("a switch without a namespace for its Lease: %+v", el)
 	}
 }

@@ -88,16 +88,17 @@ true
 {{- end }}
 
 {{/*
-gpu-injector.policy.switched: "true" where the policy runs only while its parameter, a
-ConfigMap the webhook's elected replica keeps (gpu-injector.policy.switchName), exists:
-under PreferRuntime, whose answer depends on the nodes.
+gpu-injector.policy.switched: "true" where the policy runs only while the webhook's
+elected replica opens its binding (gpu-injector.policy.name): under PreferRuntime, whose
+answer depends on the nodes.
 */}}
 {{- define "gpu-injector.policy.switched" -}}
 {{- if and (include "gpu-injector.policy.enabled" .) (eq .Values.config.driverDelivery "PreferRuntime") }}true{{ end }}
 {{- end }}
 
-{{- define "gpu-injector.policy.switchName" -}}
-{{- printf "%s-policy" (include "gpu-injector.fullname" .) }}
+{{/* The policy's name, and its one binding's. */}}
+{{- define "gpu-injector.policy.name" -}}
+{{- printf "%s-runtime" (include "gpu-injector.fullname" .) }}
 {{- end }}
 
 {{/* The pod's containers, init containers first, as the webhook names them. */}}
