@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
@@ -120,12 +121,12 @@ func sameSnapshot[T any](a, b []*T) bool {
 }
 
 // Set opens (on) or closes the binding's namespaceSelector, if it is not so
-// yet. A binding that is not there is nothing to switch: the chart renders
-// none where the API server serves no MutatingAdmissionPolicy.
+// yet. A binding that is not there, or a kind the API server does not serve,
+// is nothing to switch: the chart renders none there.
 func (s *PolicySwitch) Set(ctx context.Context, on bool) error {
 	b := &admissionregistrationv1.MutatingAdmissionPolicyBinding{}
 	if err := s.reader.Get(ctx, types.NamespacedName{Name: s.name}, b); err != nil {
-		if apierrors.IsNotFound(err) {
+		if apierrors.IsNotFound(err) || meta.IsNoMatchError(err) {
 			s.log.V(1).Info("no admission policy binding to switch", "binding", s.name)
 			return nil
 		}
