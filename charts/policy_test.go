@@ -698,8 +698,8 @@ func TestAdmissionPolicyRender(t *testing.T) {
 
 // checkSwitch: under PreferRuntime the policy's binding is rendered closed, for the
 // webhook's elected replica to open; the webhook is told its name and may get and patch
-// it by name, and a ValidatingAdmissionPolicy limits that patch to the switch. Under
-// Runtime nothing switches it: the binding is open, and the webhook is told no switch.
+// it by name, nothing more. Under Runtime nothing switches it: the binding is open, and
+// the webhook is told no switch.
 func checkSwitch(t *testing.T, r rendered, switched bool) {
 	t.Helper()
 	const name = fullname + "-runtime"
@@ -709,7 +709,6 @@ func checkSwitch(t *testing.T, r rendered, switched bool) {
 	if p.Spec.ParamKind != nil || b.Spec.ParamRef != nil {
 		t.Errorf("the policy takes a parameter (paramKind %v, paramRef %v): the API server keeps a parameter kind's last objects once no binding names it", p.Spec.ParamKind, b.Spec.ParamRef)
 	}
-	switchVAP := fullname + "-policy-switch"
 	var rule *rbacv1.PolicyRule
 	for _, rl := range mustGet[rbacv1.ClusterRole](t, r, "ClusterRole", webhookSA).Rules {
 		if slices.Contains(rl.Resources, "mutatingadmissionpolicybindings") {
@@ -717,7 +716,7 @@ func checkSwitch(t *testing.T, r rendered, switched bool) {
 		}
 	}
 	if !switched {
-		if b.Spec.MatchResources != nil || strings.Contains(args, "--policy-binding-name") || rule != nil || r.get("ValidatingAdmissionPolicy", switchVAP) != nil {
+		if b.Spec.MatchResources != nil || strings.Contains(args, "--policy-binding-name") || rule != nil {
 			t.Errorf("runtime delivery's policy is switched: matchResources %+v, args %s, rule %+v", b.Spec.MatchResources, args, rule)
 		}
 		return
@@ -731,13 +730,6 @@ func checkSwitch(t *testing.T, r rendered, switched bool) {
 	if want := (rbacv1.PolicyRule{APIGroups: []string{"admissionregistration.k8s.io"}, Resources: []string{"mutatingadmissionpolicybindings"},
 		ResourceNames: []string{name}, Verbs: []string{"get", "patch"}}); rule == nil || !reflect.DeepEqual(*rule, want) {
 		t.Errorf("the webhook's rule on the binding: %+v, want %+v", rule, want)
-	}
-	vap := mustGet[admissionregistrationv1.ValidatingAdmissionPolicy](t, r, "ValidatingAdmissionPolicy", switchVAP)
-	if rr := vap.Spec.MatchConstraints.ResourceRules; len(rr) != 1 || !slices.Equal(rr[0].ResourceNames, []string{name}) || !slices.Equal(rr[0].Resources, []string{"mutatingadmissionpolicybindings"}) {
-		t.Errorf("the switch's ValidatingAdmissionPolicy matches %+v, want the binding %s", rr, name)
-	}
-	if vb := mustGet[admissionregistrationv1.ValidatingAdmissionPolicyBinding](t, r, "ValidatingAdmissionPolicyBinding", switchVAP); vb.Spec.PolicyName != switchVAP || !slices.Equal(vb.Spec.ValidationActions, []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny}) {
-		t.Errorf("the switch's ValidatingAdmissionPolicyBinding: %+v", vb.Spec)
 	}
 }
 
