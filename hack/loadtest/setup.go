@@ -51,13 +51,14 @@ type chartPolicy struct {
 	mwc     *admissionregistrationv1.MutatingWebhookConfiguration
 }
 
-// switchName is the policy's binding where the chart renders it switched
-// (closed, for gpu-injector's elected replica to open), empty otherwise.
+// switchName is the binding gpu-injector's elected replica opens where the
+// chart renders it switched (closed), empty otherwise: the chart-policy
+// variant creates the chart's binding under the variant's name.
 func (p chartPolicy) switchName() string {
 	if p.binding == nil || !gpunodes.PolicyBindingClosed(p.binding) {
 		return ""
 	}
-	return p.binding.Name
+	return variantChartPolicy
 }
 
 // run is one load run's state.
