@@ -132,7 +132,7 @@ func (s *PolicySwitch) Set(ctx context.Context, on bool) error {
 		}
 		return fmt.Errorf("failed to read mutatingadmissionpolicybinding %s: %w", s.name, err)
 	}
-	if switchState(b) == state(on) {
+	if (on && PolicyBindingOpen(b)) || (!on && PolicyBindingClosed(b)) {
 		return nil
 	}
 	// A merge patch of the selector alone: the API server fills in the rest
@@ -154,42 +154,17 @@ func (s *PolicySwitch) Set(ctx context.Context, on bool) error {
 	return nil
 }
 
-// switchPosition is a binding's switch as read: open, closed, or neither (a
-// selector someone else wrote), which Set replaces.
-type switchPosition int
-
-const (
-	positionOther switchPosition = iota
-	positionOn
-	positionOff
-)
-
-func state(on bool) switchPosition {
-	if on {
-		return positionOn
-	}
-	return positionOff
-}
-
-func switchState(b *admissionregistrationv1.MutatingAdmissionPolicyBinding) switchPosition {
-	mr := b.Spec.MatchResources
-	switch {
-	case mr == nil || mr.NamespaceSelector == nil || equality.Semantic.DeepEqual(*mr.NamespaceSelector, metav1.LabelSelector{}):
-		return positionOn
-	case equality.Semantic.DeepEqual(mr.NamespaceSelector, PolicyOffSelector()):
-		return positionOff
-	}
-	return positionOther
-}
-
 // PolicyBindingClosed reports whether a binding is switched off as the chart
-// renders it under PreferRuntime, for the switch to open.
+// renders it under PreferRuntime, for the switch to open. A selector someone
+// else wrote is neither open nor closed, and Set replaces it.
 func PolicyBindingClosed(b *admissionregistrationv1.MutatingAdmissionPolicyBinding) bool {
-	return switchState(b) == positionOff
+	mr := b.Spec.MatchResources
+	return mr != nil && equality.Semantic.DeepEqual(mr.NamespaceSelector, PolicyOffSelector())
 }
 
 // PolicyBindingOpen reports whether a binding is switched on: its selector
 // leaves the choice to the policy's matchConstraints.
 func PolicyBindingOpen(b *admissionregistrationv1.MutatingAdmissionPolicyBinding) bool {
-	return switchState(b) == positionOn
+	mr := b.Spec.MatchResources
+	return mr == nil || mr.NamespaceSelector == nil || equality.Semantic.DeepEqual(*mr.NamespaceSelector, metav1.LabelSelector{})
 }

@@ -55,10 +55,10 @@ func TestPolicySwitch(t *testing.T) {
 		if b.Spec.PolicyName != name || b.Spec.MatchResources.ObjectSelector == nil || b.Spec.MatchResources.MatchPolicy == nil {
 			t.Fatalf("the switch changed more than the namespaceSelector: %+v", b.Spec)
 		}
-		switch switchState(b) {
-		case positionOn:
+		switch {
+		case PolicyBindingOpen(b):
 			return true
-		case positionOff:
+		case PolicyBindingClosed(b):
 			return false
 		}
 		t.Fatalf("the binding is neither open nor closed: %+v", b.Spec.MatchResources.NamespaceSelector)
@@ -137,7 +137,7 @@ func TestPolicySwitchSet(t *testing.T) {
 		if err := c.Get(ctx, types.NamespacedName{Name: "gpu-injector-runtime"}, b); err != nil {
 			t.Fatal(err)
 		}
-		if got := switchState(b); got != state(on) {
+		if got := PolicyBindingOpen(b); got != on || PolicyBindingClosed(b) == on {
 			t.Errorf("set %v over an edited selector: the binding's selector is %+v", on, b.Spec.MatchResources.NamespaceSelector)
 		}
 	}
