@@ -44,7 +44,6 @@ func TestMain(m *testing.M) {
 	os.Exit(env.RunSuite(m, "e2e", env.Options{
 		ChartValues:   []string{"runtimeInjection.enabled=false"},
 		KeepOnFailure: true,
-		HostLockWait:  10 * time.Minute,
 	}, func(e *env.Env) { testEnv = e }))
 }
 

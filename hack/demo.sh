@@ -3,7 +3,7 @@
 # drivers, no GPU), gpu-injector installed, the classic GPU workloads applied,
 # and a report of what was injected into each pod. docs/demo.md says more.
 #
-#   hack/demo.sh [--exit] [--keep-on-failure] [--timeout 3m] [--wait-for-other 0]
+#   hack/demo.sh [--exit] [--keep-on-failure] [--timeout 3m]
 #
 # Stays up until Ctrl-C or SIGTERM, then tears everything down; --exit tears
 # down right after the report (tests, CI). Needs root, Go, gcc and apt.

@@ -9,6 +9,8 @@
 #
 #   hack/tools.sh [etcd|kubernetes|helm|nvidia-device-plugin|nvidia-container-toolkit|containerd|runc|crio|promtool|registry|all]...  (default: all)
 #
+# Several tools build two at a time (TOOLS_JOBS=1 builds one after the other).
+#
 # Versions come from e2e/cluster/versions.env (hack/versions.sh); KUBERNETES_VERSION=v1.X.Y
 # (and the others) in the environment win. Each tool is built into
 # ${GPU_INJECTOR_CACHE:-${XDG_CACHE_HOME:-~/.cache}/gpu-injector}/<tool>-<version>-<go version>/,
@@ -279,17 +281,22 @@ need_packages() {
   if [[ ${EUID} -ne 0 ]] || ! command -v apt-get >/dev/null; then
     die "missing Debian packages ${missing[*]}; run as root or: sudo apt-get install -y ${missing[*]}"
   fi
+  # Builds run side by side, and dpkg takes one install at a time.
+  with_lock "${CACHE}/apt" install_packages "${missing[@]}"
+}
+
+install_packages() {
   export DEBIAN_FRONTEND=noninteractive
-  if ! apt-cache show "${missing[@]}" >/dev/null 2>&1; then
+  if ! apt-cache show "$@" >/dev/null 2>&1; then
     log "refreshing package lists (apt-get update)..."
     apt-get update -qq
   fi
-  log "installing ${missing[*]} (apt-get install)..."
-  if ! apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; then
+  log "installing $* (apt-get install)..."
+  if ! apt-get install -y -qq --no-install-recommends "$@" >/dev/null; then
     # Stale lists name versions the mirror no longer has: refresh, try once more.
     log "install failed; refreshing package lists (apt-get update) and retrying..."
     apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    apt-get install -y -qq --no-install-recommends "$@" >/dev/null
   fi
 }
 
@@ -446,27 +453,73 @@ build_registry() {
     "-X ${pkg}/version.version=${REGISTRY_VERSION} -X ${pkg}/version.mainpkg=${pkg}" "~2 min"
 }
 
+# build_tool NAME: one tool, by its name on the command line.
+build_tool() {
+  case "$1" in
+    etcd) build_etcd ;;
+    kubernetes|k8s) build_kubernetes ;;
+    helm) build_helm ;;
+    nvidia-device-plugin) build_nvidia_device_plugin ;;
+    nvidia-container-toolkit) build_nvidia_container_toolkit ;;
+    containerd) build_containerd ;;
+    runc) build_runc ;;
+    crio) build_crio ;;
+    promtool) build_promtool ;;
+    registry) build_registry ;;
+    *) die "unknown tool $1 (want etcd, kubernetes, helm, nvidia-device-plugin, nvidia-container-toolkit, containerd, runc, crio, promtool, registry or all)" ;;
+  esac
+}
+
+# build_tools NAME...: the tools, TOOLS_JOBS at a time (2 unless set). On two
+# cores one build's module downloads, cgo and single-threaded link overlap
+# another's compile. Each build's output is printed whole when it ends; a
+# failure stops the rest.
+build_tools() {
+  local jobs="${TOOLS_JOBS:-2}"
+  # wait -n -p, which names the build that ended, is bash 5.1's.
+  (( BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] >= 501 )) || jobs=1
+  if (( $# == 1 || jobs <= 1 )); then
+    local t; for t in "$@"; do build_tool "${t}"; done
+    return
+  fi
+  local logs; logs="$(mktemp -d)"
+  local -A names=()
+  local t pid failed=""
+  finish() {
+    local done_pid
+    if wait -n -p done_pid; then :; else failed="${names[${done_pid}]}"; fi
+    cat "${logs}/${names[${done_pid}]}.log" >&2
+    unset "names[${done_pid}]"
+  }
+  for t in "$@"; do
+    while (( ${#names[@]} >= jobs )) && [[ -z ${failed} ]]; do finish; done
+    [[ -z ${failed} ]] || break
+    ( build_tool "${t}" ) >"${logs}/${t}.log" 2>&1 &
+    names[$!]="${t}"
+  done
+  while (( ${#names[@]} > 0 )); do finish; done
+  rm -rf "${logs}"
+  [[ -z ${failed} ]] || die "building ${failed} failed (its output is above)"
+}
+
 main() {
-  local targets=("$@")
+  local targets=("$@") list=() t
   [[ ${#targets[@]} -gt 0 ]] || targets=(all)
-  local t
   for t in "${targets[@]}"; do
     case "${t}" in
-      etcd) build_etcd ;;
-      kubernetes|k8s) build_kubernetes ;;
-      helm) build_helm ;;
-      nvidia-device-plugin) build_nvidia_device_plugin ;;
-      nvidia-container-toolkit) build_nvidia_container_toolkit ;;
-      containerd) build_containerd ;;
-      runc) build_runc ;;
-      crio) build_crio ;;
-      promtool) build_promtool ;;
-      registry) build_registry ;;
-      all) build_etcd; build_kubernetes; build_helm; build_nvidia_device_plugin; build_nvidia_container_toolkit; build_containerd; build_runc; build_promtool; build_registry ;;
+      # Longest first, so that the last to start is a short one.
+      all) list+=(kubernetes promtool containerd etcd registry helm nvidia-device-plugin nvidia-container-toolkit runc) ;;
       -h|--help) sed -n '2,10p' "${BASH_SOURCE[0]}"; return ;;
-      *) die "unknown tool ${t} (want etcd, kubernetes, helm, nvidia-device-plugin, nvidia-container-toolkit, containerd, runc, crio, promtool, registry or all)" ;;
+      *) list+=("${t}") ;;
     esac
   done
+  # crio among them (hack/test.sh asks for all and crio) goes first: its build is the longest.
+  local ordered=() seen=" "
+  for t in crio "${list[@]}"; do
+    [[ " ${list[*]} " == *" ${t} "* && ${seen} != *" ${t} "* ]] || continue
+    ordered+=("${t}"); seen+="${t} "
+  done
+  build_tools "${ordered[@]}"
 }
 
 main "$@"

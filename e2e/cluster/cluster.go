@@ -12,6 +12,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	mathrand "math/rand/v2"
 	"net"
 	"os"
@@ -71,6 +72,11 @@ type Options struct {
 	KubeletFlags []string
 	// KubeletConfig may edit the KubeletConfiguration before it is written.
 	KubeletConfig func(cfg map[string]any)
+	// NodeBinds are folders of this host bound, in the node's mount namespace,
+	// over the path each is keyed by (created on the host when missing): what
+	// the kubelet, the runtime and every pod's hostPath see there, and no other
+	// cluster on this machine.
+	NodeBinds map[string]string
 	// Registry starts a private registry (the CNCF distribution registry of
 	// hack/tools.sh) on loopback, which the node's containerd pulls from:
 	// Cluster.RegistryHost.
@@ -523,6 +529,9 @@ func (c *Cluster) startNode(ctx context.Context) error {
 	binds := fmt.Sprintf("mkdir -p %[1]s; mount --bind %[2]q %[1]s; ", kubeletDevicePluginDir, c.DevicePluginDir)
 	if c.NRISocket != "" {
 		binds += fmt.Sprintf("mkdir -p %[1]s; mount --bind %[2]q %[1]s; ", nriDirInNamespace, filepath.Dir(c.NRISocket))
+	}
+	for _, dst := range slices.Sorted(maps.Keys(c.opts.NodeBinds)) {
+		binds += fmt.Sprintf("mkdir -p %[1]q; mount --bind %[2]q %[1]q; ", dst, c.opts.NodeBinds[dst])
 	}
 	if c.Runtime == RuntimeCRIO {
 		binds += newCRIOFiles(filepath.Join(c.Dir, "crio")).etcContainersScript()

@@ -71,10 +71,6 @@ type Options struct {
 	// Runtime is the kubelet node's container runtime; the Debian containerd
 	// (no NRI) when empty.
 	Runtime cluster.Runtime
-	// HostLockWait is how long Up waits for another environment on this
-	// machine (a demo, another test run) to release the host's stand-in
-	// driver folder; zero fails at once.
-	HostLockWait time.Duration
 }
 
 // Env is a running environment. Call Down, also after a failure.
@@ -112,14 +108,12 @@ type Env struct {
 	// ImageFiles are the container paths in WorkloadImage.
 	ImageFiles []string
 
-	opts       Options
-	out        io.Writer
-	start      time.Time
-	hostLock   *os.File
-	hostDriver bool
-	standins   *standin.Cache
-	// deviceNodes are the /dev entries Up made for NVIDIA's device plugin.
-	deviceNodes []string
+	opts     Options
+	out      io.Writer
+	start    time.Time
+	standins *standin.Cache
+	// host is this environment's part in what the machine's environments share.
+	host *hostShare
 
 	mu           sync.Mutex
 	failed       bool
@@ -178,7 +172,7 @@ func Up(ctx context.Context, opts Options) (_ *Env, err error) {
 	if err := e.step(ctx, "building the container image (make image: go run ./hack/image)", e.buildImage); err != nil {
 		return nil, err
 	}
-	if err := e.step(ctx, "locking "+hostDriverDir+" for the kubelet node's stand-in driver", e.lockHost); err != nil {
+	if err := e.step(ctx, "joining this machine's other environments: the device nodes for NVIDIA's device plugin, the mountpoint "+kubeletHome, e.joinHost); err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, opts.Timeout)
@@ -288,13 +282,21 @@ func (e *Env) build(ctx context.Context) error {
 	return nil
 }
 
-func (e *Env) lockHost(ctx context.Context) error {
-	lock, err := lockHost(ctx, e.opts.HostLockWait, e.progress)
-	if err != nil {
-		return err
-	}
-	e.hostLock = lock
-	return claimHostDriverDir()
+// joinHost makes the device nodes NVIDIA's device plugin hands GPU
+// containers (a container that opens one gets ENXIO: no driver answers) and
+// the mountpoint of the kubelet node's driver folder, where this machine
+// lacks them.
+func (e *Env) joinHost(ctx context.Context) error {
+	host, err := joinHost(ctx, func() ([]string, error) {
+		made, err := makeMountpoint(kubeletHome)
+		if err != nil {
+			return made, err
+		}
+		nodes, err := deviceplugin.CreateDeviceNodes("/", e.KubeletNode().GPUs)
+		return append(made, nodes...), err
+	})
+	e.host = host
+	return err
 }
 
 func (e *Env) installDrivers(context.Context) error {
@@ -305,9 +307,6 @@ func (e *Env) installDrivers(context.Context) error {
 		}
 		v := n.DriverVersion
 		n.DriverVersion = ""
-		if n.Kubelet {
-			e.hostDriver = true
-		}
 		if err := e.installDriver(n, v); err != nil {
 			return err
 		}
@@ -325,6 +324,7 @@ func (e *Env) startCluster(ctx context.Context) error {
 		APIServerFlags: auditFlags,
 		Runtime:        e.opts.Runtime,
 		NodeName:       kn.Name,
+		NodeBinds:      map[string]string{kubeletHome: filepath.Join(kn.stage, kubeletHome)},
 		NodeLabels: map[string]string{
 			LabelAccelerator: kn.Accelerator,
 			LabelGPUPresent:  "true",
@@ -364,11 +364,6 @@ func (e *Env) startCluster(ctx context.Context) error {
 // they are made here.
 func (e *Env) startDevicePlugin(ctx context.Context) error {
 	kn := e.KubeletNode()
-	made, err := deviceplugin.CreateDeviceNodes("/", kn.GPUs)
-	e.deviceNodes = made
-	if err != nil {
-		return err
-	}
 	bin, err := deviceplugin.Binary(e.Cluster.CacheDir)
 	if err != nil {
 		return err
@@ -627,8 +622,8 @@ func (e *Env) UpgradeDriver(ctx context.Context, name, version string) (string, 
 	return fps[n.Name], nil
 }
 
-// RemoveDriver deletes a node's stand-in driver (on the kubelet node, the
-// host's driver folder too) and tells its probe nothing: the node is as one
+// RemoveDriver deletes a node's stand-in driver (on the kubelet node, its
+// driver folder too) and tells its probe nothing: the node is as one
 // whose driver has not arrived yet. InstallDriver puts one back.
 func (e *Env) RemoveDriver(name string) error {
 	n := e.Node(name)
@@ -640,9 +635,16 @@ func (e *Env) RemoveDriver(name string) error {
 		return err
 	}
 	n.DriverVersion = ""
-	if n.Kubelet {
-		return removeHostDriver()
+	if !n.Kubelet {
+		return nil
 	}
+	// The node sees no driver folder, as before the installer ran: the
+	// folder goes, and its parent if nothing else is there.
+	dir := filepath.Join(n.stage, hostDriverDir)
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("failed to remove %s: %w", dir, err)
+	}
+	_ = os.Remove(filepath.Dir(dir))
 	return nil
 }
 
@@ -677,15 +679,14 @@ func (e *Env) ProbeNow(ctx context.Context, name string) error {
 
 // SetNVMLFault turns a fault of a node's stand-in NVML on or off
 // (standin.SetFault): a file beside its libnvidia-ml, which the node's probe
-// sees through its host root, on the kubelet node in the host's own driver
-// folder. It does not signal the probe.
+// sees through its host root. It does not signal the probe.
 func (e *Env) SetNVMLFault(name string, f standin.Fault, on bool) error {
 	n := e.Node(name)
 	if n == nil {
 		return fmt.Errorf("failed to set a fault: no node %q", name)
 	}
 	e.progress("stand-in NVML of %s: %s %s", n.Name, f, map[bool]string{true: "on", false: "off"}[on])
-	return standin.SetFault(n.HostRoot, n.Layout, n.DriverVersion, f, on)
+	return standin.SetFault(n.DriverRoot(), n.Layout, n.DriverVersion, f, on)
 }
 
 // WaitWebhookMetric waits until the metrics of every ready webhook replica
@@ -781,13 +782,7 @@ func (e *Env) down() error {
 		// Keep the cluster's logs with ours: they live under LogsDir.
 		errs = append(errs, e.Cluster.Stop())
 	}
-	errs = append(errs, deviceplugin.RemoveDeviceNodes(e.deviceNodes))
-	if e.hostDriver {
-		errs = append(errs, removeHostDriver())
-	}
-	if e.hostLock != nil {
-		e.hostLock.Close()
-	}
+	errs = append(errs, e.host.leave())
 	if keep {
 		e.progress("kept %s", e.Dir)
 	} else if e.Dir != "" {

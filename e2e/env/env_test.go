@@ -1,6 +1,9 @@
 package env
 
 import (
+	"context"
+	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -35,60 +38,61 @@ func TestDriverFiles(t *testing.T) {
 	}
 }
 
-// mirror must leave dst equal to src (links kept as links, stale entries
-// gone) while keeping the marker, as an upgrade of the host's driver needs.
-func TestMirror(t *testing.T) {
-	src, dst := t.TempDir(), t.TempDir()
-	write := func(p, data string) {
-		t.Helper()
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, []byte(data), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	write(filepath.Join(src, "lib64", "libcuda.so.550.54.15"), "new")
-	if err := os.Symlink("libcuda.so.550.54.15", filepath.Join(src, "lib64", "libcuda.so.1")); err != nil {
+// TestHostShare: what environments make of the machine's shared state stays
+// while any of them runs, and the last one to leave removes it, folders after
+// what they hold.
+func TestHostShare(t *testing.T) {
+	dir := t.TempDir()
+	saved := []string{hostSetupLock, hostUsersLock, hostMadeFile}
+	t.Cleanup(func() { hostSetupLock, hostUsersLock, hostMadeFile = saved[0], saved[1], saved[2] })
+	hostSetupLock, hostUsersLock, hostMadeFile = filepath.Join(dir, "setup.lock"), filepath.Join(dir, "users.lock"), filepath.Join(dir, "made")
+	mount := filepath.Join(dir, "home", "kubernetes")
+	device := filepath.Join(dir, "nvidia0")
+	ctx := context.Background()
+	first, err := joinHost(ctx, func() ([]string, error) { return makeMountpoint(mount) })
+	if err != nil {
 		t.Fatal(err)
 	}
-	write(filepath.Join(dst, "lib64", "libcuda.so.535.104.05"), "old")
-	if err := os.Symlink("libcuda.so.535.104.05", filepath.Join(dst, "lib64", "libcuda.so.1")); err != nil {
+	second, err := joinHost(ctx, func() ([]string, error) {
+		if err := os.WriteFile(device, nil, 0o666); err != nil {
+			return nil, err
+		}
+		if _, err := makeMountpoint(mount); err != nil {
+			return nil, err
+		}
+		return []string{device}, nil
+	})
+	if err != nil {
 		t.Fatal(err)
 	}
-	write(filepath.Join(dst, "stale", "file"), "stale")
-	write(filepath.Join(dst, hostMarker), "ours")
-
-	if err := mirror(src, dst); err != nil {
+	if err := first.leave(); err != nil {
 		t.Fatal(err)
 	}
-	for name, check := range map[string]func() error{
-		"new library copied": func() error {
-			b, err := os.ReadFile(filepath.Join(dst, "lib64", "libcuda.so.550.54.15"))
-			if err == nil && string(b) != "new" {
-				t.Errorf("content %q, want new", b)
-			}
-			return err
-		},
-		"link repointed": func() error {
-			target, err := os.Readlink(filepath.Join(dst, "lib64", "libcuda.so.1"))
-			if err == nil && target != "libcuda.so.550.54.15" {
-				t.Errorf("link target %q, want libcuda.so.550.54.15", target)
-			}
-			return err
-		},
-		"marker kept": func() error {
-			_, err := os.Stat(filepath.Join(dst, hostMarker))
-			return err
-		},
-	} {
-		if err := check(); err != nil {
-			t.Errorf("%s: %v", name, err)
+	for _, p := range []string{mount, device} {
+		if _, err := os.Stat(p); err != nil {
+			t.Errorf("%s gone while an environment still runs: %v", p, err)
 		}
 	}
-	for _, gone := range []string{filepath.Join("lib64", "libcuda.so.535.104.05"), "stale"} {
-		if _, err := os.Lstat(filepath.Join(dst, gone)); !os.IsNotExist(err) {
-			t.Errorf("%s still exists (err %v)", gone, err)
+	if err := second.leave(); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{mount, filepath.Dir(mount), device, hostMadeFile} {
+		if _, err := os.Lstat(p); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("%s left after the last environment: %v", p, err)
 		}
+	}
+	// A folder someone else filled stays.
+	third, err := joinHost(ctx, func() ([]string, error) { return makeMountpoint(mount) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(mount, "theirs"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := third.leave(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(mount, "theirs")); err != nil {
+		t.Errorf("a folder with another's file removed: %v", err)
 	}
 }

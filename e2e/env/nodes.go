@@ -7,7 +7,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -89,76 +88,173 @@ func defaultNodes() []*Node {
 	}
 }
 
-// hostDriverDir is where the kubelet node's stand-in lives on this machine:
-// the GKE layout, under the default allowlist and absent from dev machines.
+// hostDriverDir is where the kubelet node's stand-in lives as the node sees
+// it: the GKE layout, under the default allowlist.
 const hostDriverDir = "/home/kubernetes/bin/nvidia"
 
-// hostMarker in hostDriverDir says the folder is ours to replace and remove.
-const hostMarker = ".gpu-injector-e2e"
+// kubeletHome is bound, in the node's mount namespace, to the environment's
+// own folder (the kubelet node's stage): the kubelet, the runtime, the probe
+// and every hostPath volume see this environment's driver there, while
+// another environment on the machine sees its own and a real GKE node's
+// driver is never touched. It is hostDriverDir's parent, not the folder
+// itself, so that a test can remove the driver and install it again.
+const kubeletHome = "/home/kubernetes"
 
-// hostLockPath serializes environments on one machine: they share hostDriverDir.
-const hostLockPath = "/run/lock/gpu-injector-e2e-host-driver.lock"
+// DriverRoot is where this process finds the node's stand-in driver: the
+// API-only node's host root, and for the kubelet node the folder its mount
+// namespace binds at kubeletHome, under that same path.
+func (n *Node) DriverRoot() string { return n.stage }
 
-// lockHost takes the machine-wide lock on hostDriverDir, waiting up to
-// patience for another environment to release it. The kernel drops it when
-// the holder dies, so a crashed run never blocks.
-func lockHost(ctx context.Context, patience time.Duration, progress func(string, ...any)) (*os.File, error) {
-	deadline := time.Now().Add(patience)
-	for said := false; ; said = true {
-		f, err := tryLockHost()
-		if err == nil || time.Now().After(deadline) {
-			return f, err
-		}
-		if !said {
-			progress("  waiting up to %s: %v", patience, err)
-		}
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("%w (%v)", err, ctx.Err())
-		case <-time.After(time.Second):
-		}
-	}
-}
+// What environments on one machine share and cannot have apart: the device
+// nodes NVIDIA's device plugin hands GPU containers (there is one /dev), and
+// the mountpoint of kubeletHome where the host lacks one. The first
+// environment makes what is missing and records it in hostMadeFile; the last
+// one to stop removes what was recorded. Each running environment holds a
+// shared lock on hostUsersLock; joining and leaving take hostSetupLock.
+// Variables for the unit test.
+var (
+	hostSetupLock = "/run/lock/gpu-injector-e2e-host.lock"
+	hostUsersLock = "/run/lock/gpu-injector-e2e-host-users.lock"
+	hostMadeFile  = "/run/lock/gpu-injector-e2e-host.made"
+)
 
-func tryLockHost() (*os.File, error) {
-	if err := os.MkdirAll(filepath.Dir(hostLockPath), 0o755); err != nil {
-		return nil, fmt.Errorf("failed to create %s: %w", filepath.Dir(hostLockPath), err)
-	}
-	f, err := os.OpenFile(hostLockPath, os.O_CREATE|os.O_RDWR, 0o644)
+// hostSetupWait bounds the wait for another environment's join or leave,
+// each a few file operations.
+const hostSetupWait = time.Minute
+
+// hostShare is an environment's part in what the machine's environments share.
+type hostShare struct{ users *os.File }
+
+// joinHost makes, under the setup lock, what prepare reports it made part of the
+// machine's shared state, and keeps a shared lock until leave.
+func joinHost(ctx context.Context, prepare func() ([]string, error)) (*hostShare, error) {
+	setup, err := lockFile(ctx, hostSetupLock, syscall.LOCK_EX, hostSetupWait)
 	if err != nil {
-		return nil, fmt.Errorf("failed to open %s: %w", hostLockPath, err)
+		return nil, err
 	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		owner, _ := os.ReadFile(hostLockPath)
-		f.Close()
-		return nil, fmt.Errorf("failed to lock %s: another gpu-injector environment (%s) uses %s on this machine; stop it first (make demo, or an e2e run): %w",
-			hostLockPath, strings.TrimSpace(string(owner)), hostDriverDir, err)
+	defer setup.Close()
+	users, err := lockFile(ctx, hostUsersLock, syscall.LOCK_SH, hostSetupWait)
+	if err != nil {
+		return nil, err
 	}
-	_ = f.Truncate(0)
-	_, _ = f.WriteAt([]byte("pid "+strconv.Itoa(os.Getpid())+"\n"), 0)
-	return f, nil
+	made, err := prepare()
+	if rerr := recordMade(made); rerr != nil {
+		err = errors.Join(err, rerr)
+	}
+	return &hostShare{users: users}, err
 }
 
-// claimHostDriverDir refuses a driver folder that is not ours: a real GKE
-// node's driver must never be overwritten. A leftover of a crashed run (it
-// carries our marker) is taken over.
-func claimHostDriverDir() error {
-	_, err := os.Lstat(hostDriverDir)
+// leave gives the environment's part back; the last environment removes
+// what the machine's environments made.
+func (h *hostShare) leave() error {
+	if h == nil {
+		return nil
+	}
+	defer h.users.Close()
+	setup, err := lockFile(context.Background(), hostSetupLock, syscall.LOCK_EX, hostSetupWait)
+	if err != nil {
+		return err
+	}
+	defer setup.Close()
+	// Held shared by another environment: it still uses what was made. No one
+	// joins meanwhile, since joining takes the setup lock.
+	if syscall.Flock(int(h.users.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) != nil {
+		return nil
+	}
+	data, err := os.ReadFile(hostMadeFile)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("failed to inspect %s: %w", hostDriverDir, err)
+		return fmt.Errorf("failed to read %s: %w", hostMadeFile, err)
 	}
-	if _, err := os.Stat(filepath.Join(hostDriverDir, hostMarker)); err != nil {
-		return fmt.Errorf("refusing to install the stand-in driver: %s exists and is not ours (no %s marker); is this a GKE node with a real driver?", hostDriverDir, hostMarker)
+	var errs []error
+	made := strings.Fields(string(data))
+	// Newest first: a folder after what was made in it.
+	for i := len(made) - 1; i >= 0; i-- {
+		if err := os.Remove(made[i]); err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ENOTEMPTY) {
+			errs = append(errs, fmt.Errorf("failed to remove %s: %w", made[i], err))
+		}
+	}
+	if err := os.Remove(hostMadeFile); err != nil {
+		errs = append(errs, fmt.Errorf("failed to remove %s: %w", hostMadeFile, err))
+	}
+	return errors.Join(errs...)
+}
+
+func recordMade(paths []string) error {
+	if len(paths) == 0 {
+		return nil
+	}
+	f, err := os.OpenFile(hostMadeFile, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		return fmt.Errorf("failed to open %s: %w", hostMadeFile, err)
+	}
+	_, err = f.WriteString(strings.Join(paths, "\n") + "\n")
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("failed to record %v in %s: %w", paths, hostMadeFile, err)
 	}
 	return nil
 }
 
+// lockFile opens path and takes a flock of how on it, waiting up to patience
+// for its holder. The kernel drops the lock when its holder dies, so a
+// crashed run never blocks.
+func lockFile(ctx context.Context, path string, how int, patience time.Duration) (*os.File, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, fmt.Errorf("failed to create %s: %w", filepath.Dir(path), err)
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("failed to open %s: %w", path, err)
+	}
+	deadline := time.Now().Add(patience)
+	for {
+		err := syscall.Flock(int(f.Fd()), how|syscall.LOCK_NB)
+		if err == nil {
+			return f, nil
+		}
+		if time.Now().After(deadline) {
+			f.Close()
+			return nil, fmt.Errorf("failed to lock %s within %s: another gpu-injector environment of this machine holds it: %w", path, patience, err)
+		}
+		select {
+		case <-ctx.Done():
+			f.Close()
+			return nil, fmt.Errorf("failed to lock %s: %w", path, ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// makeMountpoint creates dir and the parents it lacks, and returns those it
+// created, outermost first.
+func makeMountpoint(dir string) ([]string, error) {
+	var missing []string
+	for d := dir; d != "/"; d = filepath.Dir(d) {
+		if _, err := os.Lstat(d); err == nil {
+			break
+		} else if !errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("failed to inspect %s: %w", d, err)
+		}
+		missing = append([]string{d}, missing...)
+	}
+	var made []string
+	for _, d := range missing {
+		if err := os.Mkdir(d, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+			return made, fmt.Errorf("failed to create %s: %w", d, err)
+		}
+		made = append(made, d)
+	}
+	return made, nil
+}
+
 // installDriver installs the node's stand-in driver of version into its
-// stage root, and, for the kubelet node, mirrors the driver folder onto the
-// host. Every file is replaced by rename, so a reader never sees half a file.
+// stage root, which for the kubelet node is what its mount namespace sees.
+// Every file is replaced by rename, so a reader never sees half a file.
 func (e *Env) installDriver(n *Node, version string) error {
 	old := n.DriverVersion
 	if err := e.standins.Install(n.stage, n.Layout, version); err != nil {
@@ -170,104 +266,6 @@ func (e *Env) installDriver(n *Node, version string) error {
 		}
 	}
 	n.DriverVersion = version
-	if !n.Kubelet {
-		return nil
-	}
-	if err := mirror(filepath.Join(n.stage, hostDriverDir), hostDriverDir); err != nil {
-		return err
-	}
-	return os.WriteFile(filepath.Join(hostDriverDir, hostMarker), []byte("gpu-injector e2e stand-in driver ("+standin.Notice+"); removed by its environment's Down\n"), 0o644)
-}
-
-// removeHostDriver deletes the host's stand-in and the parents it left empty.
-func removeHostDriver() error {
-	if _, err := os.Stat(filepath.Join(hostDriverDir, hostMarker)); err != nil {
-		return nil
-	}
-	if err := os.RemoveAll(hostDriverDir); err != nil {
-		return fmt.Errorf("failed to remove %s: %w", hostDriverDir, err)
-	}
-	// Non-empty parents are someone else's and stay.
-	for d := filepath.Dir(hostDriverDir); d != "/home"; d = filepath.Dir(d) {
-		if os.Remove(d) != nil {
-			break
-		}
-	}
-	return nil
-}
-
-// mirror makes dst a copy of src: folders created, files and links replaced
-// by rename, entries src lacks removed.
-func mirror(src, dst string) error {
-	want := map[string]bool{}
-	err := filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, err := filepath.Rel(src, p)
-		if err != nil {
-			return err
-		}
-		want[rel] = true
-		target := filepath.Join(dst, rel)
-		switch {
-		case d.IsDir():
-			return os.MkdirAll(target, 0o755)
-		case d.Type()&fs.ModeSymlink != 0:
-			link, err := os.Readlink(p)
-			if err != nil {
-				return err
-			}
-			tmp := target + ".e2e-tmp"
-			_ = os.Remove(tmp)
-			if err := os.Symlink(link, tmp); err != nil {
-				return err
-			}
-			return os.Rename(tmp, target)
-		default:
-			info, err := d.Info()
-			if err != nil {
-				return err
-			}
-			data, err := os.ReadFile(p)
-			if err != nil {
-				return err
-			}
-			tmp := target + ".e2e-tmp"
-			if err := os.WriteFile(tmp, data, info.Mode().Perm()); err != nil {
-				return err
-			}
-			if err := os.Chmod(tmp, info.Mode().Perm()); err != nil {
-				return err
-			}
-			return os.Rename(tmp, target)
-		}
-	})
-	if err != nil {
-		return fmt.Errorf("failed to copy %s to %s: %w", src, dst, err)
-	}
-	var stale []string
-	err = filepath.WalkDir(dst, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(dst, p)
-		if !want[rel] && rel != hostMarker {
-			stale = append(stale, p)
-			if d.IsDir() {
-				return filepath.SkipDir
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("failed to list %s: %w", dst, err)
-	}
-	for _, p := range stale {
-		if err := os.RemoveAll(p); err != nil {
-			return fmt.Errorf("failed to remove %s: %w", p, err)
-		}
-	}
 	return nil
 }
 

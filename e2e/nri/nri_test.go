@@ -63,7 +63,6 @@ func TestMain(m *testing.M) {
 		Runtime:       rt,
 		ChartValues:   values,
 		KeepOnFailure: true,
-		HostLockWait:  45 * time.Minute,
 	}, func(e *env.Env) { testEnv = e }))
 }
 
@@ -973,12 +972,14 @@ func TestSubmountReadOnly(t *testing.T) {
 		t.Fatalf("the kubelet node's plan mounts no folder: %+v", plan.Mounts)
 	}
 	// Mounted in the node's mount namespace, where containerd binds it, and
-	// writable there by anyone: only a read-only mount can refuse.
+	// writable there by anyone: only a read-only mount can refuse. The folder
+	// is made where this process finds the node's driver.
 	sub := filepath.Join(kn.HostRoot, folder.HostPath, "gpu-injector-e2e-submount")
-	if err := os.Mkdir(sub, 0o755); err != nil {
+	made := filepath.Join(kn.DriverRoot(), folder.HostPath, "gpu-injector-e2e-submount")
+	if err := os.Mkdir(made, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = os.Remove(sub) })
+	t.Cleanup(func() { _ = os.Remove(made) })
 	inNode := func(bin string, args ...string) {
 		t.Helper()
 		if _, err := testEnv.Cluster.InNodeNamespace(context.Background(), bin, args...); err != nil {

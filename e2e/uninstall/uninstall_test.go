@@ -39,7 +39,6 @@ func TestMain(m *testing.M) {
 	os.Exit(env.RunSuite(m, "uninstall", env.Options{
 		ChartValues:   []string{"runtimeInjection.enabled=false", "config.pinning.nodeLabels={" + env.LabelAccelerator + "}"},
 		KeepOnFailure: true,
-		HostLockWait:  45 * time.Minute,
 	}, func(e *env.Env) { testEnv = e }))
 }
 

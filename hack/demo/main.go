@@ -41,9 +41,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	exit := fs.Bool("exit", false, "tear everything down right after the report (tests, CI) instead of waiting for Ctrl-C")
 	keep := fs.Bool("keep-on-failure", false, "keep the environment's folder (logs, kubeconfigs) when something fails")
 	waitFor := fs.Duration("timeout", 3*time.Minute, "how long to wait for the workloads to be scheduled and to finish")
-	waitOther := fs.Duration("wait-for-other", 0, "how long to wait for another demo or e2e run on this machine to finish (they share the stand-in driver folder); 0 fails at once")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "Usage: go run ./hack/demo [--exit] [--keep-on-failure] [--timeout 3m] [--wait-for-other 0]\n\n"+
+		fmt.Fprintln(stderr, "Usage: go run ./hack/demo [--exit] [--keep-on-failure] [--timeout 3m]\n\n"+
 			"A local cluster with simulated GPU nodes, gpu-injector installed, the classic GPU workloads,\n"+
 			"and a report of what was injected. Needs root, Go, gcc, and what hack/tools.sh and\n"+
 			"hack/install-runtime.sh provide (hack/demo.sh runs them first).")
@@ -61,7 +60,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 	d := &demo{out: stdout, log: stderr, start: time.Now(), waitFor: *waitFor, exit: *exit}
 	d.progress("bringing up the environment: a local Kubernetes %s cluster with one real kubelet, simulated GPU nodes, gpu-injector", cluster.KubernetesVersion)
-	e, err := env.Up(ctx, env.Options{Progress: stderr, KeepOnFailure: *keep, HostLockWait: *waitOther})
+	e, err := env.Up(ctx, env.Options{Progress: stderr, KeepOnFailure: *keep})
 	if err != nil {
 		d.failUp(ctx, err)
 		return 1
@@ -92,13 +91,6 @@ func (d *demo) failUp(ctx context.Context, err error) {
 	switch {
 	case ctx.Err() != nil:
 		fmt.Fprintf(d.log, "demo: interrupted while starting; everything started so far was stopped\n")
-	case errors.Is(err, syscall.EWOULDBLOCK):
-		// env's machine-wide lock: the stand-in driver of the kubelet node lives at
-		// a real path (/home/kubernetes/bin/nvidia) that two environments cannot share.
-		fmt.Fprintf(d.log, "demo: another demo/e2e is running on this machine: it holds the stand-in driver folder "+
-			"/home/kubernetes/bin/nvidia that the kubelet node needs. Stop it (Ctrl-C in its terminal) or wait for it, then run again\n"+
-			"(or pass --wait-for-other 15m to queue behind it).\n"+
-			"  (%v)\n", err)
 	default:
 		fmt.Fprintf(d.log, "demo: failed to bring the environment up: %v\n", err)
 	}
