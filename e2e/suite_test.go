@@ -38,8 +38,7 @@ var testEnv *env.Env
 
 // The suite's runtime, Debian's containerd, has no NRI, and its tests check
 // hostPath delivery: the plugin, on by default, is turned off so that no NRI
-// socket the host may have decides how pods get the driver. A demo on this
-// machine holds the host's stand-in folder until stopped.
+// socket the host may have decides how pods get the driver.
 func TestMain(m *testing.M) {
 	os.Exit(env.RunSuite(m, "e2e", env.Options{
 		ChartValues:   []string{"runtimeInjection.enabled=false"},

@@ -58,7 +58,6 @@ func TestMain(m *testing.M) {
 		// refuses the probe's recursively read-only host root.
 		values = append(values, "nodeprobe.recursiveReadOnly=false")
 	}
-	// The main suite holds the host's stand-in driver folder while it runs.
 	os.Exit(env.RunSuite(m, "runtime injection", env.Options{
 		Runtime:       rt,
 		ChartValues:   values,
